@@ -1,0 +1,4 @@
+from fi_cache.cli import main
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,70 @@
+"""The `fi-cache` command line: parse, call the library, render. Nothing else lives here."""
+
+from __future__ import annotations
+
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+import click
+
+from fi_cache import __version__
+from fi_cache.errors import EXIT_REFUSED, FiCacheError
+
+
+@dataclass
+class Context:
+    store: Path
+    json: bool
+    quiet: bool
+
+
+@click.group(context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 100})
+@click.option("--store", type=click.Path(path_type=Path), default=None,
+              help="fi-cache store dir (default: $FI_CACHE_DIR, else the user cache dir).")
+@click.option("--format", "fmt", type=click.Choice(["human", "json"]), default="human",
+              show_default=True, help="json: one JSON document on stdout, text on stderr.")
+@click.option("-q", "--quiet", is_flag=True, help="Only errors on stderr.")
+@click.version_option(__version__, prog_name="fi-cache")
+@click.pass_context
+def cli(ctx: click.Context, store: Path | None, fmt: str, quiet: bool) -> None:  # fmt: skip
+    """Namespace, inspect, verify and diagnose FlashInfer autotune caches for vLLM."""
+    if store is None:
+        from fi_cache.store import default_store
+
+        store = default_store()
+    ctx.obj = Context(store=store.expanduser(), json=fmt == "json", quiet=quiet)
+
+
+def _register() -> None:
+    from fi_cache.cli import inventory
+
+    for command in inventory.COMMANDS:
+        cli.add_command(command)
+
+
+_register()
+
+
+def main(argv: list[str] | None = None) -> None:
+    """Console entry point: one line on stderr and a documented exit code for every failure."""
+    try:
+        code = cli.main(args=argv, prog_name="fi-cache", standalone_mode=False)
+    except click.exceptions.ClickException as exc:
+        exc.show()
+        code = exc.exit_code
+    except click.exceptions.Abort:
+        click.echo("fi-cache: aborted", err=True)
+        code = 130
+    except FiCacheError as exc:
+        click.echo(f"fi-cache: {exc}", err=True)
+        code = exc.exit_code
+    except KeyboardInterrupt:
+        click.echo("fi-cache: interrupted", err=True)
+        code = 130
+    except BrokenPipeError:
+        code = 0  # `fi-cache ls | head` is fine
+    except RecursionError:
+        click.echo("fi-cache: input nested too deeply to process", err=True)
+        code = EXIT_REFUSED
+    sys.exit(code if isinstance(code, int) else 0)

@@ -1,0 +1,321 @@
+"""Read-only commands: env, ls, show, verify. None of them imports torch, flashinfer or vllm."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import click
+
+from fi_cache.cli import render
+from fi_cache.discover import ScanProblem
+from fi_cache.errors import EXIT_PROBLEM, EXIT_REFUSED, Refused
+from fi_cache.inventory import Cache, Inventory, scan
+from fi_cache.model import keys as keymod
+from fi_cache.model import moe, v1
+from fi_cache.namespace import FINALIZE_MODES, NAMESPACES_DIR, Namespace, namespace_parts
+
+_PATHS = click.argument("paths", nargs=-1, type=click.Path(path_type=Path))
+
+
+def _ctx() -> Any:
+    return click.get_current_context().obj
+
+
+# --- env ----------------------------------------------------------------------------------------
+
+
+@click.command("env")
+@click.option("--exact/--no-exact", default=None,
+              help="Ask FlashInfer itself for its metadata (a child process, cached). "
+                   "Default: when FlashInfer is installed and a GPU is visible.")
+@click.option("--refresh", is_flag=True, help="Ignore the cached FlashInfer answer.")
+def env_command(exact: bool | None, refresh: bool) -> int:  # fmt: skip
+    """Show the detected environment and the namespace dir of each finalize mode."""
+    from fi_cache import environment
+    from fi_cache.store import state_dir
+
+    ctx = _ctx()
+    env = environment.detect(state_dir(ctx.store), exact=exact, refresh=refresh)
+    fp = env.fingerprint
+    namespaces = {mode: str(Namespace(fp, mode).path(ctx.store)) for mode in FINALIZE_MODES}
+    doc = {
+        "metadata": fp.metadata(),
+        "sources": env.sources,
+        "arch": fp.arch,
+        "gpus": [{"index": g.index, "name": g.name, "compute_cap": g.compute_cap}
+                 for g in env.gpus],  # fmt: skip
+        "torch_version": env.torch_version,
+        "vllm": {
+            "version": env.vllm.version,
+            "envs_path": env.vllm.envs_path,
+            "supports_fused_finalize_env": env.vllm.supports_finalize_env,
+        },
+        "store": str(ctx.store),
+        "namespaces": namespaces,
+        "notes": list(env.notes),
+    }
+    if ctx.json:
+        render.emit_json(doc)
+        return 0
+    rows = [[name, value or "-", env.sources.get(name, "not detected")]
+            for name, value in fp.metadata().items()]  # fmt: skip
+    rows.append(["arch (vLLM dir)", fp.arch or "-", env.sources.get("arch", "not detected")])
+    click.echo(render.table(["FIELD", "VALUE", "SOURCE"], rows))
+    gpus = ", ".join(f"{g.index}: {g.name} ({g.compute_cap})" for g in env.gpus) or "none visible"
+    vllm = env.vllm
+    support = {True: "supports", False: "does NOT support", None: "cannot tell whether it supports"}
+    click.echo(f"\nGPUs    {gpus}")
+    click.echo(f"torch   {env.torch_version or 'not installed'}")
+    if vllm.version:
+        click.echo(f"vLLM    {vllm.version}: {support[vllm.supports_finalize_env]} "
+                   "VLLM_FLASHINFER_MOE_FUSED_FINALIZE (the deterministic MoE path)")  # fmt: skip
+    else:
+        click.echo("vLLM    not installed")
+    click.echo(f"store   {ctx.store}")
+    for mode, path in namespaces.items():
+        click.echo(f"  {mode:<8}{path}")
+    for note in env.notes:
+        render.warn(note)
+    return 0
+
+
+# --- ls -----------------------------------------------------------------------------------------
+
+
+def _store_roots(store: Path) -> list[Path]:
+    root = store / NAMESPACES_DIR
+    return [root] if root.is_dir() else []
+
+
+def _scan(paths: tuple[Path, ...], include_store: bool) -> Inventory:
+    store = _ctx().store
+    inv = scan(_store_roots(store), explicit=False) if include_store else Inventory()
+    extra = scan(paths)
+    inv.caches.extend(extra.caches)
+    inv.problems.extend(extra.problems)
+    inv.empty.extend(extra.empty)
+    return inv
+
+
+def summary(cache: Cache, store: Path) -> dict[str, Any]:
+    """One `ls` row as the contract's JSON (plus `layout`, `rank`, `namespace`)."""
+    cf = cache.file
+    ns = namespace_parts(cache.path, store)
+    arch = cache.found.arch or (ns["arch"] if ns else None)
+    finalize = cache.finalize()
+    if finalize == "unknown" and ns and ns["finalize"] in FINALIZE_MODES:
+        finalize = ns["finalize"]  # keys cannot say (<= 0.6.17); the namespace can
+    return {
+        "path": str(cache.path),
+        "format": cache.found.format,
+        "flashinfer_version": cache.flashinfer_version,
+        "gpu": (cf.metadata or {}).get("gpu"),
+        "arch": arch,
+        "entries": len(cf.entries),
+        "size": cache.size,
+        "ops": cf.ops(),
+        "finalize": finalize,
+        "modified": render.iso_time(cache.modified),
+        "layout": cache.found.layout,
+        "rank": list(cache.found.rank) if cache.found.rank else None,
+        "namespace": ns["dir"] if ns else None,
+    }
+
+
+def _problem_json(p: ScanProblem) -> dict[str, str]:
+    return {"path": str(p.path), "check": p.check, "message": p.message}
+
+
+def _report_problems(inv: Inventory, quiet: bool = False) -> int:
+    """Print each problem on one line; return the exit code they call for."""
+    code = 0
+    for p in inv.problems:
+        render.warn(f"{p.path}: {p.message}")
+        code = max(code, p.exit_code)
+    for path in inv.empty:
+        render.warn(f"{path}: no FlashInfer autotune caches found here")
+        code = EXIT_REFUSED
+    return code
+
+
+@click.command("ls")
+@_PATHS
+@click.option("--no-store", is_flag=True, help="Only the given paths, not the fi-cache store.")
+@click.option("-l", "--long", "long_", is_flag=True, help="Also list each cache's ops.")
+@click.option("--paths", "paths_only", is_flag=True, help="Print only paths, one per line.")
+def ls_command(paths: tuple[Path, ...], no_store: bool, long_: bool, paths_only: bool) -> int:
+    """List caches in the store and under PATHS (files, vLLM cache roots, v2 stores)."""
+    ctx = _ctx()
+    inv = _scan(paths, include_store=not no_store)
+    rows = [summary(c, ctx.store) for c in inv.caches]
+    code = _report_problems(inv)
+    if ctx.json:
+        render.emit_json({"caches": rows, "problems": [_problem_json(p) for p in inv.problems]})
+        return code
+    if paths_only:
+        for r in rows:
+            click.echo(r["path"])
+        return code
+    if not rows:
+        if not ctx.quiet and not inv.problems and not inv.empty:
+            render.warn(f"no caches in the store ({ctx.store}); pass paths to look elsewhere")
+        return code
+    table_rows = []
+    for r in rows:
+        table_rows.append([
+            r["flashinfer_version"] or "?", r["arch"] or "-", render.short_gpu(r["gpu"]),
+            str(r["entries"]), render.human_size(r["size"]), r["finalize"] or "-",
+            r["modified"][:10], render.display_path(Path(r["path"])),
+        ])  # fmt: skip
+    headers = ["FLASHINFER", "ARCH", "GPU", "ENTRIES", "SIZE", "FINALIZE", "MODIFIED", "PATH"]
+    click.echo(render.table(headers, table_rows, right=(3, 4), width=render.terminal_width()))
+    if long_:
+        click.echo()
+        for r in rows:
+            click.echo(f"{render.display_path(Path(r['path']))}: {', '.join(r['ops']) or '-'}")
+    return code
+
+
+# --- show ---------------------------------------------------------------------------------------
+
+
+def _entry_json(raw: str, key: keymod.CacheKey | None, value: list[Any]) -> dict[str, Any]:
+    if key is None:
+        return {"op": None, "runner": value[0] if value else None, "profile": None,
+                "extras": None, "tactic": value[1:] if value else None, "raw_key": raw}  # fmt: skip
+    extras: Any = keymod.to_json(key.extras) if key.has_extras else None
+    if moe.is_moe(key.op) and (named := moe.named_extras(key)):
+        extras = {name: keymod.to_json(v) for name, v in named.items()}
+    out = {
+        "op": key.op,
+        "runner": key.runner,
+        "profile": keymod.to_json(key.profile),
+        "extras": extras,
+        "tactic": value[1] if isinstance(value, list) and len(value) > 1 else None,
+    }
+    if moe.is_moe(key.op):
+        out["finalize"] = moe.finalize_mode(key)
+    if isinstance(value, list) and len(value) > 2:
+        out["value_extra"] = value[2:]  # 0.7.4 provenance / selection data
+    return out
+
+
+def _load_one(path: Path) -> Cache:
+    inv = scan([path])
+    if inv.problems:
+        p = inv.problems[0]
+        cls = Refused if p.exit_code == EXIT_REFUSED else None
+        from fi_cache.errors import CorruptCache
+
+        raise (cls or CorruptCache)(p.message, p.path)
+    if inv.empty or not inv.caches:
+        raise Refused("no FlashInfer autotune cache here", path)
+    if len(inv.caches) > 1:
+        raise Refused(f"holds {len(inv.caches)} caches; name one file (see `fi-cache ls`)", path)
+    return inv.caches[0]
+
+
+@click.command("show")
+@click.argument("path", type=click.Path(path_type=Path))
+@click.option("--op", "op_filter", default=None, help="Only entries of this op (substring).")
+def show_command(path: Path, op_filter: str | None) -> int:
+    """Decode one cache: metadata, entries by op with shapes and tactics, MoE extras by name."""
+    ctx = _ctx()
+    cache = _load_one(path)
+    entries = [_entry_json(raw, key, value) for raw, key, value in v1.iter_entries(cache.file)]
+    if op_filter:
+        entries = [e for e in entries if e["op"] and op_filter in e["op"]]
+    if ctx.json:
+        render.emit_json({"path": str(cache.path), "format": cache.found.format,
+                          "metadata": cache.metadata, "entries": entries})  # fmt: skip
+        return 0
+    _show_human(cache, entries)
+    return 0
+
+
+def _show_human(cache: Cache, entries: list[dict[str, Any]]) -> None:
+    click.echo(f"{render.display_path(cache.path)}  ({cache.found.format}, {len(entries)} entries, "
+               f"{render.human_size(cache.size)})")  # fmt: skip
+    meta = cache.metadata
+    if meta is None:
+        click.echo("metadata: none (FlashInfer accepts the file in any environment)")
+    else:
+        for name, value in meta.items():
+            click.echo(f"  {name:<24}{value}")
+    if cache.file.generation:
+        click.echo(f"  {'_generation':<24}{cache.file.generation[:16]}…")
+    by_op: dict[str, list[dict[str, Any]]] = {}
+    for e in entries:
+        by_op.setdefault(e["op"] or "(unparsable key)", []).append(e)
+    for op, group in sorted(by_op.items()):
+        click.echo(f"\n{op}  ({len(group)} entries)")
+        rows = []
+        for e in group:
+            extras = e["extras"]
+            if isinstance(extras, dict):  # MoE: the fields that tell runs apart
+                extras_text = (f"finalize={e.get('finalize')} top_k={extras.get('top_k')} "
+                               f"ep={extras.get('ep_size')} tp={extras.get('tp_size')}")  # fmt: skip
+            else:
+                extras_text = _compact(extras) if extras is not None else "-"
+            rows.append([e["runner"] or "?", _compact(e["profile"]), _compact(e["tactic"]),
+                         extras_text])  # fmt: skip
+        click.echo(render.table(["RUNNER", "PROFILE", "TACTIC", "EXTRAS"], rows,
+                                width=render.terminal_width()))  # fmt: skip
+
+
+def _compact(value: Any) -> str:
+    if isinstance(value, list):
+        return "[" + ",".join(_compact(v) for v in value) + "]"
+    return str(value)
+
+
+# --- verify -------------------------------------------------------------------------------------
+
+
+@click.command("verify")
+@click.argument("paths", nargs=-1, required=True, type=click.Path(path_type=Path))
+def verify_command(paths: tuple[Path, ...]) -> int:
+    """Check integrity: valid JSON, every key parses, `_generation` matches, value shapes."""
+    ctx = _ctx()
+    inv = scan(paths)
+    results = []
+    code = _report_problems(inv)
+    for cache in inv.caches:
+        defects = [*cache.read_defects, *v1.defects(cache.file)]
+        results.append({
+            "path": str(cache.path), "format": cache.found.format, "ok": not defects,
+            "entries": len(cache.file.entries),
+            "generation": _generation_state(cache, defects),
+            "problems": [{"check": d.check, "message": d.message} for d in defects],
+        })  # fmt: skip
+        for d in defects:
+            render.warn(f"{cache.path}: {d.message}")
+        if defects:
+            code = max(code, EXIT_PROBLEM)
+    for p in inv.problems:
+        results.append({"path": str(p.path), "format": None, "ok": False, "entries": None,
+                        "generation": None,
+                        "problems": [{"check": p.check, "message": p.message}]})  # fmt: skip
+    if ctx.json:
+        render.emit_json({"results": results, "ok": code == 0})
+    elif not ctx.quiet:
+        for r in results:
+            if r["ok"]:
+                gen = {"ok": ", _generation ok", "absent": ""}.get(r["generation"], "")
+                click.echo(f"ok    {render.display_path(Path(r['path']))} "
+                           f"({r['entries']} entries{gen})")  # fmt: skip
+        bad = sum(1 for r in results if not r["ok"])
+        click.echo(f"{len(results) - bad} ok, {bad} with problems", err=bad > 0)
+    return code
+
+
+def _generation_state(cache: Cache, defects: list[v1.Defect]) -> str | None:
+    if cache.found.format != "v1":
+        return None
+    if cache.file.generation is None:
+        return "absent"
+    return "mismatch" if any(d.check == "generation-mismatch" for d in defects) else "ok"
+
+
+COMMANDS = [env_command, ls_command, show_command, verify_command]

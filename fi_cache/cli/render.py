@@ -1,0 +1,92 @@
+"""Turning data into text: tables, sizes, paths, JSON. Only the CLI calls this."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import sys
+import time
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import click
+
+_HASH = re.compile(r"\b([0-9a-f]{8})[0-9a-f]{56}\b")
+
+
+def human_size(n: int) -> str:
+    size = float(n)
+    for unit in ("B", "kB", "MB", "GB", "TB"):
+        if size < 1000 or unit == "TB":
+            return f"{size:.0f} {unit}" if unit == "B" else f"{size:.1f} {unit}"
+        size /= 1000
+    raise AssertionError("unreachable")
+
+
+def short_date(ts: float) -> str:
+    return time.strftime("%Y-%m-%d %H:%M", time.localtime(ts))
+
+
+def iso_time(ts: float) -> str:
+    return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(ts))
+
+
+def short_gpu(name: str | None) -> str:
+    return "-" if not name else name.removeprefix("NVIDIA ").split(" ")[0]
+
+
+def display_path(path: Path) -> str:
+    """Relative to the working dir when under it, `~` for home, vLLM hashes cut to 8 chars."""
+    text = str(path)
+    try:
+        rel = os.path.relpath(path)
+        if not rel.startswith(".."):
+            text = rel
+    except ValueError:
+        pass
+    home = str(Path.home())
+    if text.startswith(home + os.sep):
+        text = "~" + text[len(home):]
+    return _HASH.sub(r"\1…", text)
+
+
+def terminal_width() -> int | None:
+    """Columns when stdout is a terminal; None means do not truncate (pipes, files)."""
+    return shutil.get_terminal_size((80, 24)).columns if sys.stdout.isatty() else None
+
+
+def table(headers: Sequence[str], rows: Sequence[Sequence[str]], right: Sequence[int] = (),
+          width: int | None = None) -> str:  # fmt: skip
+    """Aligned columns; the last column is cut from the left to fit `width`."""
+    if not rows:
+        return ""
+    cols = list(zip(headers, *rows))
+    widths = [max(len(c) for c in col) for col in cols]
+    lines = []
+    for row in (headers, *rows):
+        cells = []
+        for i, cell in enumerate(row):
+            if i == len(row) - 1:
+                cells.append(cell)
+            elif i in right:
+                cells.append(cell.rjust(widths[i]))
+            else:
+                cells.append(cell.ljust(widths[i]))
+        line = "  ".join(cells)
+        if width is not None and len(line) > width:
+            keep = width - (len(line) - len(row[-1])) - 1
+            if keep > 8:
+                line = line[: len(line) - len(row[-1])] + "…" + row[-1][-keep:]
+        lines.append(line.rstrip())
+    return "\n".join(lines)
+
+
+def emit_json(document: Any) -> None:
+    click.echo(json.dumps(document, indent=2, sort_keys=False))
+
+
+def warn(message: str) -> None:
+    click.echo(f"fi-cache: {message}", err=True)

@@ -1,0 +1,133 @@
+"""Find caches in every layout vLLM and FlashInfer have used.
+
+- vLLM 0.25-0.33: `<root>/<fi-version>/<arch>/<64-hex>/autotune_configs.json`, 0.33 multi-rank
+  `autotune_configs_dp{d}_rank{r}.json`; with `VLLM_FLASHINFER_AUTOTUNE_CACHE_DIR=D` the version
+  and arch levels are gone: `D/<64-hex>/autotune_configs*.json`.
+- FlashInfer v2 store: `<root>/v2/<env_hash16>/{manifest.json, entries/}`.
+- Plain v1 files anywhere (`autotune(cache="my.json")`), recognised by their first bytes.
+Walking never follows directory symlinks and never stops at an unreadable directory.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Literal
+
+from fi_cache.errors import Refused
+from fi_cache.model import v2
+from fi_cache.versions import VLLM_CACHE_FILE, VLLM_RANK_FILE
+
+Layout = Literal["vllm", "vllm-override", "file", "v2"]
+
+_HASH_DIR = re.compile(r"^[0-9a-f]{64}$")
+_ARCH_DIR = re.compile(r"^\d+a?(?:_\d+a?)*$")
+_SNIFF_BYTES = 4096
+_SKIP_DIRS = {".fi-cache", "quarantine", "__pycache__", ".git"}
+# Temp files of killed writers: FlashInfer v1 (.autotuner_), v2 (.autotune_), fi-cache (.fi-cache-).
+TMP_PATTERN = re.compile(r"^\.(?:autotuner_|autotune_|fi-cache-|autotune_configs).*\.tmp$")
+
+
+@dataclass(frozen=True)
+class Found:
+    """A cache on disk and what its location says about it."""
+
+    path: Path  # the file (v1) or the env dir (v2)
+    format: Literal["v1", "v2"]
+    layout: Layout
+    arch: str | None = None  # vLLM's arch dir level
+    dir_version: str | None = None  # FlashInfer version from vLLM's dir level
+    rank: tuple[int, int] | None = None  # (dp, rank) of a per-rank file
+
+
+@dataclass(frozen=True)
+class ScanProblem:
+    path: Path
+    check: str  # a doctor check id
+    message: str
+    exit_code: int = 1  # 1: corrupt/problem found, 2: refused (unreadable, too large)
+
+
+def classify_file(path: Path) -> Found:
+    """What a v1 file's path says: vLLM layout levels, rank, or a plain file."""
+    rank = None
+    if m := VLLM_RANK_FILE.match(path.name):
+        rank = (int(m.group(1)), int(m.group(2)))
+    is_vllm_name = path.name == VLLM_CACHE_FILE or rank is not None
+    parent = path.parent
+    if is_vllm_name and _HASH_DIR.match(parent.name):
+        arch_dir = parent.parent
+        if _ARCH_DIR.match(arch_dir.name):
+            return Found(path, "v1", "vllm", arch_dir.name, arch_dir.parent.name, rank)
+        return Found(path, "v1", "vllm-override", rank=rank)
+    return Found(path, "v1", "file", rank=rank)
+
+
+def is_v2_env_dir(path: Path) -> bool:
+    return (
+        path.parent.name == v2.SCHEMA_DIR
+        and bool(v2.ENV_DIR_NAME.match(path.name))
+        and (path / v2.MANIFEST).is_file()
+    )
+
+
+def looks_like_v1(path: Path) -> bool:
+    """A JSON file whose start looks like FlashInfer's (metadata or a tuple key)."""
+    with open(path, "rb") as f:
+        head = f.read(_SNIFF_BYTES)
+    text = head.lstrip()
+    return text.startswith(b"{") and (b'"_metadata"' in head or b'"(' in head)
+
+
+def discover(path: Path) -> tuple[list[Found], list[ScanProblem]]:
+    """Every cache at or under `path`. Raises Refused when `path` does not exist."""
+    if not os.path.lexists(path):
+        raise Refused("no such file or directory", path)
+    if path.is_file():
+        if path.name == v2.MANIFEST and is_v2_env_dir(path.parent):
+            return [Found(path.parent, "v2", "v2")], []
+        return [classify_file(path)], []
+    if not path.is_dir():
+        raise Refused("not a regular file or directory", path)
+    if is_v2_env_dir(path):
+        return [Found(path, "v2", "v2")], []
+    found: list[Found] = []
+    problems: list[ScanProblem] = []
+
+    def on_error(err: OSError) -> None:
+        where = Path(err.filename) if err.filename else path
+        problems.append(ScanProblem(where, "unreadable-permissions",
+                                    f"cannot list directory: {err.strerror}", 2))  # fmt: skip
+
+    for dirpath, dirnames, filenames in os.walk(path, onerror=on_error):
+        here = Path(dirpath)
+        if is_v2_env_dir(here):
+            found.append(Found(here, "v2", "v2"))
+            dirnames[:] = []
+            continue
+        dirnames[:] = sorted(d for d in dirnames if d not in _SKIP_DIRS)
+        for name in sorted(filenames):
+            if not name.endswith(".json") or name == v2.MANIFEST:
+                continue
+            file = here / name
+            if name == VLLM_CACHE_FILE or VLLM_RANK_FILE.match(name):
+                found.append(classify_file(file))
+            else:
+                try:
+                    if looks_like_v1(file):
+                        found.append(classify_file(file))
+                except OSError as exc:
+                    problems.append(ScanProblem(file, "unreadable-permissions",
+                                                f"cannot read: {exc.strerror}", 2))  # fmt: skip
+    return found, problems
+
+
+def tmp_leftovers(path: Path) -> list[Path]:
+    """Temp files that killed writers left under `path` (for doctor and prune)."""
+    out = []
+    for dirpath, dirnames, filenames in os.walk(path):
+        dirnames[:] = [d for d in dirnames if d not in _SKIP_DIRS]
+        out.extend(Path(dirpath, n) for n in filenames if TMP_PATTERN.match(n))
+    return sorted(out)

@@ -1,0 +1,269 @@
+"""The running environment's fingerprint, read without importing torch, flashinfer or vllm.
+
+Cheap probes (domain.md §8, all measured to match FlashInfer's own values on an H200):
+nvidia-smi for the GPU, `torch/version.py` as text for CUDA, dist versions of the NVIDIA
+wheels for cuBLAS/cuDNN/cudnn-frontend. On a GPU host with FlashInfer installed, FlashInfer's
+own `_collect_metadata()` runs once in a child process (5-7 s, 670 MB) and its answer is
+cached in the store, keyed by everything that could change it.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import importlib.metadata as md
+import json
+import os
+import re
+import subprocess
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from fi_cache.model.fingerprint import Fingerprint
+from fi_cache.versions import METADATA_FIELDS_07, VLLM_FINALIZE_ENV, vllm_arch
+
+_CUBLAS_DISTS = ("nvidia-cublas", "nvidia-cublas-cu13", "nvidia-cublas-cu12")
+_CUDNN_DISTS = ("nvidia-cudnn-cu13", "nvidia-cudnn-cu12", "nvidia-cudnn")
+_FRONTEND_DISTS = ("nvidia-cudnn-frontend",)
+_PROBE_TIMEOUT_S = 120
+
+
+@dataclass(frozen=True)
+class Gpu:
+    index: int
+    name: str
+    compute_cap: str  # "9.0"
+    uuid: str = ""
+
+
+@dataclass(frozen=True)
+class VllmInfo:
+    version: str | None
+    envs_path: str | None
+    supports_finalize_env: bool | None  # None: no vllm/envs.py to read
+
+
+@dataclass(frozen=True)
+class Environment:
+    fingerprint: Fingerprint
+    gpus: tuple[Gpu, ...]
+    vllm: VllmInfo
+    torch_version: str | None
+    # field -> where its value came from ("flashinfer", "nvidia-smi", "dist nvidia-cublas", ...)
+    sources: dict[str, str] = field(default_factory=dict)
+    notes: tuple[str, ...] = ()
+
+
+# --- pure parsers -------------------------------------------------------------------------------
+
+
+def parse_nvidia_smi(text: str) -> list[Gpu]:
+    """Rows of `nvidia-smi --query-gpu=index,uuid,name,compute_cap --format=csv,noheader`."""
+    gpus = []
+    for line in text.splitlines():
+        parts = [p.strip() for p in line.split(",")]
+        if len(parts) != 4 or not parts[0].isdigit():
+            continue
+        gpus.append(Gpu(int(parts[0]), parts[2], parts[3], parts[1]))
+    return gpus
+
+
+def visible(gpus: list[Gpu], cuda_visible_devices: str | None) -> list[Gpu]:
+    """The GPUs a CUDA process sees, in its order (CUDA_VISIBLE_DEVICES: indices or UUIDs)."""
+    if cuda_visible_devices is None:
+        return gpus
+    chosen = []
+    for item in (s.strip() for s in cuda_visible_devices.split(",")):
+        if not item:
+            break
+        match = [g for g in gpus if str(g.index) == item or (g.uuid and g.uuid.startswith(item))]
+        if not match:
+            break  # CUDA stops at the first invalid entry
+        chosen.append(match[0])
+    return chosen
+
+
+def torch_cuda_from_version_py(text: str) -> str | None:
+    """`torch.version.cuda` from the text of torch/version.py (None for a CPU build)."""
+    m = re.search(r"^cuda\s*(?::[^=]*)?=\s*['\"]([^'\"]+)['\"]", text, re.MULTILINE)
+    return m.group(1) if m else None
+
+
+def cublas_from_dist(version: str) -> str:
+    """nvidia-cublas 13.1.0.3 -> "13.1.0" (FlashInfer records major.minor.patch)."""
+    return ".".join(version.split(".")[:3])
+
+
+def cudnn_from_dist(version: str) -> str | None:
+    """nvidia-cudnn-cu13 9.19.0.56 -> "91900", as torch.backends.cudnn.version() reports."""
+    parts = version.split(".")
+    if len(parts) < 3 or not all(p.isdigit() for p in parts[:3]):
+        return None
+    major, minor, patch = (int(p) for p in parts[:3])
+    scale = 10000 if major >= 9 else 1000  # cuDNN 9 changed CUDNN_VERSION's encoding
+    return str(major * scale + minor * 100 + patch)
+
+
+def envs_mentions_finalize(text: str) -> bool:
+    return VLLM_FINALIZE_ENV in text
+
+
+# --- probes (read the machine, never import heavy packages) ------------------------------------
+
+
+def _dist_version(names: tuple[str, ...]) -> tuple[str, str] | None:
+    for name in names:
+        try:
+            return name, md.version(name)
+        except md.PackageNotFoundError:
+            continue
+    return None
+
+
+def _read_dist_file(dist: str, relpath: str) -> str | None:
+    try:
+        located = md.distribution(dist).locate_file(relpath)
+        return Path(str(located)).read_text(encoding="utf-8", errors="replace")
+    except (md.PackageNotFoundError, OSError):
+        return None
+
+
+def query_gpus() -> list[Gpu]:
+    try:
+        out = subprocess.run(
+            ["nvidia-smi", "--query-gpu=index,uuid,name,compute_cap", "--format=csv,noheader"],
+            capture_output=True, text=True, timeout=10, check=False,
+        )  # fmt: skip
+    except (OSError, subprocess.SubprocessError):
+        return []
+    return parse_nvidia_smi(out.stdout) if out.returncode == 0 else []
+
+
+def vllm_info() -> VllmInfo:
+    try:
+        version: str | None = md.version("vllm")
+    except md.PackageNotFoundError:
+        version = None
+    envs_text = _read_dist_file("vllm", "vllm/envs.py") if version else None
+    envs_path = None
+    if envs_text is not None:
+        envs_path = str(md.distribution("vllm").locate_file("vllm/envs.py"))
+    supports = None if envs_text is None else envs_mentions_finalize(envs_text)
+    return VllmInfo(version, envs_path, supports)
+
+
+def probe() -> Environment:
+    """Everything detectable cheaply (well under a second, no heavy imports)."""
+    sources: dict[str, str] = {}
+    values: dict[str, str | None] = {}
+
+    def take(name: str, value: str | None, source: str) -> None:
+        values[name] = value
+        if value is not None:
+            sources[name] = source
+
+    fi = _dist_version(("flashinfer-python", "flashinfer"))
+    take("flashinfer_version", fi[1] if fi else None, f"dist {fi[0]}" if fi else "")
+    torch_version = _dist_version(("torch",))
+    version_py = _read_dist_file("torch", "torch/version.py") if torch_version else None
+    take("cuda_version", version_py and torch_cuda_from_version_py(version_py), "torch/version.py")
+    if (d := _dist_version(_CUBLAS_DISTS)) is not None:
+        take("cublas_version", cublas_from_dist(d[1]), f"dist {d[0]}")
+    if (d := _dist_version(_CUDNN_DISTS)) is not None:
+        take("cudnn_version", cudnn_from_dist(d[1]), f"dist {d[0]}")
+    if (d := _dist_version(_FRONTEND_DISTS)) is not None:
+        take("cudnn_frontend_version", d[1], f"dist {d[0]}")
+    gpus = visible(query_gpus(), os.environ.get("CUDA_VISIBLE_DEVICES"))
+    if gpus:
+        take("gpu", gpus[0].name, "nvidia-smi")  # FlashInfer records the current (first) device
+        arch_list = os.environ.get("FLASHINFER_CUDA_ARCH_LIST")
+        arch = vllm_arch([g.compute_cap for g in gpus], values.get("cuda_version"), arch_list)
+        take("arch", arch, "FLASHINFER_CUDA_ARCH_LIST" if arch_list else "nvidia-smi")
+    fingerprint = Fingerprint(**{k: v for k, v in values.items() if v is not None})
+    return Environment(fingerprint, tuple(gpus), vllm_info(),
+                       torch_version[1] if torch_version else None, sources)  # fmt: skip
+
+
+# --- FlashInfer's own answer, in a child process -----------------------------------------------
+
+_CHILD = """
+import importlib, json
+for name in ("flashinfer.autotuner.autotuner", "flashinfer.autotuner"):
+    try:
+        mod = importlib.import_module(name)
+    except ImportError:
+        continue
+    if hasattr(mod, "_collect_metadata"):
+        print(json.dumps(mod._collect_metadata()))
+        break
+else:
+    raise SystemExit("this FlashInfer has no _collect_metadata (needs 0.6.15 or newer)")
+"""
+
+
+def probe_key(env: Environment) -> str:
+    """Everything that can change FlashInfer's answer; a new key means probe again."""
+    parts = [sys.executable, json.dumps(env.fingerprint.metadata(), sort_keys=True),
+             env.torch_version or "", os.environ.get("LD_LIBRARY_PATH", ""),
+             os.environ.get("CUDA_VISIBLE_DEVICES", ""), ",".join(g.uuid for g in env.gpus)]  # fmt: skip
+    return hashlib.sha256("\0".join(parts).encode()).hexdigest()[:20]
+
+
+def run_flashinfer_probe(timeout: float = _PROBE_TIMEOUT_S) -> dict[str, str]:
+    """FlashInfer's `_collect_metadata()` from a child process. Raises RuntimeError on failure."""
+    try:
+        out = subprocess.run([sys.executable, "-c", _CHILD], capture_output=True, text=True,
+                             timeout=timeout, check=False)  # fmt: skip
+    except subprocess.TimeoutExpired:
+        raise RuntimeError(f"FlashInfer's metadata probe took over {timeout:.0f}s") from None
+    except OSError as exc:
+        raise RuntimeError(f"cannot run {sys.executable}: {exc.strerror}") from None
+    lines = out.stdout.strip().splitlines()
+    if out.returncode != 0 or not lines:
+        last = (out.stderr.strip().splitlines() or ["no output"])[-1]
+        raise RuntimeError(f"FlashInfer's metadata probe failed: {last}")
+    data = json.loads(lines[-1])
+    return {k: str(v) for k, v in data.items()}
+
+
+def with_flashinfer_metadata(env: Environment, meta: dict[str, str]) -> Environment:
+    """The cheap probe's environment, with FlashInfer's own `_metadata` values on top."""
+    changes = {k: (None if v in ("unknown", "None") else v)
+               for k, v in meta.items() if k in METADATA_FIELDS_07}  # fmt: skip
+    sources = dict(env.sources)
+    sources.update({k: "flashinfer" for k, v in changes.items() if v is not None})
+    return Environment(env.fingerprint.replace(**changes), env.gpus, env.vllm,
+                       env.torch_version, sources, env.notes)  # fmt: skip
+
+
+def detect(state_dir: Path | None, *, exact: bool | None = None, refresh: bool = False) -> Environment:
+    """The environment, as exactly as this machine allows.
+
+    exact=None: ask FlashInfer itself when it is installed and a GPU is visible (its answer is
+    cached under `state_dir`); exact=False: cheap probe only; exact=True: ask FlashInfer even
+    without a GPU.
+    """
+    env = probe()
+    wanted = exact if exact is not None else bool(env.gpus and env.fingerprint.flashinfer_version)
+    if not wanted or env.fingerprint.flashinfer_version is None:
+        return env
+    cache = state_dir / f"env-{probe_key(env)}.json" if state_dir else None
+    if cache is not None and not refresh:
+        try:
+            return with_flashinfer_metadata(env, json.loads(cache.read_text()))
+        except (OSError, ValueError):
+            pass
+    try:
+        meta = run_flashinfer_probe()
+    except RuntimeError as exc:
+        return Environment(env.fingerprint, env.gpus, env.vllm, env.torch_version, env.sources,
+                           (*env.notes, f"{exc}; using the cheap probe's values"))  # fmt: skip
+    if cache is not None:
+        from fi_cache import storage
+        from fi_cache.errors import FiCacheError
+
+        try:
+            storage.atomic_write(cache, json.dumps(meta, indent=2).encode())
+        except (FiCacheError, OSError):
+            pass  # a read-only store only costs the probe again next time
+    return with_flashinfer_metadata(env, meta)

@@ -1,0 +1,269 @@
+"""FlashInfer cache keys: `str((custom_op, runner, profile, extras))`, parsed without eval.
+
+FlashInfer never parses its keys (it compares strings), so the grammar is "whatever Python's
+repr of these tuples prints": tuples, lists, ints (negative too), floats, quoted strings, bools,
+None, `torch.<dtype>` and `torch.Size([...])`. `ast.literal_eval` rejects the torch parts.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Union
+
+# Deeper nesting than this is hostile input, not a key FlashInfer wrote (real keys nest 3 deep).
+MAX_DEPTH = 32
+
+
+@dataclass(frozen=True)
+class Symbol:
+    """A bare dotted name in a key, e.g. `torch.bfloat16` (a dtype's repr)."""
+
+    name: str
+
+    def __repr__(self) -> str:
+        return self.name
+
+
+@dataclass(frozen=True)
+class TorchSize:
+    """`torch.Size([d0, d1, ...])` as printed inside a key."""
+
+    dims: tuple[int, ...]
+
+    def __repr__(self) -> str:
+        return f"torch.Size([{', '.join(map(str, self.dims))}])"
+
+
+KeyValue = Union[
+    int, float, str, bool, None, Symbol, TorchSize, tuple["KeyValue", ...], list["KeyValue"]
+]
+
+
+@dataclass(frozen=True)
+class CacheKey:
+    """One parsed entry key. `extras` is None for the 3-tuple keys of FlashInfer <= 0.6.12."""
+
+    op: str
+    runner: str
+    profile: KeyValue
+    extras: KeyValue
+    has_extras: bool
+
+
+class KeyError_(ValueError):
+    """A key that does not parse; the message says where and why."""
+
+
+_TOKEN = re.compile(
+    r"""
+    (?P<ws>\s+)
+  | (?P<str>'(?:[^'\\\n]|\\.)*'|"(?:[^"\\\n]|\\.)*")
+  | (?P<num>-?(?:\d+\.\d*|\.\d+|\d+)(?:[eE][-+]?\d+)?)
+  | (?P<name>[A-Za-z_]\w*(?:\.[A-Za-z_]\w*)*)
+  | (?P<punct>[()\[\],])
+  """,
+    re.VERBOSE,
+)
+_ESCAPE = re.compile(r"\\(x[0-9a-fA-F]{2}|u[0-9a-fA-F]{4}|U[0-9a-fA-F]{8}|[0-7]{1,3}|.)", re.DOTALL)
+_SIMPLE_ESCAPES = {
+    "\\": "\\", "'": "'", '"': '"', "n": "\n", "r": "\r", "t": "\t",
+    "a": "\a", "b": "\b", "f": "\f", "v": "\v", "\n": "",
+}  # fmt: skip
+_KEYWORDS: dict[str, KeyValue] = {"True": True, "False": False, "None": None}
+
+
+def _unescape(match: re.Match[str]) -> str:
+    code = match.group(1)
+    if code[0] in "xuU":
+        return chr(int(code[1:], 16))
+    if code[0] in "01234567":
+        return chr(int(code, 8))
+    if code in _SIMPLE_ESCAPES:
+        return _SIMPLE_ESCAPES[code]
+    raise KeyError_(f"unknown escape \\{code} in a string")
+
+
+def _decode_string(token: str) -> str:
+    body = token[1:-1]
+    return _ESCAPE.sub(_unescape, body) if "\\" in body else body
+
+
+def _tokenize(text: str) -> list[tuple[str, str, int]]:
+    tokens: list[tuple[str, str, int]] = []
+    pos = 0
+    while pos < len(text):
+        m = _TOKEN.match(text, pos)
+        if m is None:
+            raise KeyError_(f"unexpected {text[pos]!r} at column {pos + 1}")
+        kind = m.lastgroup or ""
+        if kind != "ws":
+            tokens.append((kind, m.group(), pos))
+        pos = m.end()
+    return tokens
+
+
+class _Parser:
+    def __init__(self, text: str) -> None:
+        self.tokens = _tokenize(text)
+        self.i = 0
+        self.end = len(text)
+
+    def _peek(self) -> tuple[str, str, int]:
+        return self.tokens[self.i] if self.i < len(self.tokens) else ("end", "", self.end)
+
+    def _take(self, text: str) -> None:
+        _, value, pos = self._peek()
+        if value != text:
+            shown = repr(value) if value else "end of key"
+            raise KeyError_(f"expected {text!r} at column {pos + 1}, found {shown}")
+        self.i += 1
+
+    def value(self, depth: int = 0) -> KeyValue:
+        if depth > MAX_DEPTH:
+            raise KeyError_(f"nested deeper than {MAX_DEPTH} levels")
+        kind, text, pos = self._peek()
+        self.i += 1
+        if kind == "str":
+            return _decode_string(text)
+        if kind == "num":
+            return float(text) if any(c in text for c in ".eE") else int(text)
+        if kind == "name":
+            if text in _KEYWORDS:
+                return _KEYWORDS[text]
+            if text == "torch.Size":
+                return self._torch_size(depth)
+            return Symbol(text)
+        if text == "(":
+            items = self._sequence(")", depth)
+            return tuple(items)
+        if text == "[":
+            return self._sequence("]", depth)
+        shown = repr(text) if text else "end of key"
+        raise KeyError_(f"expected a value at column {pos + 1}, found {shown}")
+
+    def _sequence(self, close: str, depth: int) -> list[KeyValue]:
+        items: list[KeyValue] = []
+        trailing_comma = False
+        while self._peek()[1] != close:
+            items.append(self.value(depth + 1))
+            trailing_comma = self._peek()[1] == ","
+            if not trailing_comma:
+                break
+            self.i += 1
+        self._take(close)
+        if close == ")" and len(items) == 1 and not trailing_comma:
+            raise KeyError_("a parenthesised value without a comma is not a tuple")
+        return items
+
+    def _torch_size(self, depth: int) -> TorchSize:
+        self._take("(")
+        dims = self.value(depth + 1)
+        self._take(")")
+        if not isinstance(dims, list) or not all(
+            isinstance(d, int) and not isinstance(d, bool) for d in dims
+        ):
+            raise KeyError_("torch.Size(...) must hold a list of ints")
+        return TorchSize(tuple(dims))  # type: ignore[arg-type]
+
+    def done(self) -> None:
+        kind, text, pos = self._peek()
+        if kind != "end":
+            raise KeyError_(f"unexpected {text!r} after the key at column {pos + 1}")
+
+
+def parse_value(text: str) -> KeyValue:
+    """Parse one repr'd value (a key or any part of one)."""
+    parser = _Parser(text)
+    result = parser.value()
+    parser.done()
+    return result
+
+
+def parse_key(text: str) -> CacheKey:
+    """Parse an entry key; raise KeyError_ with a one-line reason when it is not one."""
+    value = parse_value(text)
+    if not isinstance(value, tuple) or len(value) not in (3, 4):
+        raise KeyError_("a key is a tuple of (op, runner, profile[, extras])")
+    op, runner, profile = value[0], value[1], value[2]
+    if not isinstance(op, str) or not isinstance(runner, str):
+        raise KeyError_("the op and runner names must be strings")
+    if not isinstance(profile, tuple):
+        raise KeyError_("the profile must be a tuple of shapes")
+    has_extras = len(value) == 4
+    return CacheKey(op, runner, profile, value[3] if has_extras else None, has_extras)
+
+
+def format_value(value: KeyValue) -> str:
+    """Python's repr of a parsed value, so `format_value(parse_value(repr(x))) == repr(x)`."""
+    if isinstance(value, tuple):
+        inner = ", ".join(format_value(v) for v in value)
+        return f"({inner},)" if len(value) == 1 else f"({inner})"
+    if isinstance(value, list):
+        return "[" + ", ".join(format_value(v) for v in value) + "]"
+    return repr(value)
+
+
+def format_key(key: CacheKey) -> str:
+    parts: tuple[KeyValue, ...] = (key.op, key.runner, key.profile)
+    return format_value((*parts, key.extras) if key.has_extras else parts)
+
+
+def to_json(value: KeyValue) -> object:
+    """A JSON-friendly view: tuples become lists, torch symbols their printed names."""
+    if isinstance(value, (tuple, list)):
+        return [to_json(v) for v in value]
+    if isinstance(value, TorchSize):
+        return list(value.dims)
+    if isinstance(value, Symbol):
+        return value.name
+    return value
+
+
+# Fast batch check: a handful of C-level regex passes over all keys at once instead of a
+# Python-level parse per key (100,000-entry files). Anything it does not accept goes to
+# parse_key, which has the final word; so the fast path only has to be a subset of the grammar.
+_HEAD = re.compile(r"^\('((?:[^'\\\n]|\\.)*)', '((?:[^'\\\n]|\\.)*)', (?=\()", re.MULTILINE)
+_ATOM = re.compile(
+    r"'(?:[^'\\\n]|\\.)*'|\"(?:[^\"\\\n]|\\.)*\"|torch\.Size\(\[(?:-?\d+(?:, -?\d+)*)?\]\)"
+    r"|-?\d+(?:\.\d+)?(?:[eE][-+]?\d+)?|[A-Za-z_][\w.]*"
+)
+_GROUP = re.compile(r"\(\)|\(0,\)|\(0(?:, 0)+\)|\[\]|\[0(?:, 0)*\]")
+_REDUCED_KEY = re.compile(r"0(?:, 0)?\)")
+
+
+def key_heads(keys: Sequence[str]) -> list[tuple[str, str]] | None:
+    """(op, runner) of every key via one regex pass, or None when some key needs the slow path."""
+    if not keys:
+        return []
+    joined = "\n".join(keys)
+    if joined.count("\n") != len(keys) - 1 or "\\" in joined:
+        return None
+    heads = _HEAD.findall(joined)
+    return heads if len(heads) == len(keys) else None
+
+
+def find_unparsable(keys: Sequence[str]) -> dict[int, str]:
+    """Index -> reason for every key that does not parse. Empty when all do."""
+    if not keys:
+        return {}
+    joined = "\n".join(keys)
+    if joined.count("\n") == len(keys) - 1:
+        rest = _ATOM.sub("0", _HEAD.sub("", joined))
+        while True:
+            reduced = _GROUP.sub("0", rest)
+            if reduced == rest:
+                break
+            rest = reduced
+        lines = rest.split("\n")
+        suspects = [i for i, line in enumerate(lines) if not _REDUCED_KEY.fullmatch(line)]
+    else:
+        suspects = list(range(len(keys)))
+    problems: dict[int, str] = {}
+    for i in suspects:
+        try:
+            parse_key(keys[i])
+        except KeyError_ as exc:
+            problems[i] = str(exc)
+    return problems

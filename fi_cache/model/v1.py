@@ -1,0 +1,231 @@
+"""FlashInfer's v1 cache file (`flashinfer.autotune(cache=PATH)`): parse, check, serialise.
+
+Layout (autotuner.py `save_configs`, 0.6.18): one JSON object, `indent=2`; `_metadata` first,
+then `_records` (only when non-empty), then entries in sorted key order, then `_generation` =
+sha256 of the object without `_generation`, dumped with sort_keys and compact separators.
+Entry value: `[runner_name, tactic, *more]`; 0.7.4 may append provenance and selection data.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from typing import Any
+
+from fi_cache.model import keys as keymod
+from fi_cache.model import moe
+from fi_cache.versions import GENERATION_KEY, METADATA_KEY, RECORDS_KEY
+
+# Tactics nest a few levels (cuDNN: [plan, [[k, v]]]); anything deeper is not FlashInfer's.
+_MAX_TACTIC_DEPTH = 16
+
+
+class FormatError(ValueError):
+    """The bytes are not a v1 cache file; the message is one line for the user."""
+
+
+@dataclass(frozen=True)
+class CacheFile:
+    """A v1 file as data. `entries` keeps raw keys and values exactly as stored."""
+
+    metadata: dict[str, Any] | None
+    entries: dict[str, list[Any]]
+    records: Any = None
+    generation: str | None = None
+    # Top-level fields fi-cache does not know, kept so a rewrite loses nothing.
+    unknown: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def has_records(self) -> bool:
+        return self.records is not None
+
+    def ops(self) -> list[str]:
+        """Sorted distinct op names (custom_op of each key)."""
+        return sorted({op for op, _ in heads(list(self.entries))})
+
+    def finalize(self) -> moe.FileFinalize | None:
+        """The MoE finalize mode of the file's entries; None without MoE entries."""
+        modes: set[moe.Finalize] = set()
+        for raw in self.entries:
+            if '::fused_moe::' not in raw:  # cheap filter before a full parse
+                continue
+            try:
+                key = keymod.parse_key(raw)
+            except keymod.KeyError_:
+                continue
+            if moe.is_moe(key.op):
+                modes.add(moe.finalize_mode(key))
+        return moe.combine(modes)
+
+
+def heads(raw_keys: list[str]) -> list[tuple[str, str]]:
+    """(op, runner) per key; fast path for the common case, full parse otherwise."""
+    fast = keymod.key_heads(raw_keys)
+    if fast is not None:
+        return fast
+    out = []
+    for raw in raw_keys:
+        try:
+            key = keymod.parse_key(raw)
+            out.append((key.op, key.runner))
+        except keymod.KeyError_:
+            out.append(("?", "?"))
+    return out
+
+
+def loads(text: str | bytes) -> CacheFile:
+    """Parse a v1 file's bytes. Raises FormatError for anything FlashInfer could not load."""
+    try:
+        data = json.loads(text)
+    except UnicodeDecodeError as exc:
+        raise FormatError(f"not UTF-8 text ({exc.reason} at byte {exc.start})") from None
+    except json.JSONDecodeError as exc:
+        where = "truncated" if exc.pos >= len(text) - 1 else "invalid JSON"
+        raise FormatError(f"{where}: {exc.msg} at line {exc.lineno} column {exc.colno}") from None
+    except RecursionError:
+        raise FormatError("JSON nested too deeply to be a cache file") from None
+    if not isinstance(data, dict):
+        raise FormatError(f"top level is a JSON {_json_type(data)}, not an object")
+    return from_json(data)
+
+
+def from_json(data: dict[str, Any]) -> CacheFile:
+    metadata = data.get(METADATA_KEY)
+    if metadata is not None and not isinstance(metadata, dict):
+        raise FormatError(f"{METADATA_KEY} is a JSON {_json_type(metadata)}, not an object")
+    generation = data.get(GENERATION_KEY)
+    if generation is not None and not isinstance(generation, str):
+        raise FormatError(f"{GENERATION_KEY} is a JSON {_json_type(generation)}, not a string")
+    entries: dict[str, list[Any]] = {}
+    unknown: dict[str, Any] = {}
+    for k, v in data.items():
+        if k.startswith("("):
+            entries[k] = v
+        elif k not in (METADATA_KEY, RECORDS_KEY, GENERATION_KEY):
+            unknown[k] = v
+    return CacheFile(metadata, entries, data.get(RECORDS_KEY), generation, unknown)
+
+
+def _json_type(value: Any) -> str:
+    return {dict: "object", list: "array", str: "string", bool: "boolean", type(None): "null"}.get(
+        type(value), "number"
+    )
+
+
+def compute_generation(cf: CacheFile) -> str:
+    """`_generation` exactly as FlashInfer 0.6.18 computes it over the file it writes."""
+    canonical = json.dumps(_ordered(cf, include_generation=False), sort_keys=True,
+                           separators=(",", ":"))  # fmt: skip
+    return hashlib.sha256(canonical.encode()).hexdigest()
+
+
+def _ordered(cf: CacheFile, include_generation: bool) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    if cf.metadata is not None:
+        out[METADATA_KEY] = cf.metadata
+    if cf.records:  # FlashInfer writes `_records` only when non-empty
+        out[RECORDS_KEY] = cf.records
+    # FlashInfer sorts every non-reserved top-level key as a config, unknown ones included.
+    body = {**cf.entries, **cf.unknown}
+    for k in sorted(body):
+        out[k] = body[k]
+    if include_generation and cf.generation is not None:
+        out[GENERATION_KEY] = cf.generation
+    return out
+
+
+def dumps(cf: CacheFile, *, with_generation: bool | None = None) -> str:
+    """Serialise in FlashInfer's layout. `_generation` is recomputed when written at all:
+    by default when the file had one (a <= 0.6.17 reader would load it as a bogus entry)."""
+    if with_generation is None:
+        with_generation = cf.generation is not None
+    generation = compute_generation(cf) if with_generation else None
+    out = _ordered(CacheFile(cf.metadata, cf.entries, cf.records, generation, cf.unknown), True)
+    return json.dumps(out, indent=2)
+
+
+# --- Integrity --------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Defect:
+    """Something wrong inside a parsed file. `check` is a doctor check id."""
+
+    check: str
+    message: str
+
+
+def value_problem(value: Any) -> str | None:
+    """Why an entry value is not `[runner_name, tactic, *extra]`, or None when it is fine."""
+    if not isinstance(value, list):
+        return f"value is a JSON {_json_type(value)}, not [runner, tactic]"
+    if not 2 <= len(value) <= 4:
+        return f"value has {len(value)} elements, expected 2 to 4"
+    if not isinstance(value[0], str):
+        return "runner name (value[0]) is not a string"
+    if not _is_tactic(value[1], 0):
+        return "tactic (value[1]) is not an int or a nested list of ints/strings"
+    return None
+
+
+def _is_tactic(tactic: Any, depth: int) -> bool:
+    if isinstance(tactic, bool):
+        return False
+    if isinstance(tactic, (int, str)):
+        return True
+    if isinstance(tactic, list) and depth < _MAX_TACTIC_DEPTH:
+        return all(
+            v is None or isinstance(v, (float, bool)) or _is_tactic(v, depth + 1) for v in tactic
+        )
+    return False
+
+
+def defects(cf: CacheFile, limit: int = 20) -> Iterator[Defect]:
+    """Every integrity problem: unparsable keys, malformed values, a stale `_generation`.
+    At most `limit` per kind are spelled out; the last line counts the rest."""
+    raw_keys = list(cf.entries)
+    bad_keys = keymod.find_unparsable(raw_keys)
+    yield from _capped(
+        "corrupt-file",
+        [f"key {_short(raw_keys[i])} does not parse: {why}" for i, why in bad_keys.items()],
+        limit,
+    )
+    bad_values = []
+    for k, v in cf.entries.items():
+        why = value_problem(v)
+        if why is not None:
+            bad_values.append(f"entry {_short(k)}: {why}")
+    yield from _capped("corrupt-file", bad_values, limit)
+    if cf.records is not None and not isinstance(cf.records, dict):
+        yield Defect("corrupt-file", f"{RECORDS_KEY} is not a JSON object")
+    if cf.generation is not None:
+        expected = compute_generation(cf)
+        if expected != cf.generation:
+            yield Defect(
+                "generation-mismatch",
+                f"{GENERATION_KEY} is {cf.generation[:12]}… but the content hashes to "
+                f"{expected[:12]}… (edited or merged by hand after FlashInfer wrote it)",
+            )
+
+
+def _capped(check: str, messages: list[str], limit: int) -> Iterator[Defect]:
+    for message in messages[:limit]:
+        yield Defect(check, message)
+    if len(messages) > limit:
+        yield Defect(check, f"… and {len(messages) - limit} more like these")
+
+
+def _short(raw_key: str, width: int = 60) -> str:
+    return raw_key if len(raw_key) <= width else raw_key[: width - 1] + "…"
+
+
+def iter_entries(cf: CacheFile) -> Iterator[tuple[str, keymod.CacheKey | None, list[Any]]]:
+    """(raw key, parsed key or None when it does not parse, value) for every entry."""
+    for raw, value in cf.entries.items():
+        try:
+            parsed: keymod.CacheKey | None = keymod.parse_key(raw)
+        except keymod.KeyError_:
+            parsed = None
+        yield raw, parsed, value

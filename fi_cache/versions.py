@@ -1,0 +1,185 @@
+"""Every version-dependent fact fi-cache relies on, in one place, each with its source.
+
+Sources are FlashInfer and vLLM release wheels (`pip download --no-deps NAME==VER`, unzip) and the
+public issue threads named beside each fact. When a new release changes one, change it here only.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from functools import total_ordering
+
+# --- FlashInfer v1 cache file -------------------------------------------------------------------
+
+# The `_metadata` fields FlashInfer compares on load (flashinfer/autotuner/autotuner.py,
+# `_collect_metadata`, 0.6.15-0.6.18; 0.7.x adds cutlass_dsl_version).
+METADATA_FIELDS: tuple[str, ...] = (
+    "flashinfer_version",
+    "cuda_version",
+    "cublas_version",
+    "cudnn_version",
+    "cudnn_frontend_version",
+    "gpu",
+)
+METADATA_FIELDS_07: tuple[str, ...] = (*METADATA_FIELDS, "cutlass_dsl_version")
+
+# Saved values FlashInfer treats as "could not detect" (soft mismatch; a missing field too) and
+# as "matches anything" (autotuner.py 0.6.18 `_INDETERMINATE_META_VALUES`, `_classify_...`).
+INDETERMINATE_VALUES = frozenset({"unknown", "None"})
+WILDCARD = "*"
+
+# Reserved top-level names (autotuner.py 0.6.18: _METADATA_KEY, _NAMESPACED_RECORDS_KEY,
+# _CACHE_GENERATION_KEY). Entry keys always start with "(".
+METADATA_KEY = "_metadata"
+RECORDS_KEY = "_records"
+GENERATION_KEY = "_generation"
+
+# --- Fused MoE keys -----------------------------------------------------------------------------
+
+MOE_OPS = frozenset({"trtllm::fused_moe::gemm1", "trtllm::fused_moe::gemm2"})
+MOE_GEMM2_OP = "trtllm::fused_moe::gemm2"
+
+# MoERunner.get_cache_key_extras, by tuple length (flashinfer/fused_moe/core.py).
+# 20 fields: 0.6.18rc2 .. 0.7.0; 17 fields: 0.7.4 dropped tp_rank, ep_rank, cluster_rank.
+_MOE_EXTRAS_20 = (
+    "x_dtype", "weight_dtype", "output_dtype", "top_k", "tp_size", "tp_rank", "ep_size",
+    "ep_rank", "cluster_size", "cluster_rank", "enable_alltoall", "use_deepseek_fp8_block_scale",
+    "use_w4_group_scaling", "use_mxfp8_act_scaling", "use_wfp4afp8_humming", "min_latency_mode",
+    "enable_pdl", "activation_type", "use_packed_weights", "use_fused_finalize",
+)  # fmt: skip
+_MOE_EXTRAS_17 = tuple(f for f in _MOE_EXTRAS_20 if f not in {"tp_rank", "ep_rank", "cluster_rank"})
+MOE_EXTRAS_FIELDS: dict[int, tuple[str, ...]] = {20: _MOE_EXTRAS_20, 17: _MOE_EXTRAS_17}
+FINALIZE_FIELD = "use_fused_finalize"
+
+
+# --- Versions -----------------------------------------------------------------------------------
+
+_VERSION = re.compile(
+    r"^\s*v?(?P<release>\d+(?:\.\d+)*)"
+    r"(?:[-_.]?(?P<pre>a|b|rc|alpha|beta|c)[-_.]?(?P<pre_n>\d*))?"
+    r"(?:[-_.]?(?:post|rev|r)[-_.]?(?P<post>\d*))?"
+    r"(?:[-_.]?dev[-_.]?(?P<dev>\d*))?"
+    r"(?:\+[a-z0-9.]+)?\s*$",
+    re.IGNORECASE,
+)
+_PRE_ORDER = {"a": 0, "alpha": 0, "b": 1, "beta": 1, "c": 2, "rc": 2}
+
+
+@total_ordering
+@dataclass(frozen=True)
+class Version:
+    """A PEP 440 version, enough of it to order FlashInfer and vLLM releases."""
+
+    text: str
+    release: tuple[int, ...]
+    rank: tuple[int, int, int, int]  # (dev-or-pre-or-final, pre number, post, dev)
+
+    @classmethod
+    def parse(cls, text: str) -> Version:
+        m = _VERSION.match(text)
+        if m is None:
+            raise ValueError(f"not a version: {text!r}")
+        release = tuple(int(p) for p in m["release"].split("."))
+        while len(release) > 1 and release[-1] == 0:
+            release = release[:-1]
+        post = int(m["post"] or 0) + (1 if m["post"] is not None else 0)
+        if m["pre"]:
+            stage, pre_n = _PRE_ORDER[m["pre"].lower()], int(m["pre_n"] or 0)
+        elif m["dev"] is not None and m["post"] is None:
+            stage, pre_n = -1, 0  # 1.0.dev1 sorts before 1.0a1
+        else:
+            stage, pre_n = 3, 0
+        dev = int(m["dev"]) if m["dev"] else (0 if m["dev"] is not None else 1 << 30)
+        return cls(text.strip(), release, (stage, pre_n, post, dev))
+
+    def _cmp_key(self) -> tuple[tuple[int, ...], tuple[int, int, int, int]]:
+        return (self.release, self.rank)
+
+    def __lt__(self, other: object) -> bool:
+        if not isinstance(other, Version):
+            return NotImplemented
+        return self._cmp_key() < other._cmp_key()
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, Version) and self._cmp_key() == other._cmp_key()
+
+    def __hash__(self) -> int:
+        return hash(self._cmp_key())
+
+    def __str__(self) -> str:
+        return self.text
+
+
+def parse_version(text: str | None) -> Version | None:
+    """A Version, or None for a missing or indeterminate value ("unknown", "None")."""
+    if text is None or text in INDETERMINATE_VALUES or text == WILDCARD:
+        return None
+    try:
+        return Version.parse(text)
+    except ValueError:
+        return None
+
+
+V = Version.parse
+
+# FlashInfer: what each release writes and reads (autotuner.py of each wheel).
+FLASHINFER_CACHE_FILE = V("0.6.7")  # `autotune(cache=PATH)` exists
+FLASHINFER_KEY_EXTRAS = V("0.6.13")  # keys are 4-tuples (extras); before: 3-tuples
+FLASHINFER_FINALIZE_IN_KEY = V("0.6.18rc2")  # MoERunner extras carry use_fused_finalize
+FLASHINFER_GENERATION = V("0.6.18rc2")  # `_records` / `_generation`; 0.6.17 crashes on `_records`
+FLASHINFER_V2_STORE = V("0.7.0")  # opt-in managed store <root>/v2/<env>/
+
+
+def flashinfer_keys_carry_finalize(version: str | None) -> bool | None:
+    """Do MoE keys written by this FlashInfer record the finalize mode? None if unknown."""
+    v = parse_version(version)
+    return None if v is None else v >= FLASHINFER_FINALIZE_IN_KEY
+
+
+def flashinfer_writes_generation(version: str | None) -> bool | None:
+    v = parse_version(version)
+    return None if v is None else v >= FLASHINFER_GENERATION
+
+
+# --- vLLM ---------------------------------------------------------------------------------------
+
+# `vllm/envs.py` gains this name with vLLM PR #54948 (issue #54945); absent up to 0.33.
+VLLM_FINALIZE_ENV = "VLLM_FLASHINFER_MOE_FUSED_FINALIZE"
+VLLM_CACHE_DIR_ENV = "VLLM_FLASHINFER_AUTOTUNE_CACHE_DIR"
+VLLM_CACHE_SUBDIR = "flashinfer_autotune_cache"  # under $VLLM_CACHE_ROOT (default ~/.cache/vllm)
+# kernel_warmup.py: one shared file 0.25-0.31; per-rank files from 0.32 (single GPU: dp0_rank0).
+VLLM_CACHE_FILE = "autotune_configs.json"
+VLLM_RANK_FILE = re.compile(r"^autotune_configs_dp(\d+)_rank(\d+)\.json$")
+
+
+
+def _arch_name(major: int, minor: str, cuda: Version | None) -> str:
+    if minor and not minor.isdigit():
+        return f"{major}{minor}"  # an explicit suffix ("12.1a") is kept as written
+    # compilation_context._normalize_cuda_arch (FlashInfer 0.6.14-0.7.2.post1): SM90+ get the
+    # arch-specific "a"; SM120 gets the family "f" on CUDA >= 12.9 (FlashInfer 0.7.2 gives "120a"
+    # on CUDA 12.8). Run by hand on FlashInfer's code with a stubbed torch, see docs/facts.md.
+    if major < 9:
+        return f"{major}{minor}"
+    if (major, minor) == (12, "0") and (cuda is None or cuda >= V("12.9")):
+        return "120f"
+    return f"{major}{minor}a"
+
+
+def vllm_arch(compute_caps: list[str], cuda_version: str | None = None,
+              arch_list: str | None = None) -> str | None:  # fmt: skip
+    """vLLM's arch dir level. vLLM copies the last level of FlashInfer's JIT workspace dir:
+    the normalised capabilities of every visible GPU (or `FLASHINFER_CUDA_ARCH_LIST`, which
+    overrides detection), distinct, sorted by major then minor, joined by "_" ("80_90a_100a")."""
+    cuda = parse_version(cuda_version)
+    caps = arch_list.split() if arch_list else compute_caps
+    names: set[tuple[int, str]] = set()
+    for cap in caps:
+        major, _, minor = cap.strip().partition(".")
+        if not major.isdigit():
+            continue
+        names.add((int(major), minor or "0"))
+    if not names:
+        return None
+    return "_".join(_arch_name(ma, mi, cuda) for ma, mi in sorted(names))
