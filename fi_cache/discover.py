@@ -98,8 +98,11 @@ def discover(path: Path) -> tuple[list[Found], list[ScanProblem]]:
 
     def on_error(err: OSError) -> None:
         where = Path(err.filename) if err.filename else path
-        problems.append(ScanProblem(where, "unreadable-permissions",
-                                    f"cannot list directory: {err.strerror}", 2))  # fmt: skip
+        problems.append(
+            ScanProblem(
+                where, "unreadable-permissions", f"cannot list directory: {err.strerror}", 2
+            )
+        )
 
     for dirpath, dirnames, filenames in os.walk(path, onerror=on_error):
         here = Path(dirpath)
@@ -119,14 +122,17 @@ def discover(path: Path) -> tuple[list[Found], list[ScanProblem]]:
                     if looks_like_v1(file):
                         found.append(classify_file(file))
                 except OSError as exc:
-                    problems.append(ScanProblem(file, "unreadable-permissions",
-                                                f"cannot read: {exc.strerror}", 2))  # fmt: skip
+                    problems.append(
+                        ScanProblem(
+                            file, "unreadable-permissions", f"cannot read: {exc.strerror}", 2
+                        )
+                    )
     return found, problems
 
 
 def tmp_leftovers(path: Path) -> list[Path]:
     """Temp files that killed writers left under `path` (for doctor and prune)."""
-    out = []
+    out: list[Path] = []
     for dirpath, dirnames, filenames in os.walk(path):
         dirnames[:] = [d for d in dirnames if d not in _SKIP_DIRS]
         out.extend(Path(dirpath, n) for n in filenames if TMP_PATTERN.match(n))

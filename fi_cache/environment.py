@@ -9,6 +9,7 @@ cached in the store, keyed by everything that could change it.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import importlib.metadata as md
 import json
@@ -132,8 +133,11 @@ def query_gpus() -> list[Gpu]:
     try:
         out = subprocess.run(
             ["nvidia-smi", "--query-gpu=index,uuid,name,compute_cap", "--format=csv,noheader"],
-            capture_output=True, text=True, timeout=10, check=False,
-        )  # fmt: skip
+            capture_output=True,
+            text=True,
+            timeout=10,
+            check=False,
+        )
     except (OSError, subprocess.SubprocessError):
         return []
     return parse_nvidia_smi(out.stdout) if out.returncode == 0 else []
@@ -180,8 +184,9 @@ def probe() -> Environment:
         arch = vllm_arch([g.compute_cap for g in gpus], values.get("cuda_version"), arch_list)
         take("arch", arch, "FLASHINFER_CUDA_ARCH_LIST" if arch_list else "nvidia-smi")
     fingerprint = Fingerprint(**{k: v for k, v in values.items() if v is not None})
-    return Environment(fingerprint, tuple(gpus), vllm_info(),
-                       torch_version[1] if torch_version else None, sources)  # fmt: skip
+    return Environment(
+        fingerprint, tuple(gpus), vllm_info(), torch_version[1] if torch_version else None, sources
+    )
 
 
 # --- FlashInfer's own answer, in a child process -----------------------------------------------
@@ -203,17 +208,27 @@ else:
 
 def probe_key(env: Environment) -> str:
     """Everything that can change FlashInfer's answer; a new key means probe again."""
-    parts = [sys.executable, json.dumps(env.fingerprint.metadata(), sort_keys=True),
-             env.torch_version or "", os.environ.get("LD_LIBRARY_PATH", ""),
-             os.environ.get("CUDA_VISIBLE_DEVICES", ""), ",".join(g.uuid for g in env.gpus)]  # fmt: skip
+    parts = [
+        sys.executable,
+        json.dumps(env.fingerprint.metadata(), sort_keys=True),
+        env.torch_version or "",
+        os.environ.get("LD_LIBRARY_PATH", ""),
+        os.environ.get("CUDA_VISIBLE_DEVICES", ""),
+        ",".join(g.uuid for g in env.gpus),
+    ]
     return hashlib.sha256("\0".join(parts).encode()).hexdigest()[:20]
 
 
 def run_flashinfer_probe(timeout: float = _PROBE_TIMEOUT_S) -> dict[str, str]:
     """FlashInfer's `_collect_metadata()` from a child process. Raises RuntimeError on failure."""
     try:
-        out = subprocess.run([sys.executable, "-c", _CHILD], capture_output=True, text=True,
-                             timeout=timeout, check=False)  # fmt: skip
+        out = subprocess.run(
+            [sys.executable, "-c", _CHILD],
+            capture_output=True,
+            text=True,
+            timeout=timeout,
+            check=False,
+        )
     except subprocess.TimeoutExpired:
         raise RuntimeError(f"FlashInfer's metadata probe took over {timeout:.0f}s") from None
     except OSError as exc:
@@ -228,15 +243,26 @@ def run_flashinfer_probe(timeout: float = _PROBE_TIMEOUT_S) -> dict[str, str]:
 
 def with_flashinfer_metadata(env: Environment, meta: dict[str, str]) -> Environment:
     """The cheap probe's environment, with FlashInfer's own `_metadata` values on top."""
-    changes = {k: (None if v in ("unknown", "None") else v)
-               for k, v in meta.items() if k in METADATA_FIELDS_07}  # fmt: skip
+    changes = {
+        k: (None if v in ("unknown", "None") else v)
+        for k, v in meta.items()
+        if k in METADATA_FIELDS_07
+    }
     sources = dict(env.sources)
     sources.update({k: "flashinfer" for k, v in changes.items() if v is not None})
-    return Environment(env.fingerprint.replace(**changes), env.gpus, env.vllm,
-                       env.torch_version, sources, env.notes)  # fmt: skip
+    return Environment(
+        env.fingerprint.replace(**changes),
+        env.gpus,
+        env.vllm,
+        env.torch_version,
+        sources,
+        env.notes,
+    )
 
 
-def detect(state_dir: Path | None, *, exact: bool | None = None, refresh: bool = False) -> Environment:
+def detect(
+    state_dir: Path | None, *, exact: bool | None = None, refresh: bool = False
+) -> Environment:
     """The environment, as exactly as this machine allows.
 
     exact=None: ask FlashInfer itself when it is installed and a GPU is visible (its answer is
@@ -256,14 +282,19 @@ def detect(state_dir: Path | None, *, exact: bool | None = None, refresh: bool =
     try:
         meta = run_flashinfer_probe()
     except RuntimeError as exc:
-        return Environment(env.fingerprint, env.gpus, env.vllm, env.torch_version, env.sources,
-                           (*env.notes, f"{exc}; using the cheap probe's values"))  # fmt: skip
+        return Environment(
+            env.fingerprint,
+            env.gpus,
+            env.vllm,
+            env.torch_version,
+            env.sources,
+            (*env.notes, f"{exc}; using the cheap probe's values"),
+        )
     if cache is not None:
         from fi_cache import storage
         from fi_cache.errors import FiCacheError
 
-        try:
+        # A read-only store only costs the probe again next time.
+        with contextlib.suppress(FiCacheError, OSError):
             storage.atomic_write(cache, json.dumps(meta, indent=2).encode())
-        except (FiCacheError, OSError):
-            pass  # a read-only store only costs the probe again next time
     return with_flashinfer_metadata(env, meta)

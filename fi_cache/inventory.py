@@ -132,9 +132,13 @@ def _read_v2(found: Found) -> Cache:
     cf = v1.CacheFile(v2.metadata_of(manifest), entries)
     expected = v2.env_hash(manifest)
     if expected != found.path.name:
-        defects.append(v1.Defect("generation-mismatch",
-                                 f"manifest hashes to {expected}, not to its directory name "
-                                 "(edited by hand? FlashInfer will never look here)"))  # fmt: skip
+        defects.append(
+            v1.Defect(
+                "generation-mismatch",
+                f"manifest hashes to {expected}, not to its directory name "
+                "(edited by hand? FlashInfer will never look here)",
+            )
+        )
     return Cache(found, cf, size, modified, tuple(defects), manifest)
 
 
@@ -169,8 +173,9 @@ def scan(paths: Iterable[Path], *, explicit: bool = True) -> Inventory:
             try:
                 inv.caches.append(read(f))
             except CorruptCache as exc:
-                inv.problems.append(ScanProblem(Path(exc.path or f.path), "corrupt-file",
-                                                exc.message))  # fmt: skip
+                inv.problems.append(
+                    ScanProblem(Path(exc.path or f.path), "corrupt-file", exc.message)
+                )
             except Refused as exc:
                 check = "unreadable-permissions" if "permission" in exc.message else "corrupt-file"
                 inv.problems.append(ScanProblem(Path(exc.path or f.path), check, exc.message, 2))

@@ -62,5 +62,11 @@ def namespace_parts(path: Path, store: Path) -> dict[str, str] | None:
     if len(parts) < 4 or "-" not in parts[3]:
         return None
     finalize, _, digest = parts[3].partition("-")
-    return {"flashinfer_version": parts[0], "arch": parts[1], "gpu": parts[2],
-            "finalize": finalize, "digest": digest, "dir": str(store / NAMESPACES_DIR / Path(*parts[:4]))}  # fmt: skip
+    return {
+        "flashinfer_version": parts[0],
+        "arch": parts[1],
+        "gpu": parts[2],
+        "finalize": finalize,
+        "digest": digest,
+        "dir": str(store / NAMESPACES_DIR / Path(*parts[:4])),
+    }

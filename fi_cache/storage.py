@@ -37,8 +37,9 @@ def locked(path: Path, timeout: float = DEFAULT_LOCK_TIMEOUT) -> Iterator[None]:
         with lock:
             yield
     except filelock.Timeout:
-        raise FiCacheError(f"timed out after {timeout:.0f}s waiting for the lock {lock_file}",
-                           path) from None  # fmt: skip
+        raise FiCacheError(
+            f"timed out after {timeout:.0f}s waiting for the lock {lock_file}", path
+        ) from None
 
 
 def _ensure_dir(directory: Path) -> None:
@@ -48,8 +49,14 @@ def _ensure_dir(directory: Path) -> None:
         raise Refused(f"cannot create directory: {exc.strerror}", directory) from None
 
 
-def atomic_write(path: Path, data: bytes, *, mode: int = 0o644, lock: bool = True,
-                 timeout: float = DEFAULT_LOCK_TIMEOUT) -> None:  # fmt: skip
+def atomic_write(
+    path: Path,
+    data: bytes,
+    *,
+    mode: int = 0o644,
+    lock: bool = True,
+    timeout: float = DEFAULT_LOCK_TIMEOUT,
+) -> None:
     """Replace `path` with `data` so that readers see the old or the new file, never a mix."""
     if lock:
         with locked(path, timeout):

@@ -39,15 +39,34 @@ GENERATION_KEY = "_generation"
 
 MOE_OPS = frozenset({"trtllm::fused_moe::gemm1", "trtllm::fused_moe::gemm2"})
 MOE_GEMM2_OP = "trtllm::fused_moe::gemm2"
+# 0.6.18's MoELayer ranks the same CUTLASS runner's stages under these names
+# (flashinfer/fused_moe/runners.py:475,484: f"moe_{backend_key}_sm{arch}_gemm1/2").
+MOE_STAGE_OP = re.compile(r"^moe_\w+_sm\d+_gemm([12])$")
 
 # MoERunner.get_cache_key_extras, by tuple length (flashinfer/fused_moe/core.py).
 # 20 fields: 0.6.18rc2 .. 0.7.0; 17 fields: 0.7.4 dropped tp_rank, ep_rank, cluster_rank.
 _MOE_EXTRAS_20 = (
-    "x_dtype", "weight_dtype", "output_dtype", "top_k", "tp_size", "tp_rank", "ep_size",
-    "ep_rank", "cluster_size", "cluster_rank", "enable_alltoall", "use_deepseek_fp8_block_scale",
-    "use_w4_group_scaling", "use_mxfp8_act_scaling", "use_wfp4afp8_humming", "min_latency_mode",
-    "enable_pdl", "activation_type", "use_packed_weights", "use_fused_finalize",
-)  # fmt: skip
+    "x_dtype",
+    "weight_dtype",
+    "output_dtype",
+    "top_k",
+    "tp_size",
+    "tp_rank",
+    "ep_size",
+    "ep_rank",
+    "cluster_size",
+    "cluster_rank",
+    "enable_alltoall",
+    "use_deepseek_fp8_block_scale",
+    "use_w4_group_scaling",
+    "use_mxfp8_act_scaling",
+    "use_wfp4afp8_humming",
+    "min_latency_mode",
+    "enable_pdl",
+    "activation_type",
+    "use_packed_weights",
+    "use_fused_finalize",
+)
 _MOE_EXTRAS_17 = tuple(f for f in _MOE_EXTRAS_20 if f not in {"tp_rank", "ep_rank", "cluster_rank"})
 MOE_EXTRAS_FIELDS: dict[int, tuple[str, ...]] = {20: _MOE_EXTRAS_20, 17: _MOE_EXTRAS_17}
 FINALIZE_FIELD = "use_fused_finalize"
@@ -153,7 +172,6 @@ VLLM_CACHE_FILE = "autotune_configs.json"
 VLLM_RANK_FILE = re.compile(r"^autotune_configs_dp(\d+)_rank(\d+)\.json$")
 
 
-
 def _arch_name(major: int, minor: str, cuda: Version | None) -> str:
     if minor and not minor.isdigit():
         return f"{major}{minor}"  # an explicit suffix ("12.1a") is kept as written
@@ -167,8 +185,9 @@ def _arch_name(major: int, minor: str, cuda: Version | None) -> str:
     return f"{major}{minor}a"
 
 
-def vllm_arch(compute_caps: list[str], cuda_version: str | None = None,
-              arch_list: str | None = None) -> str | None:  # fmt: skip
+def vllm_arch(
+    compute_caps: list[str], cuda_version: str | None = None, arch_list: str | None = None
+) -> str | None:
     """vLLM's arch dir level. vLLM copies the last level of FlashInfer's JIT workspace dir:
     the normalised capabilities of every visible GPU (or `FLASHINFER_CUDA_ARCH_LIST`, which
     overrides detection), distinct, sorted by major then minor, joined by "_" ("80_90a_100a")."""

@@ -20,14 +20,24 @@ class Context:
 
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 100})
-@click.option("--store", type=click.Path(path_type=Path), default=None,
-              help="fi-cache store dir (default: $FI_CACHE_DIR, else the user cache dir).")
-@click.option("--format", "fmt", type=click.Choice(["human", "json"]), default="human",
-              show_default=True, help="json: one JSON document on stdout, text on stderr.")
+@click.option(
+    "--store",
+    type=click.Path(path_type=Path),
+    default=None,
+    help="fi-cache store dir (default: $FI_CACHE_DIR, else the user cache dir).",
+)
+@click.option(
+    "--format",
+    "fmt",
+    type=click.Choice(["human", "json"]),
+    default="human",
+    show_default=True,
+    help="json: one JSON document on stdout, text on stderr.",
+)
 @click.option("-q", "--quiet", is_flag=True, help="Only errors on stderr.")
 @click.version_option(__version__, prog_name="fi-cache")
 @click.pass_context
-def cli(ctx: click.Context, store: Path | None, fmt: str, quiet: bool) -> None:  # fmt: skip
+def cli(ctx: click.Context, store: Path | None, fmt: str, quiet: bool) -> None:
     """Namespace, inspect, verify and diagnose FlashInfer autotune caches for vLLM."""
     if store is None:
         from fi_cache.store import default_store

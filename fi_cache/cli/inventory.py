@@ -26,11 +26,14 @@ def _ctx() -> Any:
 
 
 @click.command("env")
-@click.option("--exact/--no-exact", default=None,
-              help="Ask FlashInfer itself for its metadata (a child process, cached). "
-                   "Default: when FlashInfer is installed and a GPU is visible.")
+@click.option(
+    "--exact/--no-exact",
+    default=None,
+    help="Ask FlashInfer itself for its metadata (a child process, cached). "
+    "Default: when FlashInfer is installed and a GPU is visible.",
+)
 @click.option("--refresh", is_flag=True, help="Ignore the cached FlashInfer answer.")
-def env_command(exact: bool | None, refresh: bool) -> int:  # fmt: skip
+def env_command(exact: bool | None, refresh: bool) -> int:
     """Show the detected environment and the namespace dir of each finalize mode."""
     from fi_cache import environment
     from fi_cache.store import state_dir
@@ -43,8 +46,9 @@ def env_command(exact: bool | None, refresh: bool) -> int:  # fmt: skip
         "metadata": fp.metadata(),
         "sources": env.sources,
         "arch": fp.arch,
-        "gpus": [{"index": g.index, "name": g.name, "compute_cap": g.compute_cap}
-                 for g in env.gpus],  # fmt: skip
+        "gpus": [
+            {"index": g.index, "name": g.name, "compute_cap": g.compute_cap} for g in env.gpus
+        ],
         "torch_version": env.torch_version,
         "vllm": {
             "version": env.vllm.version,
@@ -58,8 +62,10 @@ def env_command(exact: bool | None, refresh: bool) -> int:  # fmt: skip
     if ctx.json:
         render.emit_json(doc)
         return 0
-    rows = [[name, value or "-", env.sources.get(name, "not detected")]
-            for name, value in fp.metadata().items()]  # fmt: skip
+    rows = [
+        [name, value or "-", env.sources.get(name, "not detected")]
+        for name, value in fp.metadata().items()
+    ]
     rows.append(["arch (vLLM dir)", fp.arch or "-", env.sources.get("arch", "not detected")])
     click.echo(render.table(["FIELD", "VALUE", "SOURCE"], rows))
     gpus = ", ".join(f"{g.index}: {g.name} ({g.compute_cap})" for g in env.gpus) or "none visible"
@@ -68,8 +74,10 @@ def env_command(exact: bool | None, refresh: bool) -> int:  # fmt: skip
     click.echo(f"\nGPUs    {gpus}")
     click.echo(f"torch   {env.torch_version or 'not installed'}")
     if vllm.version:
-        click.echo(f"vLLM    {vllm.version}: {support[vllm.supports_finalize_env]} "
-                   "VLLM_FLASHINFER_MOE_FUSED_FINALIZE (the deterministic MoE path)")  # fmt: skip
+        click.echo(
+            f"vLLM    {vllm.version}: {support[vllm.supports_finalize_env]} "
+            "VLLM_FLASHINFER_MOE_FUSED_FINALIZE (the deterministic MoE path)"
+        )
     else:
         click.echo("vLLM    not installed")
     click.echo(f"store   {ctx.store}")
@@ -142,7 +150,7 @@ def _report_problems(inv: Inventory, quiet: bool = False) -> int:
 @click.command("ls")
 @_PATHS
 @click.option("--no-store", is_flag=True, help="Only the given paths, not the fi-cache store.")
-@click.option("-l", "--long", "long_", is_flag=True, help="Also list each cache's ops.")
+@click.option("-l", "--long", "long_", is_flag=True, help="Add size, modified time and ops.")
 @click.option("--paths", "paths_only", is_flag=True, help="Print only paths, one per line.")
 def ls_command(paths: tuple[Path, ...], no_store: bool, long_: bool, paths_only: bool) -> int:
     """List caches in the store and under PATHS (files, vLLM cache roots, v2 stores)."""
@@ -161,15 +169,23 @@ def ls_command(paths: tuple[Path, ...], no_store: bool, long_: bool, paths_only:
         if not ctx.quiet and not inv.problems and not inv.empty:
             render.warn(f"no caches in the store ({ctx.store}); pass paths to look elsewhere")
         return code
+    # Default columns fit 80 characters; -l adds size, time and ops.
+    headers = ["FLASHINFER", "ARCH", "GPU", "ENTRIES", "FINALIZE"]
+    headers += ["SIZE", "MODIFIED", "PATH"] if long_ else ["PATH"]
     table_rows = []
     for r in rows:
-        table_rows.append([
-            r["flashinfer_version"] or "?", r["arch"] or "-", render.short_gpu(r["gpu"]),
-            str(r["entries"]), render.human_size(r["size"]), r["finalize"] or "-",
-            r["modified"][:10], render.display_path(Path(r["path"])),
-        ])  # fmt: skip
-    headers = ["FLASHINFER", "ARCH", "GPU", "ENTRIES", "SIZE", "FINALIZE", "MODIFIED", "PATH"]
-    click.echo(render.table(headers, table_rows, right=(3, 4), width=render.terminal_width()))
+        row = [
+            r["flashinfer_version"] or "?",
+            r["arch"] or "-",
+            render.short_gpu(r["gpu"]),
+            str(r["entries"]),
+            r["finalize"] or "-",
+        ]
+        if long_:
+            row += [render.human_size(r["size"]), r["modified"][:16].replace("T", " ")]
+        table_rows.append([*row, render.display_path(Path(r["path"]))])
+    right = (3, 5) if long_ else (3,)
+    click.echo(render.table(headers, table_rows, right=right, width=render.terminal_width()))
     if long_:
         click.echo()
         for r in rows:
@@ -182,8 +198,14 @@ def ls_command(paths: tuple[Path, ...], no_store: bool, long_: bool, paths_only:
 
 def _entry_json(raw: str, key: keymod.CacheKey | None, value: list[Any]) -> dict[str, Any]:
     if key is None:
-        return {"op": None, "runner": value[0] if value else None, "profile": None,
-                "extras": None, "tactic": value[1:] if value else None, "raw_key": raw}  # fmt: skip
+        return {
+            "op": None,
+            "runner": value[0] if value else None,
+            "profile": None,
+            "extras": None,
+            "tactic": value[1:] if value else None,
+            "raw_key": raw,
+        }
     extras: Any = keymod.to_json(key.extras) if key.has_extras else None
     if moe.is_moe(key.op) and (named := moe.named_extras(key)):
         extras = {name: keymod.to_json(v) for name, v in named.items()}
@@ -227,16 +249,24 @@ def show_command(path: Path, op_filter: str | None) -> int:
     if op_filter:
         entries = [e for e in entries if e["op"] and op_filter in e["op"]]
     if ctx.json:
-        render.emit_json({"path": str(cache.path), "format": cache.found.format,
-                          "metadata": cache.metadata, "entries": entries})  # fmt: skip
+        render.emit_json(
+            {
+                "path": str(cache.path),
+                "format": cache.found.format,
+                "metadata": cache.metadata,
+                "entries": entries,
+            }
+        )
         return 0
     _show_human(cache, entries)
     return 0
 
 
 def _show_human(cache: Cache, entries: list[dict[str, Any]]) -> None:
-    click.echo(f"{render.display_path(cache.path)}  ({cache.found.format}, {len(entries)} entries, "
-               f"{render.human_size(cache.size)})")  # fmt: skip
+    click.echo(
+        f"{render.display_path(cache.path)}  ({cache.found.format}, {len(entries)} entries, "
+        f"{render.human_size(cache.size)})"
+    )
     meta = cache.metadata
     if meta is None:
         click.echo("metadata: none (FlashInfer accepts the file in any environment)")
@@ -254,14 +284,20 @@ def _show_human(cache: Cache, entries: list[dict[str, Any]]) -> None:
         for e in group:
             extras = e["extras"]
             if isinstance(extras, dict):  # MoE: the fields that tell runs apart
-                extras_text = (f"finalize={e.get('finalize')} top_k={extras.get('top_k')} "
-                               f"ep={extras.get('ep_size')} tp={extras.get('tp_size')}")  # fmt: skip
+                extras_text = (
+                    f"finalize={e.get('finalize')} top_k={extras.get('top_k')} "
+                    f"ep={extras.get('ep_size')} tp={extras.get('tp_size')}"
+                )
             else:
                 extras_text = _compact(extras) if extras is not None else "-"
-            rows.append([e["runner"] or "?", _compact(e["profile"]), _compact(e["tactic"]),
-                         extras_text])  # fmt: skip
-        click.echo(render.table(["RUNNER", "PROFILE", "TACTIC", "EXTRAS"], rows,
-                                width=render.terminal_width()))  # fmt: skip
+            rows.append(
+                [e["runner"] or "?", _compact(e["profile"]), _compact(e["tactic"]), extras_text]
+            )
+        click.echo(
+            render.table(
+                ["RUNNER", "PROFILE", "TACTIC", "EXTRAS"], rows, width=render.terminal_width()
+            )
+        )
 
 
 def _compact(value: Any) -> str:
@@ -279,32 +315,44 @@ def verify_command(paths: tuple[Path, ...]) -> int:
     """Check integrity: valid JSON, every key parses, `_generation` matches, value shapes."""
     ctx = _ctx()
     inv = scan(paths)
-    results = []
+    results: list[dict[str, Any]] = []
     code = _report_problems(inv)
     for cache in inv.caches:
         defects = [*cache.read_defects, *v1.defects(cache.file)]
-        results.append({
-            "path": str(cache.path), "format": cache.found.format, "ok": not defects,
-            "entries": len(cache.file.entries),
-            "generation": _generation_state(cache, defects),
-            "problems": [{"check": d.check, "message": d.message} for d in defects],
-        })  # fmt: skip
+        results.append(
+            {
+                "path": str(cache.path),
+                "format": cache.found.format,
+                "ok": not defects,
+                "entries": len(cache.file.entries),
+                "generation": _generation_state(cache, defects),
+                "problems": [{"check": d.check, "message": d.message} for d in defects],
+            }
+        )
         for d in defects:
             render.warn(f"{cache.path}: {d.message}")
         if defects:
             code = max(code, EXIT_PROBLEM)
     for p in inv.problems:
-        results.append({"path": str(p.path), "format": None, "ok": False, "entries": None,
-                        "generation": None,
-                        "problems": [{"check": p.check, "message": p.message}]})  # fmt: skip
+        results.append(
+            {
+                "path": str(p.path),
+                "format": None,
+                "ok": False,
+                "entries": None,
+                "generation": None,
+                "problems": [{"check": p.check, "message": p.message}],
+            }
+        )
     if ctx.json:
         render.emit_json({"results": results, "ok": code == 0})
     elif not ctx.quiet:
         for r in results:
             if r["ok"]:
                 gen = {"ok": ", _generation ok", "absent": ""}.get(r["generation"], "")
-                click.echo(f"ok    {render.display_path(Path(r['path']))} "
-                           f"({r['entries']} entries{gen})")  # fmt: skip
+                click.echo(
+                    f"ok    {render.display_path(Path(r['path']))} ({r['entries']} entries{gen})"
+                )
         bad = sum(1 for r in results if not r["ok"])
         click.echo(f"{len(results) - bad} ok, {bad} with problems", err=bad > 0)
     return code

@@ -49,7 +49,7 @@ def display_path(path: Path) -> str:
         pass
     home = str(Path.home())
     if text.startswith(home + os.sep):
-        text = "~" + text[len(home):]
+        text = "~" + text[len(home) :]
     return _HASH.sub(r"\1…", text)
 
 
@@ -58,12 +58,16 @@ def terminal_width() -> int | None:
     return shutil.get_terminal_size((80, 24)).columns if sys.stdout.isatty() else None
 
 
-def table(headers: Sequence[str], rows: Sequence[Sequence[str]], right: Sequence[int] = (),
-          width: int | None = None) -> str:  # fmt: skip
+def table(
+    headers: Sequence[str],
+    rows: Sequence[Sequence[str]],
+    right: Sequence[int] = (),
+    width: int | None = None,
+) -> str:
     """Aligned columns; the last column is cut from the left to fit `width`."""
     if not rows:
         return ""
-    cols = list(zip(headers, *rows))
+    cols = list(zip(headers, *rows, strict=True))
     widths = [max(len(c) for c in col) for col in cols]
     lines = []
     for row in (headers, *rows):

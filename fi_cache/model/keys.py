@@ -36,7 +36,8 @@ class TorchSize:
         return f"torch.Size([{', '.join(map(str, self.dims))}])"
 
 
-KeyValue = Union[
+# Recursive alias: Union[] because `|` cannot join a string forward reference on Python 3.10.
+KeyValue = Union[  # noqa: UP007
     int, float, str, bool, None, Symbol, TorchSize, tuple["KeyValue", ...], list["KeyValue"]
 ]
 
@@ -68,9 +69,18 @@ _TOKEN = re.compile(
 )
 _ESCAPE = re.compile(r"\\(x[0-9a-fA-F]{2}|u[0-9a-fA-F]{4}|U[0-9a-fA-F]{8}|[0-7]{1,3}|.)", re.DOTALL)
 _SIMPLE_ESCAPES = {
-    "\\": "\\", "'": "'", '"': '"', "n": "\n", "r": "\r", "t": "\t",
-    "a": "\a", "b": "\b", "f": "\f", "v": "\v", "\n": "",
-}  # fmt: skip
+    "\\": "\\",
+    "'": "'",
+    '"': '"',
+    "n": "\n",
+    "r": "\r",
+    "t": "\t",
+    "a": "\a",
+    "b": "\b",
+    "f": "\f",
+    "v": "\v",
+    "\n": "",
+}
 _KEYWORDS: dict[str, KeyValue] = {"True": True, "False": False, "None": None}
 
 
@@ -230,7 +240,7 @@ _ATOM = re.compile(
     r"|-?\d+(?:\.\d+)?(?:[eE][-+]?\d+)?|[A-Za-z_][\w.]*"
 )
 _GROUP = re.compile(r"\(\)|\(0,\)|\(0(?:, 0)+\)|\[\]|\[0(?:, 0)*\]")
-_REDUCED_KEY = re.compile(r"0(?:, 0)?\)")
+_REDUCED_KEY = re.compile(r"#0(?:, 0)?\)")  # "#" marks a valid head
 
 
 def key_heads(keys: Sequence[str]) -> list[tuple[str, str]] | None:
@@ -250,7 +260,7 @@ def find_unparsable(keys: Sequence[str]) -> dict[int, str]:
         return {}
     joined = "\n".join(keys)
     if joined.count("\n") == len(keys) - 1:
-        rest = _ATOM.sub("0", _HEAD.sub("", joined))
+        rest = _ATOM.sub("0", _HEAD.sub("#", joined))
         while True:
             reduced = _GROUP.sub("0", rest)
             if reduced == rest:

@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import Literal
 
 from fi_cache.model.keys import CacheKey, KeyValue
-from fi_cache.versions import FINALIZE_FIELD, MOE_EXTRAS_FIELDS, MOE_OPS
+from fi_cache.versions import FINALIZE_FIELD, MOE_EXTRAS_FIELDS, MOE_OPS, MOE_STAGE_OP
 
 Finalize = Literal["fused", "unfused", "unknown"]
 # A file holding entries of both modes (0.6.18+ keys keep them apart) is "mixed".
@@ -13,7 +13,8 @@ FileFinalize = Literal["fused", "unfused", "unknown", "mixed"]
 
 
 def is_moe(op: str) -> bool:
-    return op in MOE_OPS
+    """An op tuned by FlashInfer's CUTLASS fused-MoE runner (its GEMM1 or GEMM2 stage)."""
+    return op in MOE_OPS or MOE_STAGE_OP.match(op) is not None
 
 
 def named_extras(key: CacheKey) -> dict[str, KeyValue] | None:
@@ -22,7 +23,7 @@ def named_extras(key: CacheKey) -> dict[str, KeyValue] | None:
     if not isinstance(extras, tuple):
         return None
     names = MOE_EXTRAS_FIELDS.get(len(extras))
-    return None if names is None else dict(zip(names, extras))
+    return None if names is None else dict(zip(names, extras, strict=True))
 
 
 def finalize_mode(key: CacheKey) -> Finalize:

@@ -49,7 +49,7 @@ class CacheFile:
         """The MoE finalize mode of the file's entries; None without MoE entries."""
         modes: set[moe.Finalize] = set()
         for raw in self.entries:
-            if '::fused_moe::' not in raw:  # cheap filter before a full parse
+            if "fused_moe::" not in raw and "'moe_" not in raw:  # cheap filter before parsing
                 continue
             try:
                 key = keymod.parse_key(raw)
@@ -78,11 +78,15 @@ def heads(raw_keys: list[str]) -> list[tuple[str, str]]:
 def loads(text: str | bytes) -> CacheFile:
     """Parse a v1 file's bytes. Raises FormatError for anything FlashInfer could not load."""
     try:
+        if isinstance(text, bytes):
+            text = text.decode("utf-8")  # FlashInfer reads text; json's UTF-16/32 sniffing is not
         data = json.loads(text)
     except UnicodeDecodeError as exc:
         raise FormatError(f"not UTF-8 text ({exc.reason} at byte {exc.start})") from None
     except json.JSONDecodeError as exc:
-        where = "truncated" if exc.pos >= len(text) - 1 else "invalid JSON"
+        # Ending inside a string or at the last byte means the writer stopped early.
+        truncated = exc.msg.startswith("Unterminated string") or exc.pos >= len(text.rstrip()) - 1
+        where = "truncated" if truncated else "invalid JSON"
         raise FormatError(f"{where}: {exc.msg} at line {exc.lineno} column {exc.colno}") from None
     except RecursionError:
         raise FormatError("JSON nested too deeply to be a cache file") from None
@@ -116,8 +120,9 @@ def _json_type(value: Any) -> str:
 
 def compute_generation(cf: CacheFile) -> str:
     """`_generation` exactly as FlashInfer 0.6.18 computes it over the file it writes."""
-    canonical = json.dumps(_ordered(cf, include_generation=False), sort_keys=True,
-                           separators=(",", ":"))  # fmt: skip
+    canonical = json.dumps(
+        _ordered(cf, include_generation=False), sort_keys=True, separators=(",", ":")
+    )
     return hashlib.sha256(canonical.encode()).hexdigest()
 
 

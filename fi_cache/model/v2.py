@@ -50,7 +50,9 @@ def parse_entry(name: str, data: Any) -> V2Entry:
     if not isinstance(key, str) or not isinstance(runner, str):
         raise ValueError("entry key and runner must be strings")
     if entry_file_name(key) != name:
-        raise ValueError("entry key does not hash to its file name (FlashInfer treats it as a miss)")
+        raise ValueError(
+            "entry key does not hash to its file name (FlashInfer treats it as a miss)"
+        )
     extra = {k: v for k, v in data.items() if k not in ("key", "runner", "tactic")}
     return V2Entry(name, key, [runner, data["tactic"]], extra)
 

@@ -1,0 +1,107 @@
+"""The v1 file: FlashInfer's exact layout and `_generation`, integrity defects."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from fi_cache.model import v1
+from tests.conftest import GEMM_617, GEMM_618, MOE_618_FUSED
+
+
+def test_generation_matches_the_real_h200_file() -> None:
+    cf = v1.loads(GEMM_618.read_bytes())
+    assert cf.generation == v1.compute_generation(cf)
+    assert list(v1.defects(cf)) == []
+
+
+def test_rewrite_is_byte_identical_to_what_flashinfer_wrote() -> None:
+    for path in (GEMM_617, GEMM_618, MOE_618_FUSED):
+        text = path.read_text()
+        assert v1.dumps(v1.loads(text)) == text
+
+
+def test_0617_file_stays_without_generation_when_rewritten() -> None:
+    out = json.loads(v1.dumps(v1.loads(GEMM_617.read_bytes())))
+    assert "_generation" not in out  # a 0.6.17 reader would load it as a bogus entry
+
+
+def test_unknown_fields_and_extra_value_elements_survive_a_rewrite() -> None:
+    data = json.loads(GEMM_618.read_text())
+    first = next(k for k in data if k.startswith("("))
+    data[first] = [*data[first], {"source": "measured"}, {"time_ms": 0.01, "candidates": 4}]
+    data["_future_field"] = {"x": 1}
+    data["_records"] = {"ns": {"a": 1}}
+    cf = v1.loads(json.dumps(data))
+    again = json.loads(v1.dumps(cf))
+    assert again[first] == data[first]
+    assert again["_future_field"] == {"x": 1}
+    assert again["_records"] == {"ns": {"a": 1}}
+    assert again["_generation"] == v1.compute_generation(v1.loads(json.dumps(again)))
+    assert list(again)[:2] == ["_metadata", "_records"] and list(again)[-1] == "_generation"
+
+
+def test_edited_file_reports_generation_mismatch() -> None:
+    data = json.loads(GEMM_618.read_text())
+    first = next(k for k in data if k.startswith("("))
+    data[first][1] = 99
+    found = list(v1.defects(v1.loads(json.dumps(data))))
+    assert [d.check for d in found] == ["generation-mismatch"]
+
+
+@pytest.mark.parametrize(
+    "value, why",
+    [
+        ({"runner": "x"}, "not [runner, tactic]"),
+        (["OnlyRunner"], "1 elements"),
+        ([1, 2], "runner name"),
+        (["R", True], "tactic"),
+        (["R", {"a": 1}], "tactic"),
+        (["R", 1, 2, 3, 4], "5 elements"),
+    ],
+)
+def test_malformed_values_are_named(value: object, why: str) -> None:
+    data = {"('op', 'R', ((1,),), ())": value}
+    found = list(v1.defects(v1.loads(json.dumps(data))))
+    assert len(found) == 1 and why in found[0].message and found[0].check == "corrupt-file"
+
+
+def test_real_tactic_shapes_are_accepted() -> None:
+    for tactic in (3, [0, []], [12, [["k", 1], ["v", 2.5]]], [1, [2, None]]):
+        assert v1.value_problem(["R", tactic]) is None
+
+
+def test_unparsable_key_is_a_corrupt_entry() -> None:
+    data = {"('op', 'R', ((1,),), ())": ["R", 1], "('op', 'R', ((1,),": ["R", 2]}
+    found = list(v1.defects(v1.loads(json.dumps(data))))
+    assert [d.check for d in found] == ["corrupt-file"] and "does not parse" in found[0].message
+
+
+def test_many_defects_are_capped_with_a_count() -> None:
+    data = {f"('op', 'R', (({i},),), ())": "bad" for i in range(50)}
+    found = list(v1.defects(v1.loads(json.dumps(data)), limit=5))
+    assert len(found) == 6 and "45 more" in found[-1].message
+
+
+@pytest.mark.parametrize(
+    "text, why",
+    [
+        (b'{"_metadata": {"gpu": "NVIDIA H200"}, "(\'a', "truncated"),
+        (b"not json at all", "invalid JSON"),
+        (b"[1, 2]", "JSON array"),
+        (b'{"_metadata": []}', "_metadata is a JSON array"),
+        (b'{"_generation": 5}', "_generation is a JSON number"),
+        (b"\xff\xfe{}", "UTF-8"),
+        (b"[" * 100000 + b"]" * 100000, "nested too deeply"),
+    ],
+)
+def test_files_flashinfer_cannot_load_are_refused_with_a_reason(text: bytes, why: str) -> None:
+    with pytest.raises(v1.FormatError, match=why):
+        v1.loads(text)
+
+
+def test_ops_and_finalize_of_gemm_file() -> None:
+    cf = v1.loads(GEMM_618.read_bytes())
+    assert cf.ops() == ["bf16_gemm", "fp8_gemm"]
+    assert cf.finalize() is None

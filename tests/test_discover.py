@@ -1,0 +1,137 @@
+"""Finding caches in every layout vLLM and FlashInfer use, and reading them into data."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import pytest
+
+from fi_cache.discover import classify_file, discover, tmp_leftovers
+from fi_cache.errors import Refused
+from fi_cache.inventory import read, scan
+from fi_cache.model import v2
+from tests.conftest import GEMM_618, HASH_A, HASH_B, MOE_618_FUSED
+
+
+def test_vllm_layout_gives_version_arch_and_rank(vllm_root: Path) -> None:
+    found, problems = discover(vllm_root.parent)
+    assert problems == []
+    by_name = {(f.path.parent.parent.parent.name, f.path.name): f for f in found}
+    single = by_name[("0.6.17", "autotune_configs.json")]
+    assert (single.layout, single.arch, single.dir_version, single.rank) == (
+        "vllm",
+        "90a",
+        "0.6.17",
+        None,
+    )
+    rank1 = by_name[("0.6.18", "autotune_configs_dp0_rank1.json")]
+    assert rank1.rank == (0, 1) and rank1.arch == "90a"
+    assert len(found) == 3
+
+
+def test_override_dir_has_no_version_or_arch_level(tmp_path: Path) -> None:
+    path = tmp_path / "override" / HASH_A / "autotune_configs.json"
+    path.parent.mkdir(parents=True)
+    shutil.copy(GEMM_618, path)
+    [f] = discover(tmp_path / "override")[0]
+    assert (f.layout, f.arch, f.dir_version) == ("vllm-override", None, None)
+
+
+def test_plain_files_are_sniffed_and_other_json_is_ignored(tmp_path: Path) -> None:
+    shutil.copy(GEMM_618, tmp_path / "my-cache.json")
+    (tmp_path / "package.json").write_text('{"name": "not a cache"}')
+    (tmp_path / "manifest.json").write_text('{"_metadata": {}}')
+    [f] = discover(tmp_path)[0]
+    assert f.path.name == "my-cache.json" and f.layout == "file"
+
+
+def _make_v2(root: Path) -> Path:
+    meta = json.loads(GEMM_618.read_text())["_metadata"]
+    manifest = {**meta, "cache_schema": "v2"}
+    env_dir = root / "v2" / v2.env_hash(manifest)
+    (env_dir / "entries").mkdir(parents=True)
+    (env_dir / "manifest.json").write_text(json.dumps(manifest, indent=2, sort_keys=True))
+    data = json.loads(GEMM_618.read_text())
+    for key in [k for k in data if k.startswith("(")][:5]:
+        entry = {"key": key, "runner": data[key][0], "tactic": data[key][1]}
+        (env_dir / "entries" / v2.entry_file_name(key)).write_text(json.dumps(entry))
+    return env_dir
+
+
+def test_v2_store_is_one_cache_with_its_entries(tmp_path: Path) -> None:
+    env_dir = _make_v2(tmp_path / "autotune")
+    [f] = discover(tmp_path)[0]
+    assert f.format == "v2" and f.path == env_dir
+    cache = read(f)
+    assert len(cache.file.entries) == 5 and cache.read_defects == ()
+    assert cache.metadata is not None and cache.metadata["gpu"] == "NVIDIA H200"
+
+
+def test_v2_bad_entry_is_a_defect_not_an_abort(tmp_path: Path) -> None:
+    env_dir = _make_v2(tmp_path)
+    victim = next((env_dir / "entries").iterdir())
+    victim.write_text('{"key": "(')
+    moved = env_dir / "entries" / ("0" * 24 + ".json")
+    shutil.copy(next(p for p in (env_dir / "entries").iterdir() if p != victim), moved)
+    cache = read(discover(tmp_path)[0][0])
+    assert len(cache.file.entries) == 4
+    messages = " | ".join(d.message for d in cache.read_defects)
+    assert victim.name in messages and "does not hash to its file name" in messages
+
+
+def test_missing_path_is_refused(tmp_path: Path) -> None:
+    with pytest.raises(Refused, match="no such file"):
+        discover(tmp_path / "nope")
+
+
+def test_scan_reports_a_corrupt_file_and_reads_the_rest(vllm_root: Path) -> None:
+    bad = vllm_root / "0.6.17" / "90a" / HASH_B
+    bad.mkdir()
+    (bad / "autotune_configs.json").write_text('{"_metadata": {')
+    inv = scan([vllm_root])
+    assert len(inv.caches) == 3
+    [p] = inv.problems
+    assert p.check == "corrupt-file" and "truncated" in p.message and p.exit_code == 1
+
+
+def test_oversized_file_is_refused_without_reading_it(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("FI_CACHE_MAX_FILE_MB", "1")
+    big = tmp_path / "autotune_configs.json"
+    with open(big, "wb") as f:
+        f.truncate(2 * 1024 * 1024)
+    [p] = scan([big]).problems
+    assert p.exit_code == 2 and "larger than any autotune cache" in p.message
+
+
+def test_tmp_leftovers_of_killed_writers(tmp_path: Path) -> None:
+    names = [
+        ".autotuner_x1.tmp",
+        ".autotune_y2.tmp",
+        ".autotune_configs.json.ab12cd34.tmp",
+        ".fi-cache-z.tmp",
+        "keep.tmp",
+    ]
+    for n in names:
+        (tmp_path / n).write_text("")
+    assert [p.name for p in tmp_leftovers(tmp_path)] == sorted(names[:4])
+
+
+def test_classify_rank_file_outside_vllm_layout() -> None:
+    f = classify_file(Path("/x/autotune_configs_dp1_rank3.json"))
+    assert f.layout == "file" and f.rank == (1, 3)
+
+
+def test_scan_deduplicates_overlapping_paths(vllm_root: Path) -> None:
+    inv = scan([vllm_root, vllm_root / "0.6.17"])
+    assert len(inv.caches) == 3
+
+
+def test_real_moe_file_summary_fields(tmp_path: Path) -> None:
+    shutil.copy(MOE_618_FUSED, tmp_path / "c.json")
+    [cache] = scan([tmp_path / "c.json"]).caches
+    assert cache.flashinfer_version == "0.6.18" and cache.finalize() == "fused"
+    assert cache.file.ops() == ["trtllm::fused_moe::gemm1", "trtllm::fused_moe::gemm2"]

@@ -1,0 +1,112 @@
+"""Detecting the environment cheaply, and FlashInfer's own answer cached in the store."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from fi_cache import environment as envmod
+from fi_cache.environment import Gpu
+
+SMI = """0, GPU-11111111-aaaa, NVIDIA H200, 9.0
+1, GPU-22222222-bbbb, NVIDIA H200, 9.0
+2, GPU-33333333-cccc, NVIDIA H100 80GB HBM3, 9.0
+"""
+
+
+def test_nvidia_smi_rows() -> None:
+    gpus = envmod.parse_nvidia_smi(SMI + "garbage line\n")
+    assert [g.name for g in gpus] == ["NVIDIA H200", "NVIDIA H200", "NVIDIA H100 80GB HBM3"]
+    assert gpus[2] == Gpu(2, "NVIDIA H100 80GB HBM3", "9.0", "GPU-33333333-cccc")
+
+
+def test_cuda_visible_devices_by_index_and_uuid() -> None:
+    gpus = envmod.parse_nvidia_smi(SMI)
+    assert [g.index for g in envmod.visible(gpus, "2,0")] == [2, 0]
+    assert [g.index for g in envmod.visible(gpus, "GPU-22222222")] == [1]
+    assert envmod.visible(gpus, "") == []
+    assert [g.index for g in envmod.visible(gpus, "1,7,0")] == [1]  # CUDA stops at a bad entry
+
+
+def test_torch_cuda_from_version_py() -> None:
+    text = "__version__ = '2.11.0+cu130'\ncuda: Optional[str] = '13.0'\nhip = None\n"
+    assert envmod.torch_cuda_from_version_py(text) == "13.0"
+    assert envmod.torch_cuda_from_version_py("cuda = None\n") is None
+
+
+def test_nvidia_dist_versions_map_to_flashinfer_values() -> None:
+    # measured on the H200 host: these dist versions gave FlashInfer's exact values
+    assert envmod.cublas_from_dist("13.1.0.3") == "13.1.0"
+    assert envmod.cudnn_from_dist("9.19.0.56") == "91900"
+    assert envmod.cudnn_from_dist("8.9.7.29") == "8907"
+
+
+def test_detect_uses_flashinfer_answer_once_then_the_cache(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    base = envmod.Environment(
+        envmod.Fingerprint(flashinfer_version="0.6.17", arch="90a"),
+        (Gpu(0, "NVIDIA H200", "9.0"),),
+        envmod.VllmInfo(None, None, None),
+        "2.11.0",
+        {"flashinfer_version": "dist flashinfer-python"},
+    )
+    calls = []
+    answer = {
+        "flashinfer_version": "0.6.17",
+        "cuda_version": "13.0",
+        "cublas_version": "13.1.0",
+        "cudnn_version": "91900",
+        "cudnn_frontend_version": "unknown",
+        "gpu": "NVIDIA H200",
+    }
+    monkeypatch.setattr(envmod, "probe", lambda: base)
+    monkeypatch.setattr(envmod, "run_flashinfer_probe", lambda: calls.append(1) or answer)
+    first = envmod.detect(tmp_path)
+    second = envmod.detect(tmp_path)
+    assert len(calls) == 1
+    assert first == second
+    assert first.fingerprint.cublas_version == "13.1.0"
+    assert first.fingerprint.cudnn_frontend_version is None  # "unknown" is not a value
+    assert first.sources["gpu"] == "flashinfer"
+    assert json.loads(next(tmp_path.glob("env-*.json")).read_text()) == answer
+    envmod.detect(tmp_path, refresh=True)
+    assert len(calls) == 2
+
+
+def test_detect_without_gpu_does_not_start_flashinfer(monkeypatch: pytest.MonkeyPatch) -> None:
+    base = envmod.Environment(
+        envmod.Fingerprint(flashinfer_version="0.6.17"), (), envmod.VllmInfo(None, None, None), None
+    )
+    monkeypatch.setattr(envmod, "probe", lambda: base)
+    monkeypatch.setattr(envmod, "run_flashinfer_probe", lambda: pytest.fail("probed"))
+    assert envmod.detect(None) is base
+
+
+def test_failed_flashinfer_probe_falls_back_with_a_note(monkeypatch: pytest.MonkeyPatch) -> None:
+    base = envmod.Environment(
+        envmod.Fingerprint(flashinfer_version="0.6.17"),
+        (Gpu(0, "NVIDIA H200", "9.0"),),
+        envmod.VllmInfo(None, None, None),
+        None,
+    )
+
+    def boom() -> dict[str, str]:
+        raise RuntimeError("FlashInfer's metadata probe failed: CUDA error")
+
+    monkeypatch.setattr(envmod, "probe", lambda: base)
+    monkeypatch.setattr(envmod, "run_flashinfer_probe", boom)
+    env = envmod.detect(None)
+    assert env.fingerprint == base.fingerprint and "CUDA error" in env.notes[0]
+
+
+def test_vllm_envs_support_is_read_as_text() -> None:
+    assert envmod.envs_mentions_finalize('"VLLM_FLASHINFER_MOE_FUSED_FINALIZE": lambda: ...')
+    assert not envmod.envs_mentions_finalize('"VLLM_USE_FLASHINFER_MOE_FP8": lambda: ...')
+
+
+def test_probe_runs_without_gpu_torch_or_vllm() -> None:
+    env = envmod.probe()  # this CI box: no GPU; must not raise or import heavy packages
+    assert isinstance(env.gpus, tuple)
