@@ -281,9 +281,11 @@ def _show_human(cache: Cache, entries: list[dict[str, Any]]) -> None:
     for op, group in sorted(by_op.items()):
         click.echo(f"\n{op}  ({len(group)} entries)")
         rows = []
-        for e in group:
+        for e in sorted(group, key=lambda e: (e["runner"] or "", e["profile"] or [])):
             extras = e["extras"]
-            if isinstance(extras, dict):  # MoE: the fields that tell runs apart
+            if "finalize" in e and not isinstance(extras, dict):
+                extras_text = "finalize=unknown (the key records no MoE extras)"
+            elif isinstance(extras, dict):  # MoE: the fields that tell runs apart
                 extras_text = (
                     f"finalize={e.get('finalize')} top_k={extras.get('top_k')} "
                     f"ep={extras.get('ep_size')} tp={extras.get('tp_size')}"

@@ -1,0 +1,25 @@
+#!/usr/bin/env bash
+# The project's test command: sets up .venv from the project's own files, then lint, types, tests.
+# Needs no GPU and no network beyond package installs. CI runs exactly this (.ci/run).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+FLASHINFER_VERSIONS="0.6.17 0.6.18"   # real FlashInfer releases the compatibility tests load files with
+PY=${PYTHON:-python3}
+
+if [ ! -x .venv/bin/python ]; then
+  "$PY" -m venv .venv
+fi
+pip_install() { .venv/bin/python -m pip install --quiet --disable-pip-version-check "$@"; }
+pip_install -e ".[test,lint]"
+pip_install -r requirements/flashinfer-compat.txt
+for v in $FLASHINFER_VERSIONS; do
+  if [ ! -f ".cache/flashinfer-$v/flashinfer/__init__.py" ]; then
+    pip_install --no-deps --target ".cache/flashinfer-$v" "flashinfer-python==$v"
+  fi
+done
+
+.venv/bin/ruff check fi_cache tests benchmarks
+.venv/bin/mypy
+FI_CACHE_FLASHINFER_DIRS=$(for v in $FLASHINFER_VERSIONS; do printf '%s ' "$PWD/.cache/flashinfer-$v"; done) \
+  .venv/bin/python -m pytest "$@"
