@@ -21,5 +21,5 @@ done
 
 .venv/bin/ruff check fi_cache tests benchmarks
 .venv/bin/mypy
-FI_CACHE_FLASHINFER_DIRS=$(for v in $FLASHINFER_VERSIONS; do printf '%s ' "$PWD/.cache/flashinfer-$v"; done) \
+FI_CACHE_REQUIRE_FLASHINFER=1 FI_CACHE_FLASHINFER_DIRS=$(for v in $FLASHINFER_VERSIONS; do printf '%s ' "$PWD/.cache/flashinfer-$v"; done) \
   .venv/bin/python -m pytest "$@"

@@ -2,7 +2,8 @@
 
 FlashInfer is imported in a child process (tests/fixtures/fi_load.py) from the dirs listed in
 FI_CACHE_FLASHINFER_DIRS, which scripts/test.sh fills with FlashInfer 0.6.17 and 0.6.18
-(installed --no-deps beside a CPU torch). Without them these tests skip, never in CI.
+(installed --no-deps beside a CPU torch). Without them these tests skip; under scripts/test.sh
+(FI_CACHE_REQUIRE_FLASHINFER=1) they fail instead.
 """
 
 from __future__ import annotations
@@ -25,7 +26,7 @@ def _installs() -> dict[str, Path]:
     for d in os.environ.get("FI_CACHE_FLASHINFER_DIRS", "").split():
         meta = next(Path(d).glob("flashinfer_python-*.dist-info"), None)
         if meta is not None:
-            out[meta.name.split("-")[1]] = Path(d)
+            out[meta.name.removeprefix("flashinfer_python-").removesuffix(".dist-info")] = Path(d)
     return out
 
 
@@ -34,6 +35,8 @@ INSTALLS = _installs()
 
 def _load_with_flashinfer(version: str, path: Path) -> dict:  # type: ignore[type-arg]
     if version not in INSTALLS:
+        if os.environ.get("FI_CACHE_REQUIRE_FLASHINFER"):  # set by scripts/test.sh: never skip in CI
+            pytest.fail(f"FlashInfer {version} not found in FI_CACHE_FLASHINFER_DIRS")
         pytest.skip(f"FlashInfer {version} not installed (run scripts/test.sh)")
     env = {**os.environ, "PYTHONPATH": str(INSTALLS[version])}
     p = subprocess.run([sys.executable, str(FIXTURES / "fi_load.py"), str(path)], env=env,
