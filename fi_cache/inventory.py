@@ -85,7 +85,7 @@ def read(found: Found) -> Cache:
     if found.format == "v2":
         return _read_v2(found)
     data = _read_bytes(found.path)
-    if not data.strip():
+    if not data or (len(data) < 64 and not data.strip()):
         raise CorruptCache("empty file (a writer was killed before writing anything?)", found.path)
     try:
         cf = v1.loads(data)

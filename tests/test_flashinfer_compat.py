@@ -35,7 +35,8 @@ INSTALLS = _installs()
 
 def _load_with_flashinfer(version: str, path: Path) -> dict:  # type: ignore[type-arg]
     if version not in INSTALLS:
-        if os.environ.get("FI_CACHE_REQUIRE_FLASHINFER"):  # set by scripts/test.sh: never skip in CI
+        # scripts/test.sh sets this: CI never skips
+        if os.environ.get("FI_CACHE_REQUIRE_FLASHINFER"):
             pytest.fail(f"FlashInfer {version} not found in FI_CACHE_FLASHINFER_DIRS")
         pytest.skip(f"FlashInfer {version} not installed (run scripts/test.sh)")
     env = {**os.environ, "PYTHONPATH": str(INSTALLS[version])}

@@ -105,3 +105,21 @@ def test_ops_and_finalize_of_gemm_file() -> None:
     cf = v1.loads(GEMM_618.read_bytes())
     assert cf.ops() == ["bf16_gemm", "fp8_gemm"]
     assert cf.finalize() is None
+
+
+def test_finalize_is_per_file_even_when_shapes_repeat_across_files() -> None:
+    fused = v1.loads(MOE_618_FUSED.read_bytes())
+    unfused_text = MOE_618_FUSED.read_text().replace(", True))", ", False))")
+    assert v1.loads(unfused_text).finalize() == "unfused"
+    assert fused.finalize() == "fused"  # the shared per-signature memo keeps modes apart
+
+
+def test_finalize_of_a_key_with_an_unusual_head() -> None:
+    raw = (
+        "(\"it's\", 'MoERunner', ((1, 2),), (torch.bfloat16, torch.bfloat16, "
+        "torch.bfloat16, 8, 1, 0, 1, 0, 1, 0, False, False, False, False, False, False, True, "
+        "3, False, True))"
+    )
+    cf = v1.CacheFile(None, {raw: ["MoERunner", 1]})
+    assert cf.finalize() is None  # not a MoE op, parsed the slow way without crashing
+    assert cf.ops() == ["it's"]
