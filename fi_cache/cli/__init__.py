@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import sys
 from dataclasses import dataclass
 from pathlib import Path
@@ -56,6 +57,16 @@ def _register() -> None:
 _register()
 
 
+def _wants_json(argv: list[str]) -> bool:
+    """Did the global options ask for JSON? (Read from argv: the failure may precede parsing.)"""
+    for i, arg in enumerate(argv):
+        if arg == "--":
+            break
+        if arg == "--format=json" or (arg == "--format" and argv[i + 1 : i + 2] == ["json"]):
+            return True
+    return False
+
+
 def main(argv: list[str] | None = None) -> None:
     """Console entry point: one line on stderr and a documented exit code for every failure."""
     try:
@@ -69,6 +80,10 @@ def main(argv: list[str] | None = None) -> None:
     except FiCacheError as exc:
         click.echo(f"fi-cache: {exc}", err=True)
         code = exc.exit_code
+        if _wants_json(argv if argv is not None else sys.argv[1:]):
+            # Scripts still get exactly one JSON document on stdout.
+            error = {"message": exc.message, "path": exc.path, "exit_code": code}
+            click.echo(json.dumps({"error": error}))
     except KeyboardInterrupt:
         click.echo("fi-cache: interrupted", err=True)
         code = 130

@@ -275,31 +275,39 @@ def _show_human(cache: Cache, entries: list[dict[str, Any]]) -> None:
             click.echo(f"  {name:<24}{value}")
     if cache.file.generation:
         click.echo(f"  {'_generation':<24}{cache.file.generation[:16]}…")
-    by_op: dict[str, list[dict[str, Any]]] = {}
+    groups: dict[tuple[str, str], list[dict[str, Any]]] = {}
     for e in entries:
-        by_op.setdefault(e["op"] or "(unparsable key)", []).append(e)
-    for op, group in sorted(by_op.items()):
-        click.echo(f"\n{op}  ({len(group)} entries)")
+        groups.setdefault((e["op"] or "(unparsable key)", e["runner"] or "?"), []).append(e)
+    for (op, runner), group in sorted(groups.items()):
+        click.echo(f"\n{op} · {runner}  ({len(group)} entries)")
         rows = []
-        for e in sorted(group, key=lambda e: (e["runner"] or "", e["profile"] or [])):
+        for e in sorted(group, key=lambda e: e["profile"] or []):
             extras = e["extras"]
             if "finalize" in e and not isinstance(extras, dict):
-                extras_text = "finalize=unknown (the key records no MoE extras)"
+                extras_text = "unknown finalize (no extras in key)"
             elif isinstance(extras, dict):  # MoE: the fields that tell runs apart
                 extras_text = (
-                    f"finalize={e.get('finalize')} top_k={extras.get('top_k')} "
+                    f"{e.get('finalize')} top_k={extras.get('top_k')} "
                     f"ep={extras.get('ep_size')} tp={extras.get('tp_size')}"
                 )
             else:
                 extras_text = _compact(extras) if extras is not None else "-"
-            rows.append(
-                [e["runner"] or "?", _compact(e["profile"]), _compact(e["tactic"]), extras_text]
-            )
-        click.echo(
-            render.table(
-                ["RUNNER", "PROFILE", "TACTIC", "EXTRAS"], rows, width=render.terminal_width()
-            )
-        )
+            rows.append([_shapes(e["profile"]), _compact(e["tactic"]), extras_text])
+        headers = ["PROFILE", "TACTIC", "EXTRAS"]
+        click.echo(render.table(headers, rows, width=render.terminal_width()))
+
+
+def _shapes(profile: Any) -> str:
+    """Profile shapes as `1x4096 4096x2048 0 -1x2048`: one token per input, dims joined by x."""
+    if not isinstance(profile, list):
+        return str(profile)
+    parts = []
+    for shape in profile:
+        if isinstance(shape, list):
+            parts.append("x".join(str(d) for d in shape) if shape else "()")
+        else:
+            parts.append(str(shape))
+    return " ".join(parts)
 
 
 def _compact(value: Any) -> str:

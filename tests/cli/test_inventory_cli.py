@@ -101,7 +101,9 @@ def test_show_decodes_moe_extras_by_name(run) -> None:  # type: ignore[no-untype
 def test_show_human_groups_by_op(run) -> None:  # type: ignore[no-untyped-def]
     r = run("show", GEMM_618)
     assert r.code == 0
-    assert "bf16_gemm  (26 entries)" in r.out and "fp8_gemm  (12 entries)" in r.out
+    assert "bf16_gemm · CublasltBf16GemmRunner  (13 entries)" in r.out
+    assert "bf16_gemm · CudnnBf16GemmRunner  (13 entries)" in r.out
+    assert "fp8_gemm · CublasFp8GemmRunner  (12 entries)" in r.out
     assert "NVIDIA H200" in r.out
 
 
@@ -245,3 +247,30 @@ def test_read_only_commands_import_no_heavy_package(command: list[str], tmp_path
     )
     p = _subprocess("-c", code, "--store", str(tmp_path), *command)
     assert p.stderr.strip().endswith("HEAVY="), p.stderr[-300:]
+
+
+def test_json_mode_failure_still_prints_one_json_document(tmp_path: Path, capsys) -> None:  # type: ignore[no-untyped-def]
+    args = ["--store", str(tmp_path), "--format", "json", "show", str(tmp_path / "gone.json")]
+    assert cli_main_exit(args) == 2
+    captured = capsys.readouterr()
+    doc = json.loads(captured.out)
+    assert doc["error"]["exit_code"] == 2 and doc["error"]["path"] == str(tmp_path / "gone.json")
+    assert captured.err.count("\n") == 1
+
+
+def test_one_gigabyte_file_is_refused_before_reading(run, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+    huge = tmp_path / "autotune_configs.json"
+    with open(huge, "wb") as f:
+        f.truncate(1 << 30)  # sparse: 1 GiB on paper, nothing on disk
+    r = run("verify", huge)
+    assert r.code == 2 and "1024 MB is far larger than any autotune cache" in r.err
+
+
+def test_show_fits_80_columns_for_moe_and_gemm(run, monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    monkeypatch.setattr("fi_cache.cli.render.terminal_width", lambda: 80)
+    for path in (MOE_618_FUSED, MOE_617_FUSED, GEMM_618):
+        lines = run("show", path).out.splitlines()
+        assert all(len(line) <= 80 for line in lines), [x for x in lines if len(x) > 80]
+    out = run("show", "--op", "gemm2", MOE_618_FUSED).out
+    assert "trtllm::fused_moe::gemm2 · MoERunner  (16 entries)" in out
+    assert "1x2048 128x1536x2048 0 128x2048x768 0" in out and "fused top_k=8 ep=1 tp=1" in out
