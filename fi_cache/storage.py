@@ -8,9 +8,13 @@ directory is fsynced so the rename survives a crash.
 from __future__ import annotations
 
 import contextlib
+import json
 import os
+import socket
 import tempfile
-from collections.abc import Iterator
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
 from pathlib import Path
 
 import filelock
@@ -92,3 +96,212 @@ def _fsync_dir(directory: Path) -> None:
             os.fsync(fd)
         finally:
             os.close(fd)
+
+
+# --- Namespace locks ------------------------------------------------------------------------------
+# One lock per namespace dir. Where flock works it is the kernel's (released when the holder dies,
+# so a SIGKILLed warm never blocks the next one); on filesystems where flock is not honoured
+# (NFS without lockd, Lustre, GPFS, FUSE object stores) an O_EXCL lock file holds
+# pid/host/since and a dead holder on this host is recovered.
+
+LOCK_NAME = ".fi-cache.lock"
+HOLDER_NAME = ".fi-cache.lock.holder"
+_UNTRUSTED_FS = ("nfs", "nfs4", "lustre", "gpfs", "cifs", "smb3", "smbfs", "9p", "fuse")
+
+
+@dataclass(frozen=True)
+class Holder:
+    """Who holds a namespace lock, for the waiting message."""
+
+    pid: int
+    host: str
+    since: float
+    purpose: str
+
+    def describe(self) -> str:
+        when = time.strftime("%H:%M:%S", time.localtime(self.since))
+        return f"{self.purpose} by pid {self.pid} on host {self.host} since {when}"
+
+
+def _this_holder(purpose: str) -> Holder:
+    return Holder(os.getpid(), socket.gethostname(), time.time(), purpose)
+
+
+def _read_holder(path: Path) -> Holder | None:
+    try:
+        data = json.loads(path.read_text())
+        return Holder(
+            int(data["pid"]), str(data["host"]), float(data["since"]), str(data["purpose"])
+        )
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+
+
+def _holder_bytes(holder: Holder) -> bytes:
+    return json.dumps(holder.__dict__).encode()
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def filesystem_type(path: Path) -> str | None:
+    """The mount type holding `path` (Linux /proc/mounts; None elsewhere)."""
+    try:
+        mounts = Path("/proc/mounts").read_text().splitlines()
+    except OSError:
+        return None
+    target = os.path.realpath(path)
+    best, best_type = "", None
+    for line in mounts:
+        parts = line.split()
+        if len(parts) < 3:
+            continue
+        point = parts[1].replace("\\040", " ")
+        inside = target == point or target.startswith(point.rstrip("/") + "/")
+        if inside and len(point) >= len(best):
+            best, best_type = point, parts[2]
+    return best_type
+
+
+def _flock_honoured(directory: Path) -> bool:
+    """Two open file descriptions must exclude each other; some network filesystems let both in."""
+    import fcntl
+
+    probe = directory / f"{TMP_PREFIX}flock-probe"
+    try:
+        a = os.open(probe, os.O_CREAT | os.O_RDWR, 0o644)
+        b = os.open(probe, os.O_RDWR)
+    except OSError:
+        return False
+    try:
+        fcntl.flock(a, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        try:
+            fcntl.flock(b, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            return True
+        return False
+    except OSError:
+        return False
+    finally:
+        os.close(a)
+        os.close(b)
+        with contextlib.suppress(OSError):
+            os.unlink(probe)
+
+
+def lock_strategy(directory: Path) -> tuple[str, str]:
+    """("flock" | "lockfile", why) for locks under `directory` (created if missing)."""
+    fs = filesystem_type(directory) or "unknown"
+    if os.environ.get("FI_CACHE_LOCK") in ("flock", "lockfile"):
+        return os.environ["FI_CACHE_LOCK"], "set by FI_CACHE_LOCK"
+    if fs.startswith(_UNTRUSTED_FS):
+        return "lockfile", f"{fs} filesystem: flock is not trusted there"
+    if os.name != "posix":
+        return "lockfile", "no flock on this platform"
+    try:
+        directory.mkdir(parents=True, exist_ok=True)
+    except OSError:
+        return "flock", f"{fs} filesystem (not writable, untested)"
+    if _flock_honoured(directory):
+        return "flock", f"{fs} filesystem honours flock"
+    return "lockfile", f"{fs} filesystem does not honour flock"
+
+
+@contextlib.contextmanager
+def namespace_lock(
+    directory: Path,
+    purpose: str,
+    timeout: float = DEFAULT_LOCK_TIMEOUT,
+    on_wait: Callable[[Holder | None], None] | None = None,
+    strategy: str | None = None,
+) -> Iterator[Holder]:
+    """Hold `directory`'s lock. Calls on_wait(holder) once if someone else has it first;
+    raises FiCacheError naming the holder when `timeout` passes."""
+    _ensure_dir(directory)
+    me = _this_holder(purpose)
+    kind = strategy or lock_strategy(directory)[0]
+    lock_file, holder_file = directory / LOCK_NAME, directory / HOLDER_NAME
+    acquire = _acquire_flock if kind == "flock" else _acquire_lockfile
+    with acquire(lock_file, holder_file, me, timeout, on_wait):
+        yield me
+
+
+def _timeout_error(holder: Holder | None, timeout: float, lock_file: Path) -> FiCacheError:
+    who = holder.describe() if holder else "another process"
+    return FiCacheError(f"timed out after {timeout:.0f}s waiting for {who}", lock_file)
+
+
+@contextlib.contextmanager
+def _acquire_flock(
+    lock_file: Path,
+    holder_file: Path,
+    me: Holder,
+    timeout: float,
+    on_wait: Callable[[Holder | None], None] | None,
+) -> Iterator[None]:
+    lock = filelock.FileLock(str(lock_file))
+    try:
+        lock.acquire(timeout=0)
+    except filelock.Timeout:
+        if on_wait:
+            on_wait(_read_holder(holder_file))
+        try:
+            lock.acquire(timeout=timeout)
+        except filelock.Timeout:
+            raise _timeout_error(_read_holder(holder_file), timeout, lock_file) from None
+    except OSError as exc:
+        raise Refused(f"cannot lock: {exc.strerror}", lock_file) from None
+    try:
+        _replace(holder_file, _holder_bytes(me), 0o644)
+        yield
+    finally:
+        with contextlib.suppress(OSError):
+            holder_file.unlink()
+        lock.release()
+
+
+@contextlib.contextmanager
+def _acquire_lockfile(
+    lock_file: Path,
+    holder_file: Path,
+    me: Holder,
+    timeout: float,
+    on_wait: Callable[[Holder | None], None] | None,
+) -> Iterator[None]:
+    deadline = time.monotonic() + timeout
+    waited = False
+    while True:
+        try:
+            fd = os.open(lock_file, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644)
+        except FileExistsError:
+            holder = _read_holder(lock_file)
+            if holder and holder.host == me.host and not _alive(holder.pid):
+                with contextlib.suppress(OSError):  # a dead holder on this host: recover
+                    lock_file.unlink()
+                continue
+            if not waited and on_wait:
+                on_wait(holder)
+            waited = True
+            if time.monotonic() >= deadline:
+                raise _timeout_error(holder, timeout, lock_file) from None
+            time.sleep(0.1)
+            continue
+        except OSError as exc:
+            raise Refused(f"cannot lock: {exc.strerror}", lock_file) from None
+        break
+    try:
+        with os.fdopen(fd, "wb") as f:
+            f.write(_holder_bytes(me))
+            f.flush()
+            os.fsync(f.fileno())
+        yield
+    finally:
+        with contextlib.suppress(OSError):
+            lock_file.unlink()

@@ -35,13 +35,18 @@ def _ctx() -> Any:
 @click.option("--refresh", is_flag=True, help="Ignore the cached FlashInfer answer.")
 def env_command(exact: bool | None, refresh: bool) -> int:
     """Show the detected environment and the namespace dir of each finalize mode."""
-    from fi_cache import environment
+    from fi_cache import environment, storage
     from fi_cache.store import state_dir
 
     ctx = _ctx()
     env = environment.detect(state_dir(ctx.store), exact=exact, refresh=refresh)
     fp = env.fingerprint
     namespaces = {mode: str(Namespace(fp, mode).path(ctx.store)) for mode in FINALIZE_MODES}
+    lock = (
+        storage.lock_strategy(ctx.store)
+        if ctx.store.is_dir()
+        else ("flock", "store not created yet")
+    )
     doc = {
         "metadata": fp.metadata(),
         "sources": env.sources,
@@ -56,6 +61,7 @@ def env_command(exact: bool | None, refresh: bool) -> int:
             "supports_fused_finalize_env": env.vllm.supports_finalize_env,
         },
         "store": str(ctx.store),
+        "lock": {"strategy": lock[0], "why": lock[1]},
         "namespaces": namespaces,
         "notes": list(env.notes),
     }
@@ -80,7 +86,7 @@ def env_command(exact: bool | None, refresh: bool) -> int:
         )
     else:
         click.echo("vLLM    not installed")
-    click.echo(f"store   {ctx.store}")
+    click.echo(f"store   {ctx.store}  (locks: {lock[0]}; {lock[1]})")
     for mode, path in namespaces.items():
         click.echo(f"  {mode:<8}{path}")
     for note in env.notes:
@@ -110,7 +116,7 @@ def summary(cache: Cache, store: Path) -> dict[str, Any]:
     """One `ls` row as the contract's JSON (plus `layout`, `rank`, `namespace`)."""
     cf = cache.file
     ns = namespace_parts(cache.path, store)
-    arch = cache.found.arch or (ns["arch"] if ns else None)
+    arch = cache.found.arch or (ns["arch"] if ns and ns["arch"] != "unknown" else None)
     finalize = cache.finalize()
     if finalize == "unknown" and ns and ns["finalize"] in FINALIZE_MODES:
         finalize = ns["finalize"]  # keys cannot say (<= 0.6.17); the namespace can
@@ -169,11 +175,12 @@ def ls_command(paths: tuple[Path, ...], no_store: bool, long_: bool, paths_only:
         if not ctx.quiet and not inv.problems and not inv.empty:
             render.warn(f"no caches in the store ({ctx.store}); pass paths to look elsewhere")
         return code
-    # Default columns fit 80 characters; -l adds size, time and ops.
+    # Default columns fit 80 characters; -l adds size, time and ops. Store caches come first,
+    # one group per namespace, their paths relative to it.
     headers = ["FLASHINFER", "ARCH", "GPU", "ENTRIES", "FINALIZE"]
     headers += ["SIZE", "MODIFIED", "PATH"] if long_ else ["PATH"]
-    table_rows = []
-    for r in rows:
+    groups: dict[str | None, list[list[str]]] = {}
+    for r in sorted(rows, key=lambda r: (r["namespace"] is None, r["namespace"] or "", r["path"])):
         row = [
             r["flashinfer_version"] or "?",
             r["arch"] or "-",
@@ -183,9 +190,15 @@ def ls_command(paths: tuple[Path, ...], no_store: bool, long_: bool, paths_only:
         ]
         if long_:
             row += [render.human_size(r["size"]), r["modified"][:16].replace("T", " ")]
-        table_rows.append([*row, render.display_path(Path(r["path"]))])
+        path = Path(r["path"])
+        shown = path.relative_to(r["namespace"]) if r["namespace"] else path
+        groups.setdefault(r["namespace"], []).append([*row, render.display_path(shown)])
     right = (3, 5) if long_ else (3,)
-    click.echo(render.table(headers, table_rows, right=right, width=render.terminal_width()))
+    for i, (ns_dir, table_rows) in enumerate(groups.items()):
+        if ns_dir is not None or len(groups) > 1:
+            title = f"namespace {render.display_path(Path(ns_dir))}" if ns_dir else "other caches"
+            click.echo(("\n" if i else "") + title)
+        click.echo(render.table(headers, table_rows, right=right, width=render.terminal_width()))
     if long_:
         click.echo()
         for r in rows:

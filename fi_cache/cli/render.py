@@ -94,3 +94,7 @@ def emit_json(document: Any) -> None:
 
 def warn(message: str) -> None:
     click.echo(f"fi-cache: {message}", err=True)
+
+
+def terminal_width_stderr() -> int:
+    return shutil.get_terminal_size((80, 24)).columns
