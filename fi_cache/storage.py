@@ -69,6 +69,16 @@ def atomic_write(
         _replace(path, data, mode)
 
 
+def _check_writable(directory: Path) -> None:
+    """Refuse early (filelock would retry a read-only lock file until its timeout)."""
+    try:
+        fd, tmp = tempfile.mkstemp(dir=directory, prefix=TMP_PREFIX, suffix=".tmp")
+    except OSError as exc:
+        raise Refused(f"store is not writable: {exc.strerror}", directory) from None
+    os.close(fd)
+    os.unlink(tmp)
+
+
 def _replace(path: Path, data: bytes, mode: int) -> None:
     _ensure_dir(path.parent)
     try:
@@ -225,6 +235,7 @@ def namespace_lock(
     """Hold `directory`'s lock. Calls on_wait(holder) once if someone else has it first;
     raises FiCacheError naming the holder when `timeout` passes."""
     _ensure_dir(directory)
+    _check_writable(directory)
     me = _this_holder(purpose)
     kind = strategy or lock_strategy(directory)[0]
     lock_file, holder_file = directory / LOCK_NAME, directory / HOLDER_NAME

@@ -75,7 +75,7 @@ def main(argv: list[str] | None = None) -> None:
         exc.show()
         code = exc.exit_code
     except click.exceptions.Abort:
-        click.echo("fi-cache: aborted", err=True)
+        click.echo("fi-cache: interrupted", err=True)  # click turns Ctrl-C into Abort
         code = 130
     except FiCacheError as exc:
         click.echo(f"fi-cache: {exc}", err=True)

@@ -113,7 +113,8 @@ def _run_warm(
     executable = vllm_mod.find_executable(vllm_path)
     status = _Status(ctx.quiet)
     progress = warm_mod.Progress(status.waiting, status.tick, status.note)
-    options = warm_mod.WarmOptions(timeout=timeout, port=port, lock_timeout=lock_timeout)
+    grace = float(os.environ.get("FI_CACHE_STOP_GRACE", "10"))  # SIGINT -> SIGTERM -> SIGKILL
+    options = warm_mod.WarmOptions(timeout, port, lock_timeout, grace)
     _sigterm_as_interrupt()
     try:
         return warm_mod.warm(ctx.store, ns, args, executable, env.vllm, options, progress)

@@ -1,0 +1,322 @@
+"""warm and serve end to end, against tests/fake_vllm.py (a stand-in for `vllm`, not vLLM).
+
+Each test runs `python -m fi_cache` as a real process, because what matters here is processes:
+signals, process groups, locks, exit codes.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from fi_cache import storage
+from fi_cache.namespace import NAMESPACES_DIR
+from tests.conftest import MOE_617_FUSED, MOE_618_FUSED
+
+FAKE = Path(__file__).parent / "fake_vllm.py"
+MODEL = "Qwen/Qwen3-30B-A3B"
+
+
+@pytest.fixture
+def rig(tmp_path: Path):  # type: ignore[no-untyped-def]
+    """A store, a `vllm` wrapper around the stand-in, and a record dir of its starts."""
+    record = tmp_path / "record"
+    record.mkdir()
+    wrapper = tmp_path / "bin" / "vllm"
+    wrapper.parent.mkdir()
+    wrapper.write_text(f'#!/bin/sh\nexec "{sys.executable}" "{FAKE}" "$@"\n')
+    wrapper.chmod(0o755)
+    env = {
+        **os.environ,
+        "FI_CACHE_VLLM": str(wrapper),
+        "FAKE_VLLM_RECORD": str(record),
+        "FAKE_VLLM_CACHE_SOURCE": str(MOE_618_FUSED),
+        "PYTHONPATH": str(Path(__file__).parent.parent),
+    }
+    return Rig(tmp_path / "store", record, env)
+
+
+class Rig:
+    def __init__(self, store: Path, record: Path, env: dict[str, str]) -> None:
+        self.store, self.record, self.env = store, record, env
+
+    def cmd(self, *args: str) -> list[str]:
+        return [sys.executable, "-m", "fi_cache", "--store", str(self.store), *args]
+
+    def run(self, *args: str, timeout: float = 60, **env: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run(self.cmd(*args), env={**self.env, **env}, capture_output=True,
+                              text=True, timeout=timeout, check=False)  # fmt: skip
+
+    def popen(self, *args: str, **env: str) -> subprocess.Popen[str]:
+        return subprocess.Popen(self.cmd(*args), env={**self.env, **env}, text=True,
+                                stdout=subprocess.PIPE, stderr=subprocess.PIPE)  # fmt: skip
+
+    def starts(self) -> list[dict]:  # type: ignore[type-arg]
+        path = self.record / "starts.jsonl"
+        if not path.exists():
+            return []
+        return [json.loads(line) for line in path.read_text().splitlines()]
+
+    def namespaces(self) -> list[Path]:
+        return sorted(p.parent for p in (self.store / NAMESPACES_DIR).rglob("manifest.json"))
+
+
+def _manifest(ns: Path) -> dict:  # type: ignore[type-arg]
+    return json.loads((ns / "manifest.json").read_text())
+
+
+def test_warm_passes_argv_and_env_and_records_the_warm(rig: Rig) -> None:
+    p = rig.run("--format", "json", "warm", "--", MODEL, "--tensor-parallel-size", "1")
+    assert p.returncode == 0, p.stderr
+    doc = json.loads(p.stdout)
+    [start] = rig.starts()
+    assert start["argv"][:4] == ["serve", MODEL, "--tensor-parallel-size", "1"]
+    assert start["argv"][-4:-1] == ["--host", "127.0.0.1", "--port"]
+    ns = Path(doc["namespace"])
+    assert start["env"]["VLLM_FLASHINFER_AUTOTUNE_CACHE_DIR"] == str(ns / "vllm")
+    assert start["env"]["VLLM_FLASHINFER_MOE_FUSED_FINALIZE"] == "1"
+    assert doc["files"][0]["entries"] == 32 and doc["reused"] is False
+    m = _manifest(ns)
+    assert m["finalize"] == "fused" and len(m["warms"]) == 1
+    warm = m["warms"][0]
+    assert warm["argv"] == [MODEL, "--tensor-parallel-size", "1"] and warm["files"][0]["entries"] == 32
+
+
+def test_finalize_modes_never_share_a_directory(rig: Rig) -> None:
+    assert rig.run("warm", "--finalize", "fused", "--", MODEL).returncode == 0
+    unfused = rig.run("warm", "--finalize", "unfused", "--", MODEL)
+    assert unfused.returncode == 0, unfused.stderr
+    assert "cannot inspect the vLLM package" in unfused.stderr  # no vllm dist here: warned
+    fused_ns, unfused_ns = sorted(rig.namespaces(), key=lambda p: p.name)
+    assert fused_ns.name.startswith("fused-") and unfused_ns.name.startswith("unfused-")
+    dirs = [s["env"]["VLLM_FLASHINFER_AUTOTUNE_CACHE_DIR"] for s in rig.starts()]
+    assert len(set(dirs)) == 2
+    assert [s["env"]["VLLM_FLASHINFER_MOE_FUSED_FINALIZE"] for s in rig.starts()] == ["1", "0"]
+
+
+def test_eight_concurrent_warms_start_vllm_once(rig: Rig) -> None:
+    procs = [rig.popen("warm", "--", MODEL, FAKE_VLLM_TUNE_SECONDS="1.5") for _ in range(8)]
+    outs = [p.communicate(timeout=120) for p in procs]
+    assert [p.returncode for p in procs] == [0] * 8, [o[1] for o in outs]
+    assert len(rig.starts()) == 1
+    reused = [o for o in outs if "reused the warm" in o[0]]
+    assert len(reused) == 7
+    assert any("waiting for warm by pid" in o[1] for o in outs)
+    assert len(_manifest(rig.namespaces()[0])["warms"]) == 1
+
+
+@pytest.mark.parametrize("strategy", ["flock", "lockfile"])
+def test_warm_killed_with_sigkill_leaves_a_lock_the_next_warm_recovers(rig: Rig,
+                                                                       strategy: str) -> None:  # fmt: skip
+    first = rig.popen("warm", "--", MODEL, FAKE_VLLM_MODE="hang", FI_CACHE_LOCK=strategy)
+    deadline = time.time() + 30
+    while len(rig.starts()) < 1 and time.time() < deadline:
+        time.sleep(0.1)
+    first.send_signal(signal.SIGKILL)
+    first.wait(10)
+    hung = rig.starts()[0]["pid"]
+    os.kill(hung, signal.SIGKILL)  # the stand-in was orphaned with its killed parent
+    again = rig.run("warm", "--lock-timeout", "20", "--", MODEL, FI_CACHE_LOCK=strategy)
+    assert again.returncode == 0, again.stderr
+    assert len(rig.starts()) == 2
+
+
+def test_ctrl_c_during_warm_stops_vllm_and_its_workers(rig: Rig) -> None:
+    proc = rig.popen("warm", "--", MODEL, FAKE_VLLM_MODE="hang", FAKE_VLLM_SPAWN_CHILD="1")
+    deadline = time.time() + 30
+    while not (rig.record / "child.pid").exists() and time.time() < deadline:
+        time.sleep(0.1)
+    time.sleep(0.3)
+    proc.send_signal(signal.SIGINT)
+    _, err = proc.communicate(timeout=60)
+    assert proc.returncode == 130 and "interrupted" in err
+    server, child = rig.starts()[0]["pid"], int((rig.record / "child.pid").read_text())
+    time.sleep(0.5)
+    for pid in (server, child):
+        assert not _alive(pid), f"pid {pid} survived"
+    [ns] = [p.parent for p in (rig.store / NAMESPACES_DIR).rglob(storage.LOCK_NAME)]
+    assert not (ns / "manifest.json").exists()  # nothing recorded, nothing half-written
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    # a zombie is dead for our purpose
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().split()[2] != "Z"
+    except OSError:
+        return False
+
+
+def test_timeout_stops_vllm_and_shows_its_last_lines(rig: Rig) -> None:
+    p = rig.run("warm", "--timeout", "2", "--", MODEL, FAKE_VLLM_MODE="hang")
+    assert p.returncode == 1
+    assert "not healthy after 2s" in p.stderr.splitlines()[-1]
+    assert "--- last" in p.stderr and "Traceback" not in p.stderr
+    assert not _alive(rig.starts()[0]["pid"])
+
+
+def test_a_vllm_that_ignores_sigint_and_sigterm_is_killed(rig: Rig) -> None:
+    p = rig.run("warm", "--", MODEL, FAKE_VLLM_MODE="ignore-sigterm", FI_CACHE_STOP_GRACE="1")
+    assert p.returncode == 0, p.stderr
+    assert not _alive(rig.starts()[0]["pid"])
+
+
+def test_early_exit_reports_vllm_output_and_exit_1(rig: Rig) -> None:
+    p = rig.run("warm", "--", MODEL, FAKE_VLLM_MODE="crash")
+    assert p.returncode == 1
+    assert "Invalid gemm2 profile id: 50" in p.stderr
+    assert p.stderr.splitlines()[-1] == "fi-cache: vLLM exited with code 1 before it was healthy"
+    assert rig.namespaces() == []  # no manifest for a failed warm
+
+
+def test_healthy_without_a_cache_is_a_failed_warm(rig: Rig) -> None:
+    p = rig.run("warm", "--", MODEL, FAKE_VLLM_NO_CACHE="1")
+    assert p.returncode == 1 and "wrote no autotune cache" in p.stderr
+
+
+@pytest.mark.parametrize(
+    "args, env, words",
+    [
+        (["warm", "--", "--tensor-parallel-size", "2"], {}, "no model in the vLLM arguments"),
+        (["warm", "--", MODEL], {"FI_CACHE_VLLM": "/nonexistent/vllm"}, "no vLLM executable"),
+        (["serve", "--vllm", "no-such-vllm", "--", MODEL], {}, "no vLLM executable"),
+    ],
+)
+def test_refusals_exit_2_with_one_line(rig: Rig, args: list[str], env: dict[str, str],
+                                       words: str) -> None:  # fmt: skip
+    p = rig.run(*args, **env)
+    assert p.returncode == 2 and words in p.stderr and "Traceback" not in p.stderr
+    assert rig.starts() == []
+
+
+def test_port_in_use_is_refused(rig: Rig) -> None:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        s.listen()
+        port = s.getsockname()[1]
+        p = rig.run("warm", "--port", str(port), "--", MODEL)
+    assert p.returncode == 2 and f"port {port} is in use" in p.stderr
+
+
+def test_lock_timeout_names_the_holder(rig: Rig) -> None:
+    first = rig.run("--format", "json", "warm", "--", MODEL)
+    ns = Path(json.loads(first.stdout)["namespace"])
+    with storage.namespace_lock(ns, "test-holder", timeout=5):
+        p = rig.run("warm", "--lock-timeout", "1", "--", MODEL)
+    assert p.returncode == 1
+    assert f"waiting for test-holder by pid {os.getpid()}" in p.stderr
+    assert "timed out after 1s" in p.stderr.splitlines()[-1]
+
+
+def test_ray_workers_get_flashinfer_variables(rig: Rig) -> None:
+    p = rig.run("warm", "--", MODEL, "--distributed-executor-backend", "ray",
+                VLLM_RAY_EXTRA_ENV_VAR_PREFIXES_TO_COPY="MY_")  # fmt: skip
+    assert p.returncode == 0, p.stderr
+    assert rig.starts()[0]["env"]["VLLM_RAY_EXTRA_ENV_VAR_PREFIXES_TO_COPY"] == "MY_,FLASHINFER_"
+
+
+def test_serve_warms_a_cold_namespace_then_runs_vllm_with_its_exit_code(rig: Rig) -> None:
+    p = rig.run("serve", "--", MODEL, FAKE_VLLM_MODE="exit-now", FAKE_VLLM_EXIT_CODE="0")
+    # exit-now never becomes healthy: the cold warm fails before serving
+    assert p.returncode == 1 and "before it was healthy" in p.stderr
+    assert rig.run("warm", "--", MODEL).returncode == 0
+    p = rig.run("serve", "--", MODEL, FAKE_VLLM_MODE="exit-now", FAKE_VLLM_EXIT_CODE="3")
+    assert p.returncode == 3
+    starts = rig.starts()
+    assert len(starts) == 3  # failed warm, warm, serve: no second warm for a warm namespace
+    assert starts[-1]["argv"] == ["serve", MODEL]
+    assert starts[-1]["env"]["VLLM_FLASHINFER_MOE_FUSED_FINALIZE"] == "1"
+
+
+def test_serve_forwards_signals_to_vllm(rig: Rig) -> None:
+    assert rig.run("warm", "--", MODEL).returncode == 0
+    proc = rig.popen("serve", "--", MODEL)
+    deadline = time.time() + 30
+    while len(rig.starts()) < 2 and time.time() < deadline:
+        time.sleep(0.1)
+    time.sleep(0.5)
+    proc.send_signal(signal.SIGTERM)
+    proc.communicate(timeout=30)
+    assert proc.returncode == 0  # the stand-in exits 0 on SIGTERM, like vLLM
+    assert rig.starts()[-1]["pid"] == proc.pid  # exec: vLLM is the serve process itself
+
+
+def test_serve_deterministic_uses_the_unfused_namespace(rig: Rig) -> None:
+    p = rig.run("serve", "--deterministic", "--no-warm", "--", MODEL, FAKE_VLLM_MODE="exit-now")
+    assert p.returncode == 0, p.stderr
+    env = rig.starts()[0]["env"]
+    assert env["VLLM_FLASHINFER_MOE_FUSED_FINALIZE"] == "0"
+    assert "/unfused-" in env["VLLM_FLASHINFER_AUTOTUNE_CACHE_DIR"]
+
+
+def test_serve_refuses_a_stale_gemm2_cache_in_the_unfused_namespace(rig: Rig) -> None:
+    # An unfused namespace whose 0.6.17 cache has no record of how it was tuned: the collision.
+    p = rig.run("--format", "json", "warm", "--finalize", "unfused", "--", MODEL,
+                FAKE_VLLM_CACHE_SOURCE=str(MOE_617_FUSED))  # fmt: skip
+    ns = Path(json.loads(p.stdout)["namespace"])
+    (ns / "manifest.json").unlink()
+    p = rig.run("serve", "--deterministic", "--", MODEL, FAKE_VLLM_MODE="exit-now")
+    assert p.returncode == 1
+    assert "stale-gemm2-profile" in p.stderr and "Invalid gemm2 profile id" in p.stderr
+    p = rig.run("serve", "--deterministic", "--force", "--no-warm", "--", MODEL,
+                FAKE_VLLM_MODE="exit-now")  # fmt: skip
+    assert p.returncode == 0
+
+
+def test_serve_refuses_a_corrupt_cache(rig: Rig) -> None:
+    p = rig.run("--format", "json", "warm", "--", MODEL)
+    f = Path(json.loads(p.stdout)["files"][0]["path"])
+    f.write_text('{"_metadata": {')
+    p = rig.run("serve", "--", MODEL, FAKE_VLLM_MODE="exit-now")
+    assert p.returncode == 1 and "corrupt-file" in p.stderr and "truncated" in p.stderr
+
+
+def _read_only_bind(path: Path) -> bool:
+    """Make `path` a read-only bind mount of itself (root with CAP_SYS_ADMIN); False if we can't.
+    chmod is no test here: root writes through it."""
+    ok = subprocess.run(["mount", "--bind", str(path), str(path)], capture_output=True, check=False)
+    if ok.returncode != 0:
+        return False
+    ro = subprocess.run(["mount", "-o", "remount,bind,ro", str(path)], capture_output=True,
+                        check=False)  # fmt: skip
+    if ro.returncode != 0:
+        subprocess.run(["umount", str(path)], check=False)
+        return False
+    return True
+
+
+def test_serve_works_on_a_prewarmed_read_only_store(rig: Rig) -> None:
+    assert rig.run("warm", "--", MODEL).returncode == 0
+    if not _read_only_bind(rig.store):
+        pytest.skip("cannot make a read-only mount here (needs root with CAP_SYS_ADMIN)")
+    try:
+        assert not os.access(rig.store, os.W_OK) or _cannot_write(rig.store)
+        p = rig.run("serve", "--", MODEL, FAKE_VLLM_MODE="exit-now", FAKE_VLLM_EXIT_CODE="0")
+        assert p.returncode == 0, p.stderr
+        assert len(rig.starts()) == 2
+        cold = rig.run("warm", "--", "other/model")
+        assert cold.returncode == 2 and "Read-only file system" in cold.stderr
+        assert "Traceback" not in cold.stderr
+    finally:
+        subprocess.run(["umount", str(rig.store)], check=False)
+
+
+def _cannot_write(path: Path) -> bool:
+    try:
+        (path / "probe").write_text("x")
+    except OSError:
+        return True
+    return False
