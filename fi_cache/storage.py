@@ -17,8 +17,6 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
-import filelock
-
 from fi_cache.errors import FiCacheError, Refused
 
 # Our temp files; doctor's tmp-leftover check knows this prefix.
@@ -34,6 +32,8 @@ def lock_path_for(path: Path) -> Path:
 @contextlib.contextmanager
 def locked(path: Path, timeout: float = DEFAULT_LOCK_TIMEOUT) -> Iterator[None]:
     """Hold the lock that guards `path` (a sibling `.NAME.lock` file)."""
+    import filelock  # deferred: 40 ms of imports that read-only commands and serve never need
+
     lock_file = lock_path_for(path)
     _ensure_dir(lock_file.parent)
     lock = filelock.FileLock(str(lock_file), timeout=timeout)
@@ -257,25 +257,35 @@ def _acquire_flock(
     timeout: float,
     on_wait: Callable[[Holder | None], None] | None,
 ) -> Iterator[None]:
-    lock = filelock.FileLock(str(lock_file))
+    import fcntl  # POSIX only; lock_strategy picks "lockfile" elsewhere
+
     try:
-        lock.acquire(timeout=0)
-    except filelock.Timeout:
-        if on_wait:
-            on_wait(_read_holder(holder_file))
-        try:
-            lock.acquire(timeout=timeout)
-        except filelock.Timeout:
-            raise _timeout_error(_read_holder(holder_file), timeout, lock_file) from None
+        fd = os.open(lock_file, os.O_CREAT | os.O_RDWR, 0o644)
     except OSError as exc:
         raise Refused(f"cannot lock: {exc.strerror}", lock_file) from None
     try:
-        _replace(holder_file, _holder_bytes(me), 0o644)
-        yield
+        deadline = time.monotonic() + timeout
+        waited = False
+        while True:
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                break
+            except BlockingIOError:
+                if not waited and on_wait:
+                    on_wait(_read_holder(holder_file))
+                waited = True
+                if time.monotonic() >= deadline:
+                    raise _timeout_error(_read_holder(holder_file), timeout, lock_file) from None
+                time.sleep(0.1)
+        try:
+            _replace(holder_file, _holder_bytes(me), 0o644)
+            yield
+        finally:
+            with contextlib.suppress(OSError):
+                holder_file.unlink()
+            fcntl.flock(fd, fcntl.LOCK_UN)
     finally:
-        with contextlib.suppress(OSError):
-            holder_file.unlink()
-        lock.release()
+        os.close(fd)  # the kernel drops the lock with the last descriptor, even on SIGKILL
 
 
 @contextlib.contextmanager

@@ -16,8 +16,6 @@ import socket
 import subprocess
 import threading
 import time
-import urllib.error
-import urllib.request
 from collections import deque
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -203,6 +201,9 @@ class Server:
 
 
 def health_ok(port: int, host: str = "127.0.0.1", timeout: float = 2.0) -> bool:
+    import urllib.error  # deferred: only a warm polls, serve's exec path never does
+    import urllib.request
+
     try:
         with urllib.request.urlopen(f"http://{host}:{port}/health", timeout=timeout) as r:
             return bool(r.status == 200)

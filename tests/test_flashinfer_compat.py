@@ -40,8 +40,14 @@ def _load_with_flashinfer(version: str, path: Path) -> dict:  # type: ignore[typ
             pytest.fail(f"FlashInfer {version} not found in FI_CACHE_FLASHINFER_DIRS")
         pytest.skip(f"FlashInfer {version} not installed (run scripts/test.sh)")
     env = {**os.environ, "PYTHONPATH": str(INSTALLS[version])}
-    p = subprocess.run([sys.executable, str(FIXTURES / "fi_load.py"), str(path)], env=env,
-                       capture_output=True, text=True, timeout=300, check=False)  # fmt: skip
+    p = subprocess.run(
+        [sys.executable, str(FIXTURES / "fi_load.py"), str(path)],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=False,
+    )
     lines = p.stdout.strip().splitlines()
     assert lines, p.stderr[-2000:]
     return json.loads(lines[-1])  # type: ignore[no-any-return]
@@ -62,8 +68,9 @@ def _merge_write(sources: list[Path], out: Path) -> v1.CacheFile:
     "version, sources",
     [("0.6.17", [GEMM_617, MOE_617_FUSED]), ("0.6.18", [GEMM_618, MOE_618_FUSED])],
 )
-def test_flashinfer_loads_every_entry_fi_cache_wrote(version: str, sources: list[Path],
-                                                     tmp_path: Path) -> None:  # fmt: skip
+def test_flashinfer_loads_every_entry_fi_cache_wrote(
+    version: str, sources: list[Path], tmp_path: Path
+) -> None:
     out = tmp_path / "autotune_configs.json"
     merged = _merge_write(sources, out)
     result = _load_with_flashinfer(version, out)

@@ -51,12 +51,23 @@ class Rig:
         return [sys.executable, "-m", "fi_cache", "--store", str(self.store), *args]
 
     def run(self, *args: str, timeout: float = 60, **env: str) -> subprocess.CompletedProcess[str]:
-        return subprocess.run(self.cmd(*args), env={**self.env, **env}, capture_output=True,
-                              text=True, timeout=timeout, check=False)  # fmt: skip
+        return subprocess.run(
+            self.cmd(*args),
+            env={**self.env, **env},
+            capture_output=True,
+            text=True,
+            timeout=timeout,
+            check=False,
+        )
 
     def popen(self, *args: str, **env: str) -> subprocess.Popen[str]:
-        return subprocess.Popen(self.cmd(*args), env={**self.env, **env}, text=True,
-                                stdout=subprocess.PIPE, stderr=subprocess.PIPE)  # fmt: skip
+        return subprocess.Popen(
+            self.cmd(*args),
+            env={**self.env, **env},
+            text=True,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+        )
 
     def starts(self) -> list[dict]:  # type: ignore[type-arg]
         path = self.record / "starts.jsonl"
@@ -86,7 +97,9 @@ def test_warm_passes_argv_and_env_and_records_the_warm(rig: Rig) -> None:
     m = _manifest(ns)
     assert m["finalize"] == "fused" and len(m["warms"]) == 1
     warm = m["warms"][0]
-    assert warm["argv"] == [MODEL, "--tensor-parallel-size", "1"] and warm["files"][0]["entries"] == 32
+    assert (
+        warm["argv"] == [MODEL, "--tensor-parallel-size", "1"] and warm["files"][0]["entries"] == 32
+    )
 
 
 def test_finalize_modes_never_share_a_directory(rig: Rig) -> None:
@@ -113,8 +126,9 @@ def test_eight_concurrent_warms_start_vllm_once(rig: Rig) -> None:
 
 
 @pytest.mark.parametrize("strategy", ["flock", "lockfile"])
-def test_warm_killed_with_sigkill_leaves_a_lock_the_next_warm_recovers(rig: Rig,
-                                                                       strategy: str) -> None:  # fmt: skip
+def test_warm_killed_with_sigkill_leaves_a_lock_the_next_warm_recovers(
+    rig: Rig, strategy: str
+) -> None:
     first = rig.popen("warm", "--", MODEL, FAKE_VLLM_MODE="hang", FI_CACHE_LOCK=strategy)
     deadline = time.time() + 30
     while len(rig.starts()) < 1 and time.time() < deadline:
@@ -193,8 +207,9 @@ def test_healthy_without_a_cache_is_a_failed_warm(rig: Rig) -> None:
         (["serve", "--vllm", "no-such-vllm", "--", MODEL], {}, "no vLLM executable"),
     ],
 )
-def test_refusals_exit_2_with_one_line(rig: Rig, args: list[str], env: dict[str, str],
-                                       words: str) -> None:  # fmt: skip
+def test_refusals_exit_2_with_one_line(
+    rig: Rig, args: list[str], env: dict[str, str], words: str
+) -> None:
     p = rig.run(*args, **env)
     assert p.returncode == 2 and words in p.stderr and "Traceback" not in p.stderr
     assert rig.starts() == []
@@ -222,8 +237,14 @@ def test_lock_timeout_names_the_holder(rig: Rig) -> None:
 
 
 def test_ray_workers_get_flashinfer_variables(rig: Rig) -> None:
-    p = rig.run("warm", "--", MODEL, "--distributed-executor-backend", "ray",
-                VLLM_RAY_EXTRA_ENV_VAR_PREFIXES_TO_COPY="MY_")  # fmt: skip
+    p = rig.run(
+        "warm",
+        "--",
+        MODEL,
+        "--distributed-executor-backend",
+        "ray",
+        VLLM_RAY_EXTRA_ENV_VAR_PREFIXES_TO_COPY="MY_",
+    )
     assert p.returncode == 0, p.stderr
     assert rig.starts()[0]["env"]["VLLM_RAY_EXTRA_ENV_VAR_PREFIXES_TO_COPY"] == "MY_,FLASHINFER_"
 
@@ -242,8 +263,11 @@ def test_serve_warms_a_cold_namespace_then_runs_vllm_with_its_exit_code(rig: Rig
 
 
 def test_serve_forwards_signals_to_vllm(rig: Rig) -> None:
-    assert rig.run("warm", "--", MODEL).returncode == 0
-    proc = rig.popen("serve", "--", MODEL)
+    from fi_cache.vllm import free_port
+
+    port = str(free_port())
+    assert rig.run("warm", "--", MODEL, "--port", port).returncode == 0
+    proc = rig.popen("serve", "--", MODEL, "--port", port)
     deadline = time.time() + 30
     while len(rig.starts()) < 2 and time.time() < deadline:
         time.sleep(0.1)
@@ -264,15 +288,24 @@ def test_serve_deterministic_uses_the_unfused_namespace(rig: Rig) -> None:
 
 def test_serve_refuses_a_stale_gemm2_cache_in_the_unfused_namespace(rig: Rig) -> None:
     # An unfused namespace whose 0.6.17 cache has no record of how it was tuned: the collision.
-    p = rig.run("--format", "json", "warm", "--finalize", "unfused", "--", MODEL,
-                FAKE_VLLM_CACHE_SOURCE=str(MOE_617_FUSED))  # fmt: skip
+    p = rig.run(
+        "--format",
+        "json",
+        "warm",
+        "--finalize",
+        "unfused",
+        "--",
+        MODEL,
+        FAKE_VLLM_CACHE_SOURCE=str(MOE_617_FUSED),
+    )
     ns = Path(json.loads(p.stdout)["namespace"])
     (ns / "manifest.json").unlink()
     p = rig.run("serve", "--deterministic", "--", MODEL, FAKE_VLLM_MODE="exit-now")
     assert p.returncode == 1
     assert "stale-gemm2-profile" in p.stderr and "Invalid gemm2 profile id" in p.stderr
-    p = rig.run("serve", "--deterministic", "--force", "--no-warm", "--", MODEL,
-                FAKE_VLLM_MODE="exit-now")  # fmt: skip
+    p = rig.run(
+        "serve", "--deterministic", "--force", "--no-warm", "--", MODEL, FAKE_VLLM_MODE="exit-now"
+    )
     assert p.returncode == 0
 
 
@@ -290,8 +323,9 @@ def _read_only_bind(path: Path) -> bool:
     ok = subprocess.run(["mount", "--bind", str(path), str(path)], capture_output=True, check=False)
     if ok.returncode != 0:
         return False
-    ro = subprocess.run(["mount", "-o", "remount,bind,ro", str(path)], capture_output=True,
-                        check=False)  # fmt: skip
+    ro = subprocess.run(
+        ["mount", "-o", "remount,bind,ro", str(path)], capture_output=True, check=False
+    )
     if ro.returncode != 0:
         subprocess.run(["umount", str(path)], check=False)
         return False

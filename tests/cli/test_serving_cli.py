@@ -1,0 +1,44 @@
+"""serve/warm refusals that depend on what the installed vLLM supports (in-process)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from fi_cache import environment
+from fi_cache.environment import Environment, VllmInfo
+from fi_cache.model.fingerprint import Fingerprint
+from tests.conftest import cli_main_exit
+
+
+def _env_with(supports: bool | None) -> Environment:
+    info = VllmInfo(
+        "0.33.0", "/site-packages/vllm/envs.py" if supports is not None else None, supports
+    )
+    return Environment(Fingerprint(flashinfer_version="0.7.2.post1"), (), info, "2.11.0")
+
+
+@pytest.mark.parametrize(
+    "command", [["serve", "--deterministic"], ["warm", "--finalize", "unfused"]]
+)
+def test_unfused_on_a_vllm_without_the_variable_is_refused(
+    command: list[str], tmp_path: Path, monkeypatch, capsys
+) -> None:  # type: ignore[no-untyped-def]
+    monkeypatch.setattr(environment, "detect", lambda *a, **k: _env_with(False))
+    code = cli_main_exit(["--store", str(tmp_path), *command, "--", "Qwen/Qwen3-30B-A3B"])
+    err = capsys.readouterr().err
+    assert code == 2
+    assert "vLLM 0.33.0 does not read VLLM_FLASHINFER_MOE_FUSED_FINALIZE" in err
+    assert "VLLM_BATCH_INVARIANT=1" in err and "--moe-backend triton" in err and "--force" in err
+    assert err.count("\n") == 1
+
+
+def test_force_goes_on_with_a_warning(tmp_path: Path, monkeypatch, capsys) -> None:  # type: ignore[no-untyped-def]
+    monkeypatch.setattr(environment, "detect", lambda *a, **k: _env_with(False))
+    monkeypatch.setenv("FI_CACHE_VLLM", str(tmp_path / "missing-vllm"))
+    code = cli_main_exit(
+        ["--store", str(tmp_path), "serve", "--deterministic", "--force", "--", "m"]
+    )
+    err = capsys.readouterr().err
+    assert "going on: --force" in err and code == 2 and "no vLLM executable" in err

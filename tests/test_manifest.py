@@ -1,0 +1,52 @@
+"""Namespace manifests: round trip, unknown fields kept, which warm counts."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from fi_cache import manifest as m
+from fi_cache.errors import CorruptCache
+from fi_cache.model.fingerprint import Fingerprint
+from fi_cache.namespace import Namespace
+
+NS = Namespace(Fingerprint(flashinfer_version="0.6.18", gpu="NVIDIA H200", arch="90a"), "unfused")
+
+
+def _warm(started: float, key: str = "k", ok: bool = True) -> m.WarmRecord:
+    files = [m.CacheFileRecord("vllm/abc/autotune_configs.json", 32, 9000)]
+    return m.WarmRecord(started, 10.0, "0.30.0", ["Qwen/Qwen3-30B-A3B"], key, files, False, ok)
+
+
+def test_round_trip_keeps_newer_fields(tmp_path: Path) -> None:
+    man = m.Manifest.new(NS, now=100.0).with_warm(_warm(100.0))
+    m.save(tmp_path, man)
+    data = json.loads((tmp_path / "manifest.json").read_text())
+    data["added_by_fi_cache_0_9"] = {"x": 1}
+    (tmp_path / "manifest.json").write_text(json.dumps(data))
+    again = m.load(tmp_path)
+    assert again is not None and again.warms == man.warms and again.fingerprint == NS.fingerprint
+    m.save(tmp_path, again.used(500.0))
+    assert json.loads((tmp_path / "manifest.json").read_text())["added_by_fi_cache_0_9"] == {"x": 1}
+
+
+def test_last_warm_filters_by_arguments_time_and_success() -> None:
+    man = m.Manifest.new(NS, now=0).with_warm(_warm(100.0, "a")).with_warm(_warm(200.0, "b"))
+    man = man.with_warm(_warm(300.0, "a", ok=False))
+    assert man.last_warm("a") is not None and man.last_warm("a").started == 100.0  # type: ignore[union-attr]
+    assert man.last_warm("a", since=150.0) is None
+    assert man.last_warm("b", since=150.0) is not None
+    assert man.last_used == 310.0
+
+
+@pytest.mark.parametrize("text", ["{", "[]", '{"fingerprint": {}}'])
+def test_bad_manifest_is_a_corrupt_cache(tmp_path: Path, text: str) -> None:
+    (tmp_path / "manifest.json").write_text(text)
+    with pytest.raises(CorruptCache):
+        m.load(tmp_path)
+
+
+def test_no_manifest_is_none(tmp_path: Path) -> None:
+    assert m.load(tmp_path) is None
