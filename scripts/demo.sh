@@ -19,3 +19,21 @@ $fi show --op gemm2 "$old" | head -n 16
 echo
 echo "\$ fi-cache env    # this machine, and the namespace each finalize mode gets"
 $fi env
+echo
+echo "# warm and serve, with tests/fake_vllm.py standing in for vLLM (no GPU here; it is NOT vLLM:"
+echo "# it writes a real FlashInfer cache file under the dir fi-cache gives it and answers /health)"
+rm -rf "$FI_CACHE_DIR"
+mkdir -p .cache/demo-bin
+printf '#!/bin/sh\nexec "%s" "%s" "$@"\n' "$PWD/.venv/bin/python" "$PWD/tests/fake_vllm.py" > .cache/demo-bin/vllm
+chmod +x .cache/demo-bin/vllm
+export FI_CACHE_VLLM="$PWD/.cache/demo-bin/vllm"
+export FAKE_VLLM_CACHE_SOURCE="$PWD/tests/fixtures/flashinfer/fi-0.6.18-moe-fused.json"
+echo "\$ fi-cache warm -- Qwen/Qwen3-30B-A3B                 # fused finalize namespace"
+$fi warm -- Qwen/Qwen3-30B-A3B
+export FAKE_VLLM_CACHE_SOURCE="$PWD/tests/fixtures/flashinfer/fi-0.6.18-moe-unfused.json"
+echo "\$ fi-cache warm --finalize unfused -- Qwen/Qwen3-30B-A3B   # its own namespace: no collision"
+$fi warm --finalize unfused -- Qwen/Qwen3-30B-A3B
+echo "\$ fi-cache ls"
+$fi ls
+echo "\$ fi-cache serve --deterministic -- Qwen/Qwen3-30B-A3B   # warm already: execs vLLM at once"
+FAKE_VLLM_MODE=exit-now $fi serve --deterministic -- Qwen/Qwen3-30B-A3B
