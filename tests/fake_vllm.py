@@ -185,7 +185,7 @@ def main(argv: list[str]) -> int:
         log(str(e), level="ERROR")
         return 1
     server.daemon_threads = True
-    threading.Thread(target=server.serve_forever, daemon=True).start()
+    threading.Thread(target=server.serve_forever, args=(0.05,), daemon=True).start()
     try:
         log("Loading model weights", "gpu_model_runner.py:1")
         cache_dir = os.environ.get("VLLM_FLASHINFER_AUTOTUNE_CACHE_DIR")
@@ -221,12 +221,15 @@ def main(argv: list[str]) -> int:
         log("Application startup complete.", "launcher.py:1")
         while True:
             time.sleep(3600)
-    except Stop as e:
-        log(f"Received {e}. Shutting down FastAPI HTTP server.", "launcher.py:1")
+    except Stop:
         server.shutdown()
         server.server_close()
-        return 0
+        raise
 
 
 if __name__ == "__main__":
-    sys.exit(main(sys.argv[1:]))
+    try:
+        sys.exit(main(sys.argv[1:]))
+    except Stop as stop:  # a signal stops the fake cleanly at any point: exit 0
+        log(f"Received {stop}. Shutting down FastAPI HTTP server.", "launcher.py:1")
+        sys.exit(0)
