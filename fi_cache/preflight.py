@@ -22,7 +22,7 @@ def check_namespace(cache_dir: Path, finalize: str, m: Manifest | None) -> list[
             "error",
             str(p.path),
             p.message,
-            "fi-cache moves it aside with `doctor --fix`; or delete it and warm again",
+            "delete it (or move it aside) and warm the namespace again",
         )
         for p in inv.problems
     ]
@@ -85,7 +85,7 @@ def _stale_gemm2(cache: Cache, finalize: str, m: Manifest | None) -> list[Findin
             f"MoE GEMM2 entries of FlashInfer {cache.flashinfer_version or '<= 0.6.17'} cannot say "
             f"their finalize mode and {why}: fused GEMM2 tactic ids replayed by an unfused runner "
             "crash start-up with `Invalid gemm2 profile id`",
-            "delete the file (or `fi-cache doctor --fix`) and warm again with a vLLM that supports "
+            "delete the file and warm again with a vLLM that supports "
             f"{VLLM_FINALIZE_ENV}",
         )
     ]

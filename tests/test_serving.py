@@ -354,3 +354,9 @@ def _cannot_write(path: Path) -> bool:
     except OSError:
         return True
     return False
+
+
+def test_options_must_come_before_the_double_dash(rig: Rig) -> None:
+    p = rig.run("warm", "--format", "json", "--", MODEL)  # --format is a global option
+    assert p.returncode == 2 and "No such option '--format'" in p.stderr
+    assert rig.starts() == []

@@ -136,7 +136,7 @@ _VLLM_OPT = click.option(
 )
 
 
-@click.command("warm", context_settings={"ignore_unknown_options": True})
+@click.command("warm")
 @click.option(
     "--finalize",
     type=click.Choice(["fused", "unfused"]),
@@ -203,7 +203,7 @@ def warm_command(
     return 0
 
 
-@click.command("serve", context_settings={"ignore_unknown_options": True})
+@click.command("serve")
 @click.option(
     "--deterministic",
     is_flag=True,
@@ -258,13 +258,10 @@ def serve_command(
             raise
         render.warn(f"{exc} (going on: --force)")
         m = None
-    errors = [
-        f
-        for f in preflight.check_namespace(warm_mod.cache_dir(ns_dir), finalize, m)
-        if f.severity == "error"
-    ]
-    for f in errors:
-        render.warn(f"{f.check}: {f.path}: {f.message}\n    fix: {f.fix}")
+    findings = preflight.check_namespace(warm_mod.cache_dir(ns_dir), finalize, m)
+    errors = [f for f in findings if f.severity == "error"]
+    for f in findings:
+        render.warn(f"{f.severity} {f.check}: {f.path}: {f.message}\n    fix: {f.fix}")
     if errors and not force:
         raise FiCacheError(f"pre-flight found {len(errors)} error(s); fix them or pass --force")
     if not warm_mod.is_warm(ns_dir, m, args):
