@@ -85,7 +85,6 @@ def _stale_gemm2(cache: Cache, finalize: str, m: Manifest | None) -> list[Findin
             f"MoE GEMM2 entries of FlashInfer {cache.flashinfer_version or '<= 0.6.17'} cannot say "
             f"their finalize mode and {why}: fused GEMM2 tactic ids replayed by an unfused runner "
             "crash start-up with `Invalid gemm2 profile id`",
-            "delete the file and warm again with a vLLM that supports "
-            f"{VLLM_FINALIZE_ENV}",
+            f"delete the file and warm again with a vLLM that supports {VLLM_FINALIZE_ENV}",
         )
     ]

@@ -8,8 +8,10 @@ directory is fsynced so the rename survives a crash.
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import json
 import os
+import shutil
 import socket
 import tempfile
 import time
@@ -326,3 +328,33 @@ def _acquire_lockfile(
     finally:
         with contextlib.suppress(OSError):
             lock_file.unlink()
+
+
+# --- Moving things aside (doctor --fix) ---------------------------------------------------------
+
+
+def move_aside(path: Path, quarantine_dir: Path, note: str) -> Path:
+    """Move a file or dir into `quarantine_dir` (never delete), with a `.why` note beside it."""
+    _ensure_dir(quarantine_dir)
+    # Every vLLM cache is called autotune_configs.json: prefix a hash of where it came from.
+    tag = hashlib.sha256(str(path.resolve()).encode()).hexdigest()[:8]
+    dest = quarantine_dir / f"{tag}-{path.name}"
+    n = 1
+    while os.path.lexists(dest):
+        n += 1
+        dest = quarantine_dir / f"{tag}-{n}-{path.name}"
+    try:
+        shutil.move(str(path), str(dest))
+    except OSError as exc:
+        raise Refused(f"cannot move into quarantine: {exc.strerror}", path) from None
+    atomic_write(dest.with_name(dest.name + ".why"), f"{path}\n{note}\n".encode(), lock=False)
+    return dest
+
+
+def remove_file(path: Path) -> None:
+    try:
+        os.unlink(path)
+    except FileNotFoundError:
+        pass
+    except OSError as exc:
+        raise Refused(f"cannot remove: {exc.strerror}", path) from None

@@ -202,3 +202,49 @@ def vllm_arch(
     if not names:
         return None
     return "_".join(_arch_name(ma, mi, cuda) for ma, mi in sorted(names))
+
+
+# --- Known-bad vLLM configurations (doctor) -----------------------------------------------------
+
+
+@dataclass(frozen=True)
+class VersionRange:
+    """[first, end) of releases a fact holds for; `end` None = still true in the newest release."""
+
+    first: Version
+    end: Version | None
+    source: str
+
+    def __contains__(self, version: object) -> bool:
+        if not isinstance(version, Version):
+            return False
+        return self.first <= version and (self.end is None or version < self.end)
+
+    def describe(self) -> str:
+        return f"{self.first}–{self.end} (exclusive)" if self.end else f"{self.first}+"
+
+
+# MoE output all-reduced over TP after FlashInfer's combine already reduced it (GSM8K 0.93 -> 0.81).
+DOUBLE_REDUCE = VersionRange(V("0.16.0"), V("0.22.0"), "vLLM PR #41382 (fixed in 0.22.0)")
+DOUBLE_REDUCE_BACKENDS = frozenset(
+    {"flashinfer_all2allv", "flashinfer_nvlink_two_sided", "flashinfer_nvlink_one_sided"}
+)
+# World size > 1 with a warm cache can deadlock start-up (rank 0 only loads/broadcasts).
+WARM_CACHE_HANG = VersionRange(V("0.27.0"), V("0.33.0"), "vLLM issues #57423, #54618")
+# The persistent cache is used only with world size 1 (no log line says so).
+CACHE_SINGLE_RANK_ONLY = VersionRange(V("0.25.0"), V("0.27.0"), "kernel_warmup.py 0.25-0.26")
+# First vLLM with a persistent FlashInfer autotune cache at all.
+VLLM_PERSISTENT_CACHE = V("0.25.0")
+# Variables vLLM stopped reading in 0.24.0 (VLLM_USE_FLASHINFER_MOE_INT4 stayed): vllm/envs.py diff.
+REMOVED_ENV_SINCE = V("0.24.0")
+REMOVED_ENV_EXACT = frozenset(
+    {
+        "VLLM_USE_FLASHINFER_MOE_FP4",
+        "VLLM_USE_FLASHINFER_MOE_FP8",
+        "VLLM_USE_FLASHINFER_MOE_FP16",
+        "VLLM_FLASHINFER_MOE_BACKEND",
+    }
+)
+REMOVED_ENV_PREFIX = "VLLM_USE_FLASHINFER_MOE_MXFP4"
+# Newest vLLM release checked for VLLM_FLASHINFER_MOE_FUSED_FINALIZE (absent in every one so far).
+VLLM_NEWEST_CHECKED = V("0.33.0")

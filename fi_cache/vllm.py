@@ -10,6 +10,7 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import os
+import re
 import shutil
 import signal
 import socket
@@ -61,6 +62,18 @@ def find_executable(explicit: str | None) -> str:
     return found
 
 
+_SIZE_FLAGS = {
+    "--tensor-parallel-size": "tp",
+    "-tp": "tp",
+    "--data-parallel-size": "dp",
+    "-dp": "dp",
+    "--pipeline-parallel-size": "pp",
+    "-pp": "pp",
+}
+_AUTOTUNE_OFF_FLAGS = {"--disable-flashinfer-autotune", "--no-enable-flashinfer-autotune"}
+_AUTOTUNE_FALSE = re.compile(r"\"enable_flashinfer_autotune\"\s*:\s*false")
+
+
 @dataclass(frozen=True)
 class ServeArgs:
     """What fi-cache needs to know from `vllm serve` arguments."""
@@ -69,6 +82,17 @@ class ServeArgs:
     model: str | None
     port: int | None
     uses_ray: bool
+    tp: int = 1
+    dp: int = 1
+    pp: int = 1
+    expert_parallel: bool = False
+    all2all_backend: str | None = None
+    moe_backend: str | None = None
+    autotune_off: bool = False  # -O0, --disable-flashinfer-autotune, kernel-config false
+
+    @property
+    def world_size(self) -> int:
+        return self.tp * self.dp * self.pp
 
     @property
     def key(self) -> str:
@@ -87,10 +111,19 @@ class ServeArgs:
         return hashlib.sha256("\0".join(kept).encode()).hexdigest()[:16]
 
 
+def _int_flag(name: str, value: str | None) -> int:
+    try:
+        number = int(value or "")
+    except ValueError:
+        raise Refused(f"vLLM would reject {name} {value!r}: not a number") from None
+    if number < 1 and name != "--port":
+        raise Refused(f"vLLM would reject {name} {number}: must be at least 1")
+    return number
+
+
 def parse_serve_args(argv: Sequence[str]) -> ServeArgs:
-    """The model (positional or --model), --port, and whether Ray runs the workers."""
-    model = port = None
-    uses_ray = False
+    """The model (positional or --model), --port, parallel sizes, MoE and autotune switches."""
+    found: dict[str, object] = {"model": None, "port": None, "uses_ray": False}
     i = 0
     while i < len(argv):
         arg = argv[i]
@@ -98,18 +131,31 @@ def parse_serve_args(argv: Sequence[str]) -> ServeArgs:
         value = inline if eq else (argv[i + 1] if i + 1 < len(argv) else None)
         takes_value = arg.startswith("-") and not eq and name not in _BOOL_FLAGS
         if name == "--model" and value:
-            model = value
-        elif name == "--port" and value is not None:
-            try:
-                port = int(value)
-            except ValueError:
-                raise Refused(f"--port {value!r} is not a number") from None
+            found["model"] = value
+        elif name == "--port":
+            found["port"] = _int_flag(name, value)
+        elif name in _SIZE_FLAGS:
+            found[_SIZE_FLAGS[name]] = _int_flag(name, value)
         elif name == "--distributed-executor-backend" and value == "ray":
-            uses_ray = True
-        elif not arg.startswith("-") and model is None:
-            model = arg
+            found["uses_ray"] = True
+        elif name in ("--enable-expert-parallel", "-ep"):
+            found["expert_parallel"] = True
+        elif name == "--all2all-backend":
+            found["all2all_backend"] = value
+        elif name == "--moe-backend":
+            found["moe_backend"] = value
+        elif (
+            name in _AUTOTUNE_OFF_FLAGS
+            or (name in ("-O0", "-O") and (name == "-O0" or value == "0"))
+            or (name == "--kernel-config" and value and _AUTOTUNE_FALSE.search(value))
+        ):
+            found["autotune_off"] = True
+        elif not arg.startswith("-") and found["model"] is None:
+            found["model"] = arg
+        if name == "-O0" or (name.startswith("-O") and len(name) == 3):
+            takes_value = False  # -O3 carries its level inline
         i += 2 if takes_value else 1
-    return ServeArgs(tuple(argv), model, port, uses_ray)
+    return ServeArgs(tuple(argv), **found)  # type: ignore[arg-type]
 
 
 def require_model(args: ServeArgs) -> None:

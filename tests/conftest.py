@@ -42,24 +42,21 @@ def store(tmp_path: Path) -> Path:
 
 @pytest.fixture
 def run(store: Path):  # type: ignore[no-untyped-def]
-    """Run `fi-cache ARGS` in-process against an empty temporary store."""
+    """Run `fi-cache ARGS` in-process, through the real entry point (its error handling too),
+    against an empty temporary store."""
 
     def _run(*args: str) -> Result:
-        from fi_cache import cli as cli_mod
+        from fi_cache.cli import main
 
         runner = CliRunner()
-        try:
-            result = runner.invoke(
-                cli_mod.cli,
-                ["--store", str(store), *map(str, args)],
-                standalone_mode=False,
-                catch_exceptions=False,
-            )
-            code = result.return_value if isinstance(result.return_value, int) else 0
-        except SystemExit as exc:  # pragma: no cover - click exits on --help/--version
-            code = int(exc.code or 0)
-            result = None  # type: ignore[assignment]
-        return Result(code, result.stdout if result else "", result.stderr if result else "")
+        with runner.isolation() as streams:
+            try:
+                main(["--store", str(store), *map(str, args)])
+                code = 0
+            except SystemExit as exc:
+                code = int(exc.code or 0)
+        out, err = streams[0].getvalue().decode(), streams[1].getvalue().decode()
+        return Result(code, out, err)
 
     return _run
 

@@ -48,9 +48,9 @@ def cli(ctx: click.Context, store: Path | None, fmt: str, quiet: bool) -> None:
 
 
 def _register() -> None:
-    from fi_cache.cli import inventory, serving
+    from fi_cache.cli import doctor, inventory, serving
 
-    for command in [*inventory.COMMANDS, *serving.COMMANDS]:
+    for command in [*inventory.COMMANDS, *doctor.COMMANDS, *serving.COMMANDS]:
         cli.add_command(command)
 
 

@@ -1,0 +1,161 @@
+"""doctor: say what will break before vLLM starts, and why it broke after."""
+
+from __future__ import annotations
+
+import os
+import sys
+from pathlib import Path
+from typing import Any
+
+import click
+
+from fi_cache.cli import render
+from fi_cache.errors import EXIT_PROBLEM, Refused
+
+_COLOURS = {"error": "red", "warning": "yellow", "info": "cyan"}
+
+
+class _SplitAtDoubleDash(click.Command):
+    """Everything after `--` is vLLM's command line, not more PATHs."""
+
+    def parse_args(self, ctx: click.Context, args: list[str]) -> list[str]:
+        if "--" in args:
+            i = args.index("--")
+            ctx.meta["vllm_args"] = args[i + 1 :]
+            args = args[:i]
+        else:
+            ctx.meta["vllm_args"] = None
+        return super().parse_args(ctx, args)
+
+
+@click.command("doctor", cls=_SplitAtDoubleDash)
+@click.argument("paths", nargs=-1, type=click.Path(path_type=Path))
+@click.option(
+    "--log",
+    "logs",
+    multiple=True,
+    type=click.Path(path_type=Path),
+    help="A vLLM/FlashInfer log to explain (repeatable).",
+)
+@click.option("--flashinfer-version", default=None, help="Target FlashInfer version.")
+@click.option("--vllm-version", default=None, help="Target vLLM version.")
+@click.option(
+    "--finalize",
+    type=click.Choice(["fused", "unfused"]),
+    default=None,
+    help="Target MoE finalize mode (default: from VLLM_FLASHINFER_MOE_FUSED_FINALIZE, else fused).",
+)
+@click.option("--gpu", default=None, help='Target GPU name, e.g. "NVIDIA H100 80GB HBM3".')
+@click.option("--strict", is_flag=True, help="Exit 1 on warnings too.")
+@click.option("--check", "only", multiple=True, help="Run only this check (repeatable).")
+@click.option("--list-checks", is_flag=True, help="List the check ids and exit.")
+@click.option(
+    "--fix", is_flag=True, help="Quarantine stale/foreign/corrupt caches, delete old temp files."
+)
+@click.option("--dry-run", is_flag=True, help="With --fix: print the actions only.")
+def doctor_command(
+    paths: tuple[Path, ...],
+    logs: tuple[Path, ...],
+    flashinfer_version: str | None,
+    vllm_version: str | None,
+    finalize: str | None,
+    gpu: str | None,
+    strict: bool,
+    only: tuple[str, ...],
+    list_checks: bool,
+    fix: bool,
+    dry_run: bool,
+) -> int:
+    """Check the store, PATHS and logs against the target environment [-- VLLM_SERVE_ARGS]."""
+    from fi_cache import doctor, environment
+    from fi_cache.doctor import fix as fixes
+    from fi_cache.doctor.gather import Overrides, gather, make_target
+    from fi_cache.store import state_dir
+
+    ctx = click.get_current_context()
+    obj = ctx.obj
+    known = sorted({c.id for c in doctor.checks()})
+    if list_checks:
+        return _list_checks(doctor.checks(), obj.json)
+    if unknown := [c for c in only if c not in known]:
+        raise Refused(f"unknown check id {unknown[0]!r}; known: {', '.join(known)}")
+    if dry_run and not fix:
+        raise Refused("--dry-run goes with --fix (it prints what --fix would do)")
+    env = environment.detect(state_dir(obj.store))
+    environ = dict(os.environ)
+    target = make_target(env, Overrides(flashinfer_version, vllm_version, finalize, gpu), environ)
+    inputs = gather(obj.store, paths, logs, ctx.meta.get("vllm_args"), target, environ)
+    findings = doctor.run(inputs, only or None)
+    actions = fixes.plan(findings, inputs) if fix else []
+    done = fixes.apply(actions, obj.store) if fix and not dry_run else []
+    errors = sum(f.severity == "error" for f in findings)
+    warnings = sum(f.severity == "warning" for f in findings)
+    if obj.json:
+        render.emit_json(
+            {
+                "findings": [f.to_json() for f in findings],
+                "errors": errors,
+                "warnings": warnings,
+                "target": {
+                    **target.fingerprint.metadata(),
+                    "arch": target.fingerprint.arch,
+                    "vllm_version": target.vllm_version,
+                    "finalize": target.finalize,
+                },
+                "actions": [
+                    {
+                        "action": a.kind,
+                        "path": str(a.path),
+                        "to": str(to) if to else None,
+                        "why": a.why,
+                        "applied": not dry_run,
+                    }
+                    for a, to in (done or [(a, None) for a in actions])
+                ],
+            }
+        )
+    else:
+        _render(findings, errors, warnings, obj.quiet)
+        _render_actions(actions, done, dry_run)
+    return EXIT_PROBLEM if errors or (strict and warnings) else 0
+
+
+def _list_checks(checks: Any, as_json: bool) -> int:
+    seen: dict[str, list[str]] = {}
+    for c in checks:
+        seen.setdefault(c.id, []).extend([c.summary] if c.summary else [])
+    if as_json:
+        render.emit_json({"checks": [{"id": k, "summary": "; ".join(v)} for k, v in seen.items()]})
+    else:
+        width = max(len(k) for k in seen)
+        for k, v in seen.items():
+            click.echo(f"{k:<{width}}  {'; '.join(v)}")
+    return 0
+
+
+def _render(findings: list[Any], errors: int, warnings: int, quiet: bool) -> None:
+    colour = sys.stdout.isatty()
+    for f in findings:
+        if quiet and f.severity == "info":
+            continue
+        label = f"{f.severity:<7}"
+        if colour:
+            label = click.style(label, fg=_COLOURS[f.severity], bold=f.severity == "error")
+        where = f"{render.display_path(Path(f.path))}: " if f.path else ""
+        click.echo(f"{label} {f.check}  {where}{f.message}")
+        if f.fix and f.fix != "-":
+            click.echo(f"        fix: {f.fix}")
+    infos = len(findings) - errors - warnings
+    click.echo(f"{errors} error(s), {warnings} warning(s), {infos} info")
+
+
+def _render_actions(actions: list[Any], done: list[Any], dry_run: bool) -> None:
+    if dry_run:
+        for a in actions:
+            click.echo(f"would {a.kind} {a.path}  ({a.why.split(':')[0]})")
+    for a, to in done:
+        target = f" -> {to}" if to else ""
+        click.echo(f"{'quarantined' if a.kind == 'quarantine' else 'removed'} {a.path}{target}")
+
+
+COMMANDS = [doctor_command]

@@ -1,0 +1,87 @@
+"""doctor: every check is a small pure function over `Inputs`, registered in CHECKS.
+
+The shell (cli/doctor.py) gathers the inputs (caches, logs, argv, environment) and renders the
+findings; nothing here reads files or prints.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from fi_cache.discover import ScanProblem
+from fi_cache.findings import Finding
+from fi_cache.inventory import Cache
+from fi_cache.logs import LogFacts
+from fi_cache.manifest import Manifest
+from fi_cache.model.fingerprint import Fingerprint
+from fi_cache.model.v1 import Defect
+from fi_cache.vllm import ServeArgs
+
+
+@dataclass(frozen=True)
+class Target:
+    """The environment a cache will be used in: detected, with single fields overridden."""
+
+    fingerprint: Fingerprint
+    vllm_version: str | None = None
+    vllm_supports_finalize: bool | None = None  # None: no vllm/envs.py to read
+    finalize: str = "fused"  # every vLLM release runs fused finalize unless told otherwise
+
+
+@dataclass(frozen=True)
+class CacheView:
+    """A cache and what the fi-cache store knows about it (None outside the store)."""
+
+    cache: Cache
+    namespace_dir: Path | None = None
+    namespace_finalize: str | None = None
+    manifest: Manifest | None = None
+    defects: tuple[Defect, ...] = ()  # read defects + v1.defects, computed once by the caller
+
+
+@dataclass(frozen=True)
+class Inputs:
+    target: Target
+    caches: tuple[CacheView, ...] = ()
+    problems: tuple[ScanProblem, ...] = ()
+    tmp_files: tuple[tuple[Path, float], ...] = ()  # (path, age in seconds)
+    logs: tuple[LogFacts, ...] = ()
+    serve: ServeArgs | None = None
+    environ: dict[str, str] = field(default_factory=dict)
+    modes: dict[Path, int] = field(default_factory=dict)  # st_mode of cache files and their dirs
+    store: Path | None = None
+    predicted_dir: Path | None = (
+        None  # where vLLM will keep its cache when the store is not in charge
+    )
+
+
+@dataclass(frozen=True)
+class Check:
+    id: str
+    summary: str
+    run: Callable[[Inputs], Iterable[Finding]]
+
+
+def _registry() -> tuple[Check, ...]:
+    from fi_cache.doctor import cache_checks, log_checks, vllm_checks
+
+    return (*cache_checks.CHECKS, *vllm_checks.CHECKS, *log_checks.CHECKS)
+
+
+def checks() -> tuple[Check, ...]:
+    return _registry()
+
+
+_ORDER = {"error": 0, "warning": 1, "info": 2}
+
+
+def run(inputs: Inputs, only: Iterable[str] | None = None) -> list[Finding]:
+    """Every finding of the selected checks (all by default), errors first."""
+    wanted = set(only) if only else None
+    out: list[Finding] = []
+    for check in checks():
+        if wanted is None or check.id in wanted:
+            out.extend(check.run(inputs))
+    return sorted(out, key=lambda f: (_ORDER[f.severity], f.check, f.path or ""))

@@ -1,0 +1,291 @@
+"""Checks over cache files: integrity, environment, the gemm2 collision, permissions, leftovers."""
+
+from __future__ import annotations
+
+import stat
+from collections.abc import Iterator
+from typing import Any
+
+from fi_cache.doctor import Check, Inputs
+from fi_cache.findings import Finding
+from fi_cache.model import keys as keymod
+from fi_cache.model import moe, v1
+from fi_cache.model.fingerprint import compare_metadata
+from fi_cache.versions import (
+    FLASHINFER_FINALIZE_IN_KEY,
+    MOE_GEMM2_OP,
+    MOE_STAGE_OP,
+    RECORDS_KEY,
+    VLLM_FINALIZE_ENV,
+    parse_version,
+)
+
+TMP_MAX_AGE_S = 600  # younger temp files may belong to a writer that is still running
+
+
+def corrupt_file(inp: Inputs) -> Iterator[Finding]:
+    for p in inp.problems:
+        if p.check == "corrupt-file":
+            yield Finding(
+                "corrupt-file",
+                "error",
+                str(p.path),
+                p.message,
+                "move it aside (doctor --fix quarantines it) and let vLLM re-tune",
+            )
+    for view in inp.caches:
+        for d in view.defects:
+            if d.check == "corrupt-file":
+                yield Finding(
+                    "corrupt-file",
+                    "error",
+                    str(view.cache.path),
+                    d.message,
+                    "move it aside (doctor --fix quarantines it) and warm again",
+                )
+
+
+def generation_mismatch(inp: Inputs) -> Iterator[Finding]:
+    for view in inp.caches:
+        for d in view.defects:
+            if d.check == "generation-mismatch":
+                yield Finding(
+                    "generation-mismatch",
+                    "warning",
+                    str(view.cache.path),
+                    d.message,
+                    "FlashInfer does not check it on load, but a FlashInfer >= 0.6.18 writer with "
+                    "namespaced records refuses to save over it; `fi-cache merge` rewrites it",
+                )
+
+
+def foreign_environment(inp: Inputs) -> Iterator[Finding]:
+    for view in inp.caches:
+        cache = view.cache
+        mismatches = compare_metadata(cache.metadata, inp.target.fingerprint)
+        if not mismatches:
+            continue
+        fields = "; ".join(f"{m.field}: saved {m.saved!r}, target {m.target!r}" for m in mismatches)
+        if any(m.hard for m in mismatches):
+            yield Finding(
+                "foreign-environment",
+                "error",
+                str(cache.path),
+                f"written in another environment ({fields}): FlashInfer ignores it and never "
+                "overwrites it, so every start re-tunes",
+                "give this environment its own cache dir (fi-cache serve does); doctor --fix "
+                "quarantines the file",
+            )
+        else:
+            yield Finding(
+                "foreign-environment",
+                "warning",
+                str(cache.path),
+                f"its recorded environment is indeterminate ({fields}): FlashInfer ignores it "
+                "and replaces it at the next save",
+                "nothing to do: the next tuned start heals it",
+            )
+
+
+def _gemm2_tactics(cf: v1.CacheFile) -> list[int]:
+    """GEMM2 tactic ids of MoE entries whose keys record no finalize mode."""
+    out = []
+    for raw, value in cf.entries.items():
+        if MOE_GEMM2_OP not in raw and "_gemm2'" not in raw:
+            continue
+        try:
+            key = keymod.parse_key(raw)
+        except keymod.KeyError_:
+            continue
+        is_gemm2 = key.op == MOE_GEMM2_OP or (
+            (m := MOE_STAGE_OP.match(key.op)) is not None and m.group(1) == "2"
+        )
+        if is_gemm2 and moe.finalize_mode(key) == "unknown":
+            tactic = value[1] if isinstance(value, list) and len(value) > 1 else None
+            if isinstance(tactic, int) and not isinstance(tactic, bool):
+                out.append(tactic)
+    return out
+
+
+def _tuned_mode(view: Any) -> tuple[str, bool]:
+    """(mode the GEMM2 entries were tuned in, known for sure?)."""
+    if view.namespace_finalize is None:
+        return "fused", False  # no record: every vLLM release tunes fused finalize
+    if view.manifest is None:
+        return view.namespace_finalize, False
+    if view.namespace_finalize == "unfused" and any(
+        w.supports_finalize_env is False for w in view.manifest.warms
+    ):
+        return "fused", True  # warmed by a vLLM that ignored the variable
+    return view.namespace_finalize, True
+
+
+def _counts(view: Any) -> tuple[int, dict[str, int]] | None:
+    """(g1, {mode: g2}) recorded in the namespace manifest by a FlashInfer-driven warm."""
+    data: Any = view.manifest.unknown.get("tactic_counts") if view.manifest else None
+    try:
+        return int(data["gemm1"]), {k: int(v) for k, v in data["gemm2"].items()}
+    except (TypeError, KeyError, ValueError):
+        return None
+
+
+def stale_gemm2_profile(inp: Inputs) -> Iterator[Finding]:
+    target = inp.target
+    target_fi = parse_version(target.fingerprint.flashinfer_version)
+    if target_fi is not None and target_fi >= FLASHINFER_FINALIZE_IN_KEY:
+        return  # its keys carry use_fused_finalize: an old entry can never be replayed
+    for view in inp.caches:
+        tactics = _gemm2_tactics(view.cache.file)
+        if not tactics:
+            continue
+        tuned, sure = _tuned_mode(view)
+        if tuned == target.finalize:
+            continue
+        counts = _counts(view)
+        detail = f"{len(tactics)} GEMM2 tactic ids ({min(tactics)}..{max(tactics)})"
+        if counts and target.finalize in counts[1]:
+            limit = counts[0] + counts[1][target.finalize]
+            crash = sum(t >= limit for t in tactics)
+            detail += (
+                f": {crash} are beyond the {target.finalize} list (ids < {limit}) and crash "
+                f"start-up, {len(tactics) - crash} silently pick another kernel"
+            )
+        else:
+            detail += (
+                ": ids beyond the target's list crash start-up with `Invalid gemm2 profile "
+                "id`, the others silently pick another kernel"
+            )
+        how = (
+            "were" if sure else "were probably (no record says otherwise; vLLM releases tune fused)"
+        )
+        yield Finding(
+            "stale-gemm2-profile",
+            "error",
+            str(view.cache.path),
+            f"MoE GEMM2 entries whose keys cannot say their finalize mode (FlashInfer < "
+            f"{FLASHINFER_FINALIZE_IN_KEY}) {how} tuned {tuned}; "
+            f"the target runs {target.finalize}. {detail}",
+            f"keep {tuned} and {target.finalize} caches apart (fi-cache serve [--deterministic] "
+            f"does); doctor --fix quarantines this file; {VLLM_FINALIZE_ENV} picks the mode",
+        )
+
+
+def records_unreadable(inp: Inputs) -> Iterator[Finding]:
+    target_fi = parse_version(inp.target.fingerprint.flashinfer_version)
+    if target_fi is None or target_fi >= FLASHINFER_FINALIZE_IN_KEY:
+        return
+    for view in inp.caches:
+        cf = view.cache.file
+        if view.cache.found.format != "v1":
+            continue
+        if compare_metadata(cf.metadata, inp.target.fingerprint):
+            continue  # FlashInfer skips the whole file before reading entries
+        if cf.records:
+            yield Finding(
+                "records-unreadable",
+                "error",
+                str(view.cache.path),
+                f"has `{RECORDS_KEY}`, which FlashInfer {target_fi} reads as an entry and crashes "
+                "on (KeyError: 0)",
+                "do not load FlashInfer >= 0.6.18 files in older FlashInfer; remove `_records` "
+                "or give each version its own cache dir",
+            )
+        elif cf.generation is not None:
+            yield Finding(
+                "records-unreadable",
+                "warning",
+                str(view.cache.path),
+                f"has `_generation`, which FlashInfer {target_fi} loads as a bogus entry",
+                "harmless for lookups; give each FlashInfer version its own cache dir",
+            )
+
+
+def unreadable_permissions(inp: Inputs) -> Iterator[Finding]:
+    for p in inp.problems:
+        if p.check == "unreadable-permissions":
+            yield Finding(
+                "unreadable-permissions",
+                "error",
+                str(p.path),
+                p.message,
+                "check ownership and mode of the file or directory",
+            )
+    for view in inp.caches:
+        if view.namespace_dir is None:
+            continue  # a private vLLM cache is 0600 by design; only the shared store matters
+        closed = []
+        for path in (view.cache.path, *view.cache.path.parents):
+            mode = inp.modes.get(path)
+            if mode is None:
+                continue
+            need = 0o055 if stat.S_ISDIR(mode) else 0o044
+            if mode & need != need:
+                closed.append(f"{path.name or path} ({stat.filemode(mode)})")
+            if view.namespace_dir == path:
+                break
+        if closed:
+            yield Finding(
+                "unreadable-permissions",
+                "warning",
+                str(view.cache.path),
+                "other users of this shared store cannot read "
+                + ", ".join(closed)
+                + " (FlashInfer writes 0600)",
+                "chmod -R go+rX the namespace dir, or run every server as the same user",
+            )
+
+
+def tmp_leftover(inp: Inputs) -> Iterator[Finding]:
+    for path, age in inp.tmp_files:
+        if age >= TMP_MAX_AGE_S:
+            yield Finding(
+                "tmp-leftover",
+                "warning",
+                str(path),
+                f"temp file of a killed writer, {age / 60:.0f} minutes old",
+                "delete it (doctor --fix does)",
+            )
+        else:
+            yield Finding(
+                "tmp-leftover",
+                "info",
+                str(path),
+                f"temp file {age:.0f}s old: a writer may still be running",
+                "leave it; check again later",
+            )
+
+
+CHECKS = (
+    Check(
+        "corrupt-file",
+        "unreadable or truncated JSON, unparsable keys, malformed values",
+        corrupt_file,
+    ),
+    Check(
+        "generation-mismatch",
+        "`_generation` present but not the content's hash",
+        generation_mismatch,
+    ),
+    Check(
+        "foreign-environment",
+        "`_metadata` does not fit the target (FlashInfer ignores the file); or a log saying so",
+        foreign_environment,
+    ),
+    Check(
+        "stale-gemm2-profile",
+        "MoE GEMM2 entries tuned in another finalize mode than the "
+        "target's, in keys that cannot tell (FlashInfer <= 0.6.17); or a log with the crash",
+        stale_gemm2_profile,
+    ),
+    Check(
+        "records-unreadable",
+        "`_records` a FlashInfer <= 0.6.17 target would crash on",
+        records_unreadable,
+    ),
+    Check(
+        "unreadable-permissions",
+        "caches other users of a shared store cannot read",
+        unreadable_permissions,
+    ),
+    Check("tmp-leftover", "temp files of killed writers", tmp_leftover),
+)

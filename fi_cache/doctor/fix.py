@@ -1,0 +1,61 @@
+"""doctor --fix: a plan of safe remedies first (shown by --dry-run), then applied.
+
+Safe means reversible or trivially so: stale, foreign and corrupt caches are moved into the
+store's quarantine folder with a note of why (never deleted); temp files of killed writers
+older than 10 minutes are deleted.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Literal
+
+from fi_cache import storage
+from fi_cache.doctor import Inputs
+from fi_cache.doctor.cache_checks import TMP_MAX_AGE_S
+from fi_cache.findings import Finding
+
+QUARANTINE_DIR = "quarantine"
+_QUARANTINE_CHECKS = {"stale-gemm2-profile", "foreign-environment", "corrupt-file"}
+
+
+@dataclass(frozen=True)
+class Action:
+    kind: Literal["quarantine", "remove"]
+    path: Path
+    why: str
+
+
+def plan(findings: list[Finding], inputs: Inputs) -> list[Action]:
+    """What --fix would do. Only paths known to be caches (never a log) are moved."""
+    caches = {str(v.cache.path) for v in inputs.caches} | {str(p.path) for p in inputs.problems}
+    caches |= {e.path for log in inputs.logs for e in log.events if e.path}
+    caches |= {e.last_loaded for log in inputs.logs for e in log.errors if e.last_loaded}
+    actions: dict[Path, Action] = {}
+    for f in findings:
+        if f.path is None:
+            continue
+        path = Path(f.path)
+        if f.check in _QUARANTINE_CHECKS and f.severity == "error" and f.path in caches:
+            if path.exists() and path not in actions:
+                actions[path] = Action("quarantine", path, f"{f.check}: {f.message}")
+        elif f.check == "tmp-leftover" and f.severity == "warning":
+            actions[path] = Action(
+                "remove", path, f"temp file older than {TMP_MAX_AGE_S // 60} min"
+            )
+    return list(actions.values())
+
+
+def apply(actions: list[Action], store: Path) -> list[tuple[Action, Path | None]]:
+    """Carry out the plan; returns each action with where a quarantined thing went."""
+    folder = store / QUARANTINE_DIR / time.strftime("%Y%m%d-%H%M%S")
+    done: list[tuple[Action, Path | None]] = []
+    for action in actions:
+        if action.kind == "quarantine":
+            done.append((action, storage.move_aside(action.path, folder, action.why)))
+        else:
+            storage.remove_file(action.path)
+            done.append((action, None))
+    return done

@@ -1,0 +1,153 @@
+"""Gather doctor's inputs from disk and the environment (the I/O half; checks stay pure)."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+from fi_cache import manifest as manifests
+from fi_cache.discover import ScanProblem, tmp_leftovers
+from fi_cache.doctor import CacheView, Inputs, Target
+from fi_cache.environment import Environment
+from fi_cache.errors import CorruptCache, Refused
+from fi_cache.inventory import scan
+from fi_cache.logs import read_log
+from fi_cache.model import v1
+from fi_cache.namespace import FINALIZE_MODES, NAMESPACES_DIR, Namespace, namespace_parts
+from fi_cache.versions import (
+    VLLM_CACHE_DIR_ENV,
+    VLLM_CACHE_SUBDIR,
+    VLLM_FINALIZE_ENV,
+    VLLM_NEWEST_CHECKED,
+    parse_version,
+)
+from fi_cache.vllm import ServeArgs, parse_serve_args
+
+
+@dataclass(frozen=True)
+class Overrides:
+    flashinfer_version: str | None = None
+    vllm_version: str | None = None
+    finalize: str | None = None
+    gpu: str | None = None
+
+
+def _valid_version(flag: str, text: str | None) -> None:
+    if text is not None and parse_version(text) is None:
+        raise Refused(f"{flag} {text!r} is not a version (e.g. 0.6.17, 0.7.2.post1)")
+
+
+def make_target(env: Environment, o: Overrides, environ: dict[str, str]) -> Target:
+    """The detected environment, each given field overriding one detected value."""
+    _valid_version("--flashinfer-version", o.flashinfer_version)
+    _valid_version("--vllm-version", o.vllm_version)
+    fp = env.fingerprint
+    if o.flashinfer_version:
+        fp = fp.replace(flashinfer_version=o.flashinfer_version)
+    if o.gpu:
+        fp = fp.replace(gpu=o.gpu)
+    if o.vllm_version:
+        version = parse_version(o.vllm_version)
+        # A named release: we know no release up to the newest checked has the variable.
+        supports = False if version is not None and version <= VLLM_NEWEST_CHECKED else None
+        vllm_version: str | None = o.vllm_version
+    else:
+        vllm_version, supports = env.vllm.version, env.vllm.supports_finalize_env
+    finalize = o.finalize or ("unfused" if environ.get(VLLM_FINALIZE_ENV) == "0" else "fused")
+    return Target(fp, vllm_version, supports, finalize)
+
+
+def predicted_vllm_dir(target: Target, environ: dict[str, str]) -> Path:
+    """Where vLLM keeps its cache when nothing else is in charge (domain.md §5)."""
+    override = environ.get(VLLM_CACHE_DIR_ENV)
+    if override:
+        return Path(override).expanduser()
+    root_env = environ.get("VLLM_CACHE_ROOT")
+    xdg = environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
+    root = Path(root_env).expanduser() if root_env else Path(xdg) / "vllm"
+    base = root / VLLM_CACHE_SUBDIR
+    fp = target.fingerprint
+    if fp.flashinfer_version and fp.arch:
+        return base / fp.flashinfer_version / fp.arch
+    return base
+
+
+def _target_namespaces(target: Target, store: Path) -> set[Path]:
+    return {Namespace(target.fingerprint, m).path(store) for m in FINALIZE_MODES}
+
+
+def gather(
+    store: Path,
+    paths: Sequence[Path],
+    logs: Sequence[Path],
+    serve_argv: Sequence[str] | None,
+    target: Target,
+    environ: dict[str, str],
+) -> Inputs:
+    """Everything the checks look at. Raises Refused for bad paths, logs and argv."""
+    serve: ServeArgs | None = parse_serve_args(serve_argv) if serve_argv is not None else None
+    log_facts = tuple(read_log(p) for p in logs)
+    predicted = predicted_vllm_dir(target, environ)
+    roots_implicit = [store / NAMESPACES_DIR]
+    if predicted.is_dir() and store not in predicted.parents:
+        roots_implicit.append(predicted)
+    inv = scan([r for r in roots_implicit if r.is_dir()], explicit=False)
+    given = scan(paths)
+    problems = [*inv.problems, *given.problems]
+    problems += [
+        ScanProblem(p, "corrupt-file", "no FlashInfer autotune cache here", 2) for p in given.empty
+    ]
+    ours = _target_namespaces(target, store)
+    views: list[CacheView] = []
+    modes: dict[Path, int] = {}
+    manifest_memo: dict[Path, manifests.Manifest | None] = {}
+    for cache in [*inv.caches, *given.caches]:
+        parts = namespace_parts(cache.path, store)
+        ns_dir = Path(parts["dir"]) if parts else None
+        if ns_dir is not None and ns_dir not in ours:
+            continue  # another environment's namespace: the store keeps it apart on purpose
+        manifest = None
+        if ns_dir is not None:
+            if ns_dir not in manifest_memo:
+                try:
+                    manifest_memo[ns_dir] = manifests.load(ns_dir)
+                except CorruptCache as exc:
+                    manifest_memo[ns_dir] = None
+                    problems.append(
+                        ScanProblem(Path(exc.path or ns_dir), "corrupt-file", exc.message)
+                    )
+            manifest = manifest_memo[ns_dir]
+            for p in (cache.path, *cache.path.parents):
+                with contextlib.suppress(OSError):
+                    modes[p] = p.stat().st_mode
+                if p == ns_dir:
+                    break
+        defects = (*cache.read_defects, *v1.defects(cache.file))
+        views.append(
+            CacheView(cache, ns_dir, parts["finalize"] if parts else None, manifest, defects)
+        )
+    now = time.time()
+    tmp = []
+    for root in [*roots_implicit, *paths]:
+        if root.is_dir():
+            for t in tmp_leftovers(root):
+                try:
+                    tmp.append((t, now - t.stat().st_mtime))
+                except OSError:
+                    continue
+    return Inputs(
+        target=target,
+        caches=tuple(views),
+        problems=tuple(problems),
+        tmp_files=tuple(tmp),
+        logs=log_facts,
+        serve=serve,
+        environ={k: v for k, v in environ.items() if k.startswith(("VLLM_", "FLASHINFER_"))},
+        modes=modes,
+        store=store,
+        predicted_dir=predicted if os.path.isdir(predicted) or serve is not None else None,
+    )

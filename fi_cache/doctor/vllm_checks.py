@@ -1,0 +1,156 @@
+"""Checks over the target vLLM, its command line and environment (domain.md §5-7)."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+from fi_cache.doctor import Check, Inputs
+from fi_cache.findings import Finding
+from fi_cache.versions import (
+    CACHE_SINGLE_RANK_ONLY,
+    DOUBLE_REDUCE,
+    DOUBLE_REDUCE_BACKENDS,
+    REMOVED_ENV_EXACT,
+    REMOVED_ENV_PREFIX,
+    REMOVED_ENV_SINCE,
+    VLLM_FINALIZE_ENV,
+    VLLM_NEWEST_CHECKED,
+    VLLM_PERSISTENT_CACHE,
+    WARM_CACHE_HANG,
+    parse_version,
+)
+from fi_cache.vllm import ALTERNATIVES
+
+
+def finalize_unsupported(inp: Inputs) -> Iterator[Finding]:
+    t = inp.target
+    if t.finalize != "unfused":
+        return
+    version = parse_version(t.vllm_version)
+    supports = t.vllm_supports_finalize
+    if supports is None and version is not None and version <= VLLM_NEWEST_CHECKED:
+        supports = False  # no release up to the newest checked has the variable
+    if supports is False:
+        yield Finding(
+            "finalize-unsupported",
+            "error",
+            None,
+            f"vLLM {t.vllm_version or ''} does not read {VLLM_FINALIZE_ENV}: the unfused "
+            "(deterministic) MoE path cannot be selected, it runs fused finalize",
+            ALTERNATIVES,
+        )
+    elif supports is None:
+        yield Finding(
+            "finalize-unsupported",
+            "warning",
+            None,
+            f"cannot tell whether the target vLLM reads {VLLM_FINALIZE_ENV} (no vllm/envs.py "
+            "to inspect and no --vllm-version)",
+            "pass --vllm-version, or run doctor where vLLM is installed",
+        )
+
+
+def double_reduce(inp: Inputs) -> Iterator[Finding]:
+    version = parse_version(inp.target.vllm_version)
+    args = inp.serve
+    if args is None or version is None or version not in DOUBLE_REDUCE:
+        return
+    if args.all2all_backend in DOUBLE_REDUCE_BACKENDS and args.tp > 1:
+        yield Finding(
+            "double-reduce",
+            "error",
+            None,
+            f"vLLM {version} with --all2all-backend {args.all2all_backend} and tensor-parallel "
+            f"size {args.tp}: the MoE output is all-reduced again after FlashInfer's combine "
+            "reduced it (wrong outputs; GSM8K 0.93 -> 0.81 in the fix's report)",
+            f"upgrade to vLLM >= {DOUBLE_REDUCE.end} ({DOUBLE_REDUCE.source}), or use -tp 1 or "
+            "another --all2all-backend",
+        )
+
+
+def _warm_cache_for_target(inp: Inputs) -> str | None:
+    fi = inp.target.fingerprint.flashinfer_version
+    for view in inp.caches:
+        path = view.cache.path
+        if inp.predicted_dir is not None and inp.predicted_dir in path.parents:
+            return str(path)
+        if (
+            view.namespace_dir is not None
+            and view.namespace_finalize == inp.target.finalize
+            and (fi is None or view.cache.flashinfer_version == fi)
+        ):
+            return str(path)
+    return None
+
+
+def warm_cache_hang(inp: Inputs) -> Iterator[Finding]:
+    version = parse_version(inp.target.vllm_version)
+    args = inp.serve
+    if args is None or version is None or args.world_size <= 1 or args.autotune_off:
+        return
+    if version in WARM_CACHE_HANG and (cache := _warm_cache_for_target(inp)) is not None:
+        yield Finding(
+            "warm-cache-hang",
+            "warning",
+            cache,
+            f"vLLM {version} with world size {args.world_size} and a warm autotune cache: start-up "
+            f"can deadlock ({WARM_CACHE_HANG.source})",
+            "upgrade to vLLM >= 0.33 (per-rank cache files), or start this one without the "
+            "cache (--no-enable-flashinfer-autotune / -O0, or an empty cache dir)",
+        )
+    elif version in CACHE_SINGLE_RANK_ONLY:
+        yield Finding(
+            "cache-unused",
+            "info",
+            None,
+            f"vLLM {version} uses the autotune cache only with world size 1; this run "
+            f"(world size {args.world_size}) re-tunes at every start and saves nothing",
+            "upgrade to vLLM >= 0.27 to keep tuning results with tensor/data parallelism",
+        )
+
+
+def removed_env(inp: Inputs) -> Iterator[Finding]:
+    version = parse_version(inp.target.vllm_version)
+    if version is None or version < REMOVED_ENV_SINCE:
+        return
+    for name in sorted(inp.environ):
+        if name in REMOVED_ENV_EXACT or name.startswith(REMOVED_ENV_PREFIX):
+            yield Finding(
+                "removed-env",
+                "warning",
+                None,
+                f"{name} is set, but vLLM {version} no longer reads it (removed in "
+                f"{REMOVED_ENV_SINCE}): it does nothing",
+                "unset it; choose the MoE backend with --moe-backend",
+            )
+
+
+def cache_location(inp: Inputs) -> Iterator[Finding]:
+    version = parse_version(inp.target.vllm_version)
+    if inp.predicted_dir is None or (version is not None and version < VLLM_PERSISTENT_CACHE):
+        return
+    off = inp.serve is not None and inp.serve.autotune_off
+    what = "neither reads nor writes it (autotune is off)" if off else "keeps its cache there"
+    yield Finding(
+        "cache-location",
+        "info",
+        str(inp.predicted_dir),
+        f"vLLM {inp.target.vllm_version or ''} {what}: <dir>/<config hash>/autotune_configs*.json; "
+        "the GPU model and CUDA stack are not part of this path",
+        "fi-cache serve gives each environment and finalize mode a dir of its own",
+    )
+
+
+CHECKS = (
+    Check(
+        "finalize-unsupported", f"the target vLLM has no {VLLM_FINALIZE_ENV}", finalize_unsupported
+    ),
+    Check(
+        "double-reduce",
+        "vLLM 0.16-0.21 + FlashInfer NVLink all2all + tensor parallel > 1",
+        double_reduce,
+    ),
+    Check("warm-cache-hang", "vLLM 0.27-0.32, world size > 1 and a warm cache", warm_cache_hang),
+    Check("removed-env", "environment variables the target vLLM no longer reads", removed_env),
+    Check("cache-location", "where vLLM will keep its cache (info)", cache_location),
+)

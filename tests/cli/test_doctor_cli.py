@@ -1,0 +1,173 @@
+"""fi-cache doctor as a user runs it: JSON contract, exit codes, --fix, logs, argv."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import time
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import HASH_A, HASH_B, MOE_617_FUSED
+
+TARGET = ["--flashinfer-version", "0.6.17", "--vllm-version", "0.30.0"]
+
+
+def _findings(r) -> list[tuple[str, str]]:  # type: ignore[no-untyped-def]
+    return [(f["check"], f["severity"]) for f in r.json()["findings"]]
+
+
+def test_json_contract_and_exit_1_on_error(run, vllm_root: Path) -> None:  # type: ignore[no-untyped-def]
+    r = run("--format", "json", "doctor", vllm_root, *TARGET, "--finalize", "unfused")
+    assert r.code == 1
+    doc = r.json()
+    assert set(doc) >= {"findings", "errors", "warnings"}
+    for f in doc["findings"]:
+        assert set(f) == {"check", "severity", "path", "message", "fix"}
+    assert ("stale-gemm2-profile", "error") in _findings(r)
+    assert ("finalize-unsupported", "error") in _findings(r)
+    assert doc["errors"] == sum(f["severity"] == "error" for f in doc["findings"])
+
+
+def test_clean_target_exits_0_and_strict_turns_warnings_into_1(run, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+    cache = tmp_path / "c" / HASH_A / "autotune_configs.json"
+    cache.parent.mkdir(parents=True)
+    shutil.copy(MOE_617_FUSED, cache)
+    r = run("doctor", tmp_path / "c", *TARGET, "--finalize", "fused")
+    assert r.code == 0, r.out
+    old = cache.parent / ".autotuner_dead.tmp"
+    old.write_text("{")
+    past = time.time() - 3600
+    os.utime(old, (past, past))
+    assert run("doctor", tmp_path / "c", *TARGET).code == 0
+    assert run("doctor", tmp_path / "c", *TARGET, "--strict").code == 1
+
+
+def test_human_output_groups_by_severity_with_fix_and_summary(run, vllm_root: Path) -> None:  # type: ignore[no-untyped-def]
+    r = run("doctor", vllm_root, *TARGET, "--finalize", "unfused")
+    lines = r.out.splitlines()
+    severities = [
+        line.split()[0] for line in lines if line.split()[0] in ("error", "warning", "info")
+    ]
+    assert severities == sorted(severities, key=["error", "warning", "info"].index)
+    assert any(line.startswith("        fix: ") for line in lines)
+    assert lines[-1].endswith("info") and "error(s)" in lines[-1]
+
+
+def test_only_selected_checks_and_list(run, vllm_root: Path) -> None:  # type: ignore[no-untyped-def]
+    r = run(
+        "--format",
+        "json",
+        "doctor",
+        vllm_root,
+        *TARGET,
+        "--finalize",
+        "unfused",
+        "--check",
+        "corrupt-file",
+    )
+    assert r.code == 0 and r.json()["findings"] == []
+    listed = run("--format", "json", "doctor", "--list-checks").json()["checks"]
+    assert {"stale-gemm2-profile", "double-reduce", "warm-cache-hang"} <= {c["id"] for c in listed}
+
+
+@pytest.mark.parametrize(
+    "args, words",
+    [
+        (["--check", "no-such-check"], "unknown check id 'no-such-check'"),
+        (["--vllm-version", "banana"], "--vllm-version 'banana' is not a version"),
+        (["--flashinfer-version", "latest"], "is not a version"),
+        (["--dry-run"], "--dry-run goes with --fix"),
+        (["--", "m", "-tp", "two"], "vLLM would reject -tp 'two'"),
+        (["--", "m", "--tensor-parallel-size", "0"], "must be at least 1"),
+        (["--log", "/nonexistent.log"], "/nonexistent.log"),
+    ],
+)
+def test_bad_input_is_refused_with_exit_2(run, args: list[str], words: str) -> None:  # type: ignore[no-untyped-def]
+    r = run("doctor", *args)
+    assert r.code == 2 and words in r.err
+
+
+def test_binary_log_is_refused(run, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+    log = tmp_path / "core.log"
+    log.write_bytes(b"\x7fELF\x00\x00\x01" * 1000)
+    r = run("doctor", "--log", log)
+    assert r.code == 2 and str(log) in r.err
+
+
+def test_log_with_the_crash(run, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+    log = tmp_path / "vllm.log"
+    log.write_text(
+        "INFO 11-30 02:00:00 [api_server.py:1] vLLM API server version 0.30.0\n"
+        "2026-11-30 02:00:01,000 - INFO - autotuner.py:2397 - flashinfer.jit: [Autotuner]: "
+        "Loaded 32 configs from /cache/0.6.17/90a/abc/autotune_configs.json\n"
+        "(EngineCore_DP0 pid=77) RuntimeError: Check failed: (id2 >= mGemm1TacticCount && id2 < "
+        "mGemm1TacticCount + mGemm2TacticCount) is false: Invalid gemm2 profile id: 50\n"
+    )
+    r = run("--format", "json", "doctor", "--log", log, *TARGET)
+    assert r.code == 1
+    [f] = [f for f in r.json()["findings"] if f["check"] == "stale-gemm2-profile"]
+    assert f["path"] == "/cache/0.6.17/90a/abc/autotune_configs.json"
+    assert "Invalid gemm2 profile id: 50" in f["message"] and f"{log}:3" in f["message"]
+
+
+def test_one_bad_file_does_not_hide_the_others(run, vllm_root: Path) -> None:  # type: ignore[no-untyped-def]
+    bad = vllm_root / "0.6.18" / "90a" / HASH_B / "autotune_configs_dp0_rank1.json"
+    bad.write_text("{ truncated")
+    r = run("--format", "json", "doctor", vllm_root, *TARGET, "--finalize", "unfused")
+    found = _findings(r)
+    assert ("corrupt-file", "error") in found and ("stale-gemm2-profile", "error") in found
+
+
+def test_fix_quarantines_with_a_note_and_dry_run_only_prints(
+    run,
+    store: Path,  # type: ignore[no-untyped-def]
+    vllm_root: Path,
+) -> None:
+    stale = vllm_root / "0.6.17" / "90a" / HASH_A / "autotune_configs.json"
+    tmpfile = stale.parent / ".autotuner_x.tmp"
+    tmpfile.write_text("")
+    past = time.time() - 3600
+    os.utime(tmpfile, (past, past))
+    args = ["doctor", vllm_root, *TARGET, "--finalize", "unfused", "--fix"]
+    dry = run(*args, "--dry-run")
+    assert f"would quarantine {stale}" in dry.out and f"would remove {tmpfile}" in dry.out
+    assert stale.exists() and tmpfile.exists()
+    r = run("--format", "json", *args)
+    actions = {a["path"]: a for a in r.json()["actions"]}
+    assert (
+        actions[str(stale)]["action"] == "quarantine"
+        and actions[str(tmpfile)]["action"] == "remove"
+    )
+    moved = Path(actions[str(stale)]["to"])
+    assert not stale.exists() and moved.exists() and moved.is_relative_to(store / "quarantine")
+    assert moved.read_bytes() == MOE_617_FUSED.read_bytes()
+    note = Path(str(moved) + ".why").read_text()
+    assert str(stale) in note and "stale-gemm2-profile" in note
+    assert not tmpfile.exists()
+    again = run("--format", "json", "doctor", vllm_root, *TARGET, "--finalize", "unfused")
+    assert ("stale-gemm2-profile", "error") not in _findings(again)
+
+
+def test_serve_args_and_predicted_cache_dir(run, tmp_path: Path, monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    monkeypatch.setenv("VLLM_CACHE_ROOT", str(tmp_path / "vc"))
+    r = run(
+        "--format",
+        "json",
+        "doctor",
+        "--vllm-version",
+        "0.21.0",
+        "--",
+        "m",
+        "-tp",
+        "2",
+        "--all2all-backend",
+        "flashinfer_all2allv",
+    )
+    assert ("double-reduce", "error") in _findings(r)
+    assert ("cache-location", "info") not in _findings(r)  # vLLM 0.21 keeps no cache at all
+    r = run("--format", "json", "doctor", "--vllm-version", "0.30.0", "--", "m")
+    [loc] = [f for f in r.json()["findings"] if f["check"] == "cache-location"]
+    assert loc["path"].startswith(str(tmp_path / "vc" / "flashinfer_autotune_cache"))

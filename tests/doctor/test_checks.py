@@ -1,0 +1,315 @@
+"""Every doctor check, positive and negative, on real-format files (pure: Inputs in, findings out)."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import pytest
+
+from fi_cache import doctor
+from fi_cache.discover import classify_file
+from fi_cache.doctor import CacheView, Inputs, Target
+from fi_cache.inventory import read
+from fi_cache.logs import CacheEvent, LogFacts, ProfileIdError
+from fi_cache.manifest import Manifest, WarmRecord
+from fi_cache.model import v1
+from fi_cache.model.fingerprint import Fingerprint
+from fi_cache.namespace import Namespace
+from fi_cache.vllm import parse_serve_args
+from tests.conftest import GEMM_617, GEMM_618, MOE_617_FUSED, MOE_617_UNFUSED, MOE_618_FUSED
+
+H200_617 = json.loads(GEMM_617.read_text())["_metadata"]
+H200_618 = json.loads(GEMM_618.read_text())["_metadata"]
+
+
+def _target(meta: dict[str, str] = H200_617, **kw: object) -> Target:
+    return Target(Fingerprint.from_metadata(meta, "90a"), **kw)  # type: ignore[arg-type]
+
+
+def _view(
+    path: Path, ns: str | None = None, manifest: Manifest | None = None, tmp: Path | None = None
+) -> CacheView:
+    if tmp is not None:
+        shutil.copy(path, tmp / path.name)
+        path = tmp / path.name
+    cache = read(classify_file(path))
+    defects = (*cache.read_defects, *v1.defects(cache.file))
+    return CacheView(cache, path.parent if ns else None, ns, manifest, defects)
+
+
+def _ids(inputs: Inputs, check: str) -> list[tuple[str, str | None]]:
+    return [(f.severity, f.path) for f in doctor.run(inputs, [check])]
+
+
+# --- stale-gemm2-profile ---------------------------------------------------------------------------
+
+
+def test_the_collision_unrecorded_0617_moe_cache_and_an_unfused_target() -> None:
+    inputs = Inputs(_target(finalize="unfused"), (_view(MOE_617_FUSED),))
+    [f] = doctor.run(inputs, ["stale-gemm2-profile"])
+    assert f.severity == "error" and f.path == str(MOE_617_FUSED)
+    assert "16 GEMM2 tactic ids (60..124)" in f.message and "Invalid gemm2 profile id" in f.message
+
+
+def test_fused_target_with_an_unrecorded_cache_is_fine() -> None:
+    assert (
+        _ids(Inputs(_target(finalize="fused"), (_view(MOE_617_FUSED),)), "stale-gemm2-profile")
+        == []
+    )
+
+
+def test_recorded_unfused_namespace_and_a_fused_target_is_an_error_too() -> None:
+    ns = Namespace(Fingerprint.from_metadata(H200_617, "90a"), "unfused")
+    m = Manifest.new(ns).with_warm(WarmRecord(0, 1, "0.34.0", ["m"], "k", [], True))
+    view = _view(MOE_617_UNFUSED, "unfused", m)
+    [f] = doctor.run(Inputs(_target(finalize="fused"), (view,)), ["stale-gemm2-profile"])
+    assert "were tuned unfused" in f.message
+    assert doctor.run(Inputs(_target(finalize="unfused"), (view,)), ["stale-gemm2-profile"]) == []
+
+
+def test_unfused_namespace_warmed_by_a_vllm_that_ignored_the_variable() -> None:
+    ns = Namespace(Fingerprint.from_metadata(H200_617, "90a"), "unfused")
+    m = Manifest.new(ns).with_warm(WarmRecord(0, 1, "0.30.0", ["m"], "k", [], False))
+    [f] = doctor.run(
+        Inputs(_target(finalize="unfused"), (_view(MOE_617_FUSED, "unfused", m),)),
+        ["stale-gemm2-profile"],
+    )
+    assert "were tuned fused" in f.message
+
+
+def test_known_tactic_counts_split_crash_from_silent(tmp_path: Path) -> None:
+    ns = Namespace(Fingerprint.from_metadata(H200_617, "90a"), "fused")
+    m = Manifest.new(ns)
+    m = Manifest(
+        m.fingerprint,
+        "fused",
+        0,
+        0,
+        (),
+        {"tactic_counts": {"gemm1": 45, "gemm2": {"fused": 81, "unfused": 36}}},
+    )
+    view = _view(MOE_617_FUSED, "fused", m)
+    [f] = doctor.run(Inputs(_target(finalize="unfused"), (view,)), ["stale-gemm2-profile"])
+    tactics = [v[1] for k, v in json.loads(MOE_617_FUSED.read_text()).items() if "gemm2" in k]
+    crash = sum(t >= 81 for t in tactics)
+    assert crash == 8
+    assert f"{crash} are beyond the unfused list (ids < 81) and crash start-up" in f.message
+
+
+def test_0618_target_never_replays_old_keys() -> None:
+    inputs = Inputs(_target(H200_618, finalize="unfused"), (_view(MOE_617_FUSED),))
+    assert _ids(inputs, "stale-gemm2-profile") == []
+
+
+def test_0618_keys_carry_the_mode_so_no_collision() -> None:
+    inputs = Inputs(_target(H200_617, finalize="unfused"), (_view(MOE_618_FUSED),))
+    assert _ids(inputs, "stale-gemm2-profile") == []
+
+
+def test_log_with_the_crash_names_the_loaded_cache() -> None:
+    log = LogFacts(
+        "vllm.log",
+        (CacheEvent("loaded", "/c/autotune_configs.json", 10, 32),),
+        (ProfileIdError(2, 50, 99, "/c/autotune_configs.json"),),
+        (),
+        120,
+    )
+    [f] = doctor.run(Inputs(_target(), logs=(log,)), ["stale-gemm2-profile"])
+    assert f.severity == "error" and f.path == "/c/autotune_configs.json"
+    assert "vllm.log:99" in f.message and "Invalid gemm2 profile id: 50" in f.message
+
+
+# --- foreign-environment ------------------------------------------------------------------------
+
+
+def test_h100_target_and_an_h200_cache() -> None:
+    target = _target({**H200_617, "gpu": "NVIDIA H100 80GB HBM3"})
+    [f] = doctor.run(Inputs(target, (_view(GEMM_617),)), ["foreign-environment"])
+    assert f.severity == "error" and "never overwrites it" in f.message
+    assert "gpu: saved 'NVIDIA H200', target 'NVIDIA H100 80GB HBM3'" in f.message
+
+
+def test_unknown_target_fields_are_not_compared() -> None:
+    target = Target(Fingerprint(flashinfer_version="0.6.17"))  # a CPU box: nothing else known
+    assert _ids(Inputs(target, (_view(GEMM_617),)), "foreign-environment") == []
+
+
+def test_indeterminate_saved_value_is_a_warning(tmp_path: Path) -> None:
+    data = json.loads(GEMM_617.read_text())
+    data["_metadata"]["cudnn_version"] = "unknown"
+    path = tmp_path / "c.json"
+    path.write_text(json.dumps(data))
+    [f] = doctor.run(Inputs(_target(), (_view(path),)), ["foreign-environment"])
+    assert f.severity == "warning" and "replaces it at the next save" in f.message
+
+
+def test_log_line_of_an_ignored_cache() -> None:
+    event = CacheEvent(
+        "ignored",
+        "/c.json",
+        7,
+        hard=True,
+        mismatches=(("gpu", "NVIDIA H100 80GB HBM3", "NVIDIA H200"),),
+    )
+    log = LogFacts("x.log", (event,), (), (), 10)
+    [f] = doctor.run(Inputs(_target(), logs=(log,)), ["foreign-environment"])
+    assert f.severity == "warning" and "re-tunes at every start" in f.message
+
+
+# --- integrity -----------------------------------------------------------------------------------
+
+
+def test_corrupt_and_generation_mismatch(tmp_path: Path) -> None:
+    data = json.loads(GEMM_618.read_text())
+    key = next(k for k in data if k.startswith("("))
+    data[key][1] = 9
+    edited = tmp_path / "edited.json"
+    edited.write_text(json.dumps(data))
+    bad = tmp_path / "bad.json"
+    bad.write_text(json.dumps({"('a', 'b', (1,": ["R", 1]}))
+    inputs = Inputs(_target(H200_618), (_view(edited), _view(bad)))
+    assert _ids(inputs, "generation-mismatch") == [("warning", str(edited))]
+    assert _ids(inputs, "corrupt-file") == [("error", str(bad))]
+    assert _ids(Inputs(_target(H200_618), (_view(GEMM_618),)), "corrupt-file") == []
+
+
+def test_records_crash_a_0617_reader(tmp_path: Path) -> None:
+    data = json.loads(GEMM_617.read_text())
+    data["_metadata"]["flashinfer_version"] = "*"  # forced to load: the hazard
+    data["_records"] = {"ns": {"a": 1}}
+    path = tmp_path / "r.json"
+    path.write_text(json.dumps(data))
+    [f] = doctor.run(Inputs(_target(), (_view(path),)), ["records-unreadable"])
+    assert f.severity == "error" and "KeyError: 0" in f.message
+    assert _ids(Inputs(_target(H200_618), (_view(path),)), "records-unreadable") == []
+    # an ordinary 0.6.18 file is skipped by a 0.6.17 reader before entries are read
+    assert _ids(Inputs(_target(), (_view(GEMM_618),)), "records-unreadable") == []
+
+
+def test_tmp_leftovers_by_age() -> None:
+    inputs = Inputs(
+        _target(),
+        tmp_files=((Path("/s/.autotuner_a.tmp"), 3600.0), (Path("/s/.autotuner_b.tmp"), 5.0)),
+    )
+    assert _ids(inputs, "tmp-leftover") == [
+        ("warning", "/s/.autotuner_a.tmp"),
+        ("info", "/s/.autotuner_b.tmp"),
+    ]
+
+
+def test_shared_store_file_that_others_cannot_read(tmp_path: Path) -> None:
+    view = _view(GEMM_617, "fused", tmp=tmp_path)
+    path = view.cache.path
+    modes = {path: 0o100600, tmp_path: 0o040755}
+    [f] = doctor.run(Inputs(_target(), (view,), modes=modes), ["unreadable-permissions"])
+    assert f.severity == "warning" and "-rw-------" in f.message
+    ok = {path: 0o100644, tmp_path: 0o040755}
+    assert _ids(Inputs(_target(), (view,), modes=ok), "unreadable-permissions") == []
+    private = _view(GEMM_617)  # a vLLM cache outside the store: 0600 is by design
+    assert (
+        _ids(
+            Inputs(_target(), (private,), modes={private.cache.path: 0o100600}),
+            "unreadable-permissions",
+        )
+        == []
+    )
+
+
+# --- vLLM ----------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "version, supports, finalize, expected",
+    [
+        ("0.30.0", None, "unfused", "error"),  # a known release: none has the variable
+        ("0.30.0", False, "unfused", "error"),
+        (None, None, "unfused", "warning"),
+        ("0.35.0", True, "unfused", None),
+        ("0.30.0", False, "fused", None),
+    ],
+)
+def test_finalize_unsupported(
+    version: str | None, supports: bool | None, finalize: str, expected: str | None
+) -> None:
+    t = _target(vllm_version=version, vllm_supports_finalize=supports, finalize=finalize)
+    found = [s for s, _ in _ids(Inputs(t), "finalize-unsupported")]
+    assert found == ([expected] if expected else [])
+
+
+@pytest.mark.parametrize(
+    "version, argv, hit",
+    [
+        (
+            "0.21.0",
+            "-tp 2 -dp 2 --enable-expert-parallel --all2all-backend flashinfer_all2allv",
+            True,
+        ),
+        ("0.16.0", "--tensor-parallel-size 2 --all2all-backend flashinfer_nvlink_one_sided", True),
+        ("0.22.0", "-tp 2 --all2all-backend flashinfer_all2allv", False),
+        ("0.21.0", "-tp 1 -dp 4 --all2all-backend flashinfer_all2allv", False),
+        ("0.21.0", "-tp 2 --all2all-backend deepep_low_latency", False),
+        ("0.15.1", "-tp 2 --all2all-backend flashinfer_all2allv", False),
+    ],
+)
+def test_double_reduce(version: str, argv: str, hit: bool) -> None:
+    inputs = Inputs(_target(vllm_version=version), serve=parse_serve_args(["m", *argv.split()]))
+    assert bool(_ids(inputs, "double-reduce")) == hit
+
+
+def test_warm_cache_hang_needs_version_world_size_and_a_warm_cache(tmp_path: Path) -> None:
+    vllm_dir = tmp_path / "0.6.17" / "90a"
+    path = vllm_dir / ("a" * 64) / "autotune_configs.json"
+    path.parent.mkdir(parents=True)
+    shutil.copy(MOE_617_FUSED, path)
+    view = _view(path)
+    tp2 = parse_serve_args(["m", "-tp", "2"])
+    hit = Inputs(_target(vllm_version="0.30.0"), (view,), serve=tp2, predicted_dir=vllm_dir)
+    assert _ids(hit, "warm-cache-hang") == [("warning", str(path))]
+    for miss in (
+        Inputs(_target(vllm_version="0.33.0"), (view,), serve=tp2, predicted_dir=vllm_dir),
+        Inputs(
+            _target(vllm_version="0.30.0"),
+            (view,),
+            serve=parse_serve_args(["m"]),
+            predicted_dir=vllm_dir,
+        ),
+        Inputs(_target(vllm_version="0.30.0"), (), serve=tp2, predicted_dir=vllm_dir),
+    ):
+        assert _ids(miss, "warm-cache-hang") == []
+    old = Inputs(_target(vllm_version="0.25.1"), (view,), serve=tp2, predicted_dir=vllm_dir)
+    assert [f.check for f in doctor.run(old, ["warm-cache-hang"])] == ["cache-unused"]
+
+
+def test_removed_env() -> None:
+    env = {
+        "VLLM_USE_FLASHINFER_MOE_FP8": "1",
+        "VLLM_USE_FLASHINFER_MOE_MXFP4_BF16": "1",
+        "VLLM_USE_FLASHINFER_MOE_INT4": "1",
+        "VLLM_FLASHINFER_MOE_BACKEND": "throughput",
+    }
+    found = doctor.run(Inputs(_target(vllm_version="0.24.0"), environ=env), ["removed-env"])
+    assert sorted(f.message.split()[0] for f in found) == [
+        "VLLM_FLASHINFER_MOE_BACKEND",
+        "VLLM_USE_FLASHINFER_MOE_FP8",
+        "VLLM_USE_FLASHINFER_MOE_MXFP4_BF16",
+    ]
+    assert doctor.run(Inputs(_target(vllm_version="0.23.1"), environ=env), ["removed-env"]) == []
+
+
+def test_every_contract_check_id_is_registered() -> None:
+    ids = {c.id for c in doctor.checks()}
+    assert {
+        "stale-gemm2-profile",
+        "foreign-environment",
+        "corrupt-file",
+        "generation-mismatch",
+        "tmp-leftover",
+        "records-unreadable",
+        "unreadable-permissions",
+        "finalize-unsupported",
+        "double-reduce",
+        "warm-cache-hang",
+        "removed-env",
+    } <= ids
