@@ -1,4 +1,4 @@
-"""Every doctor check, positive and negative, on real-format files (pure: Inputs in, findings out)."""
+"""Every doctor check, positive and negative, on real-format files: Inputs in, findings out."""
 
 from __future__ import annotations
 
@@ -43,7 +43,7 @@ def _ids(inputs: Inputs, check: str) -> list[tuple[str, str | None]]:
     return [(f.severity, f.path) for f in doctor.run(inputs, [check])]
 
 
-# --- stale-gemm2-profile ---------------------------------------------------------------------------
+# --- stale-gemm2-profile ---
 
 
 def test_the_collision_unrecorded_0617_moe_cache_and_an_unfused_target() -> None:
@@ -121,7 +121,7 @@ def test_log_with_the_crash_names_the_loaded_cache() -> None:
     assert "vllm.log:99" in f.message and "Invalid gemm2 profile id: 50" in f.message
 
 
-# --- foreign-environment ------------------------------------------------------------------------
+# --- foreign-environment ---
 
 
 def test_h100_target_and_an_h200_cache() -> None:
@@ -158,7 +158,7 @@ def test_log_line_of_an_ignored_cache() -> None:
     assert f.severity == "warning" and "re-tunes at every start" in f.message
 
 
-# --- integrity -----------------------------------------------------------------------------------
+# --- integrity ---
 
 
 def test_corrupt_and_generation_mismatch(tmp_path: Path) -> None:
@@ -217,7 +217,7 @@ def test_shared_store_file_that_others_cannot_read(tmp_path: Path) -> None:
     )
 
 
-# --- vLLM ----------------------------------------------------------------------------------------
+# --- vLLM ---
 
 
 @pytest.mark.parametrize(
