@@ -258,7 +258,9 @@ def serve_command(
             raise
         render.warn(f"{exc} (going on: --force)")
         m = None
-    findings = preflight.check_namespace(warm_mod.cache_dir(ns_dir), finalize, m)
+    findings = preflight.check_namespace(
+        ns, ns_dir, warm_mod.cache_dir(ns_dir), m, env.vllm.version
+    )
     errors = [f for f in findings if f.severity == "error"]
     for f in findings:
         render.warn(f"{f.severity} {f.check}: {f.path}: {f.message}\n    fix: {f.fix}")

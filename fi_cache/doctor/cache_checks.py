@@ -108,16 +108,16 @@ def _gemm2_tactics(cf: v1.CacheFile) -> list[int]:
 
 
 def _tuned_mode(view: Any) -> tuple[str, bool]:
-    """(mode the GEMM2 entries were tuned in, known for sure?)."""
-    if view.namespace_finalize is None:
-        return "fused", False  # no record: every vLLM release tunes fused finalize
-    if view.manifest is None:
-        return view.namespace_finalize, False
-    if view.namespace_finalize == "unfused" and any(
-        w.supports_finalize_env is False for w in view.manifest.warms
-    ):
-        return "fused", True  # warmed by a vLLM that ignored the variable
-    return view.namespace_finalize, True
+    """(mode the GEMM2 entries were tuned in, known for sure?). Every vLLM release tunes fused;
+    only an unfused namespace whose warms all ran a vLLM that reads the variable is unfused."""
+    warms = view.manifest.warms if view.manifest else ()
+    if view.namespace_finalize == "unfused":
+        if any(w.supports_finalize_env is False for w in warms):
+            return "fused", True  # warmed by a vLLM that ignored the variable
+        if warms and all(w.supports_finalize_env for w in warms):
+            return "unfused", True
+        return "fused", False
+    return "fused", view.namespace_finalize == "fused"
 
 
 def _counts(view: Any) -> tuple[int, dict[str, int]] | None:
