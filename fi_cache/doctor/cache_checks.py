@@ -8,8 +8,7 @@ from typing import Any
 
 from fi_cache.doctor import Check, Inputs
 from fi_cache.findings import Finding
-from fi_cache.model import keys as keymod
-from fi_cache.model import moe, v1
+from fi_cache.model import v1
 from fi_cache.model.fingerprint import compare_metadata
 from fi_cache.versions import (
     FLASHINFER_FINALIZE_IN_KEY,
@@ -91,20 +90,20 @@ def _gemm2_tactics(cf: v1.CacheFile) -> list[int]:
     """GEMM2 tactic ids of MoE entries whose keys record no finalize mode."""
     out = []
     for raw, value in cf.entries.items():
-        if MOE_GEMM2_OP not in raw and "_gemm2'" not in raw:
+        if "gemm2" not in raw:
             continue
-        try:
-            key = keymod.parse_key(raw)
-        except keymod.KeyError_:
+        entry = v1.moe_entry(raw)
+        if entry is None or entry[1] != "unknown" or not _is_gemm2(entry[0]):
             continue
-        is_gemm2 = key.op == MOE_GEMM2_OP or (
-            (m := MOE_STAGE_OP.match(key.op)) is not None and m.group(1) == "2"
-        )
-        if is_gemm2 and moe.finalize_mode(key) == "unknown":
-            tactic = value[1] if isinstance(value, list) and len(value) > 1 else None
-            if isinstance(tactic, int) and not isinstance(tactic, bool):
-                out.append(tactic)
+        tactic = value[1] if isinstance(value, list) and len(value) > 1 else None
+        if isinstance(tactic, int) and not isinstance(tactic, bool):
+            out.append(tactic)
     return out
+
+
+def _is_gemm2(op: str) -> bool:
+    stage = MOE_STAGE_OP.match(op)
+    return op == MOE_GEMM2_OP or (stage is not None and stage.group(1) == "2")
 
 
 def _tuned_mode(view: Any) -> tuple[str, bool]:

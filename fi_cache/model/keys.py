@@ -7,6 +7,7 @@ None, `torch.<dtype>` and `torch.Size([...])`. `ast.literal_eval` rejects the to
 
 from __future__ import annotations
 
+import functools
 import re
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -272,14 +273,16 @@ def _why_not(raw: str) -> str | None:
     return None
 
 
+@functools.lru_cache(maxsize=8192)
+def _signature_parses(sig: bytes) -> bool:
+    # Shared across files: caches of one model repeat a few signatures many times over.
+    return _why_not(sig.decode("utf-8", "surrogatepass")) is None
+
+
 def find_unparsable(keys: Sequence[str]) -> dict[int, str]:
     """Index -> reason for every key that does not parse. Empty when all do."""
     sigs = _signatures(keys)
-    suspect = {
-        sig
-        for sig in set(sigs)
-        if b"\\" in sig or _why_not(sig.decode("utf-8", "surrogatepass")) is not None
-    }
+    suspect = {sig for sig in set(sigs) if b"\\" in sig or not _signature_parses(sig)}
     if not suspect:
         return {}
     problems: dict[int, str] = {}

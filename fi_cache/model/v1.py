@@ -55,18 +55,23 @@ class CacheFile:
 
     def finalize(self) -> moe.FileFinalize | None:
         """The MoE finalize mode of the file's entries; None without MoE entries."""
-        modes: set[moe.Finalize] = set()
-        for raw in self.entries:
-            if "fused_moe::" not in raw and "'moe_" not in raw:  # cheap filter before parsing
-                continue
-            head = raw[: raw.find("',")]
-            if head.startswith("('") and "\\" not in head:
-                mode = _moe_mode(head[2:], keymod.signature(raw))
-            else:
-                mode = _mode_of(raw, None)  # unusual head: parse as is
-            if mode is not None:
-                modes.add(mode)
+        modes = {entry[1] for raw in self.entries if (entry := moe_entry(raw)) is not None}
         return moe.combine(modes)
+
+
+def moe_entry(raw: str) -> tuple[str, moe.Finalize] | None:
+    """(op, finalize mode) of a fused-MoE entry key; None for other ops and bad keys."""
+    if "fused_moe::" not in raw and "'moe_" not in raw:  # cheap filter before parsing
+        return None
+    head = raw[: raw.find("',")]
+    if head.startswith("('") and "\\" not in head:
+        mode = _moe_mode(head[2:], keymod.signature(raw))
+        return None if mode is None else (head[2:], mode)
+    try:  # unusual head (escaped quotes): parse as is
+        key = keymod.parse_key(raw)
+    except keymod.KeyError_:
+        return None
+    return (key.op, moe.finalize_mode(key)) if moe.is_moe(key.op) else None
 
 
 @functools.lru_cache(maxsize=4096)
@@ -75,16 +80,11 @@ def _moe_mode(op: str, signature: bytes) -> moe.Finalize | None:
     signature serves every bucket of every file (a key parses iff its signature does)."""
     if not moe.is_moe(op):
         return None
-    return _mode_of(signature.decode("utf-8", "surrogatepass"), op)
-
-
-def _mode_of(text: str, op: str | None) -> moe.Finalize | None:
-    """Finalize mode of a MoE key; None for other ops and keys that do not parse."""
     try:
-        key = keymod.parse_key(text)
+        key = keymod.parse_key(signature.decode("utf-8", "surrogatepass"))
     except keymod.KeyError_:
         return None
-    return moe.finalize_mode(key) if moe.is_moe(op or key.op) else None
+    return moe.finalize_mode(key)
 
 
 def heads(raw_keys: list[str]) -> list[tuple[str, str]]:
