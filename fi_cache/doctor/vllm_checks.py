@@ -24,7 +24,7 @@ from fi_cache.vllm import ALTERNATIVES
 
 def finalize_unsupported(inp: Inputs) -> Iterator[Finding]:
     t = inp.target
-    if t.finalize != "unfused":
+    if t.finalize != "unfused" or _moe_off_flashinfer(inp):
         return
     version = parse_version(t.vllm_version)
     supports = t.vllm_supports_finalize
@@ -48,6 +48,14 @@ def finalize_unsupported(inp: Inputs) -> Iterator[Finding]:
             "to inspect and no --vllm-version)",
             "pass --vllm-version, or run doctor where vLLM is installed",
         )
+
+
+def _moe_off_flashinfer(inp: Inputs) -> bool:
+    """The documented alternatives: MoE on another backend, or batch-invariant mode (0.19+)."""
+    backend = inp.serve.moe_backend if inp.serve else None
+    if backend is not None and not backend.startswith("flashinfer"):
+        return True
+    return inp.environ.get("VLLM_BATCH_INVARIANT") == "1"
 
 
 def double_reduce(inp: Inputs) -> Iterator[Finding]:

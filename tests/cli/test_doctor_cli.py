@@ -170,3 +170,20 @@ def test_serve_args_and_predicted_cache_dir(run, tmp_path: Path, monkeypatch) ->
     r = run("--format", "json", "doctor", "--vllm-version", "0.30.0", "--", "m")
     [loc] = [f for f in r.json()["findings"] if f["check"] == "cache-location"]
     assert loc["path"].startswith(str(tmp_path / "vc" / "flashinfer_autotune_cache"))
+
+
+def test_real_flashinfer_log_is_summarised(run) -> None:  # type: ignore[no-untyped-def]
+    from tests.conftest import H200
+
+    r = run(
+        "--format",
+        "json",
+        "doctor",
+        "--log",
+        H200 / "flashinfer-0.6.18-tune.log",
+        "--check",
+        "log-summary",
+    )
+    [f] = r.json()["findings"]
+    assert r.code == 0 and f["severity"] == "info"
+    assert "saved h200-618.json" in f["message"] and "tuning took 68.5s" in f["message"]

@@ -313,3 +313,13 @@ def test_every_contract_check_id_is_registered() -> None:
         "warm-cache-hang",
         "removed-env",
     } <= ids
+
+
+def test_finalize_unsupported_is_moot_when_moe_is_not_on_flashinfer() -> None:
+    t = _target(vllm_version="0.30.0", vllm_supports_finalize=False, finalize="unfused")
+    triton = Inputs(t, serve=parse_serve_args(["m", "--moe-backend", "triton"]))
+    assert _ids(triton, "finalize-unsupported") == []
+    invariant = Inputs(t, environ={"VLLM_BATCH_INVARIANT": "1"})
+    assert _ids(invariant, "finalize-unsupported") == []
+    cutlass = Inputs(t, serve=parse_serve_args(["m", "--moe-backend", "flashinfer_cutlass"]))
+    assert _ids(cutlass, "finalize-unsupported") == [("error", None)]
