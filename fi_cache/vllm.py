@@ -18,7 +18,7 @@ import subprocess
 import threading
 import time
 from collections import deque
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -258,9 +258,13 @@ def health_ok(port: int, host: str = "127.0.0.1", timeout: float = 2.0) -> bool:
 
 
 def wait_healthy(
-    server: Server, port: int, timeout: float, tick: float = 0.5, on_tick: object = None
+    server: Server,
+    port: int,
+    timeout: float,
+    tick: float = 0.5,
+    on_tick: Callable[[float, str], None] | None = None,
 ) -> str:
-    """ "healthy", "exited" or "timeout"; calls on_tick(elapsed, last_line) while waiting."""
+    """'healthy', 'exited' or 'timeout'; calls on_tick(elapsed, last_line) while waiting."""
     start = time.monotonic()
     while True:
         if server.poll() is not None:
@@ -270,6 +274,6 @@ def wait_healthy(
         elapsed = time.monotonic() - start
         if elapsed >= timeout:
             return "timeout"
-        if callable(on_tick):
+        if on_tick is not None:
             on_tick(elapsed, server.last_line)
         time.sleep(tick)

@@ -9,7 +9,7 @@ import click
 
 from fi_cache.cli import render
 from fi_cache.discover import ScanProblem
-from fi_cache.errors import EXIT_PROBLEM, EXIT_REFUSED, Refused
+from fi_cache.errors import EXIT_PROBLEM, EXIT_REFUSED, CorruptCache, Refused
 from fi_cache.inventory import Cache, Inventory, scan
 from fi_cache.model import keys as keymod
 from fi_cache.model import moe, v1
@@ -240,10 +240,7 @@ def _load_one(path: Path) -> Cache:
     inv = scan([path])
     if inv.problems:
         p = inv.problems[0]
-        cls = Refused if p.exit_code == EXIT_REFUSED else None
-        from fi_cache.errors import CorruptCache
-
-        raise (cls or CorruptCache)(p.message, p.path)
+        raise (Refused if p.exit_code == EXIT_REFUSED else CorruptCache)(p.message, p.path)
     if inv.empty or not inv.caches:
         raise Refused("no FlashInfer autotune cache here", path)
     if len(inv.caches) > 1:

@@ -12,23 +12,24 @@ from typing import Any
 import click
 
 from fi_cache.cli import render
+from fi_cache.environment import Environment
 from fi_cache.errors import FiCacheError, Refused
+from fi_cache.namespace import FinalizeMode, Namespace
 
 
 def _ctx() -> Any:
     return click.get_current_context().obj
 
 
-def _resolve(finalize: str) -> tuple[Any, Any]:
+def _resolve(finalize: FinalizeMode) -> tuple[Namespace, Environment]:
     """(Namespace, Environment) of this machine for `finalize`."""
     from fi_cache import environment
-    from fi_cache.namespace import Namespace
     from fi_cache.store import state_dir
 
     env = environment.detect(state_dir(_ctx().store))
     for note in env.notes:
         render.warn(note)
-    return Namespace(env.fingerprint, finalize), env  # type: ignore[arg-type]
+    return Namespace(env.fingerprint, finalize), env
 
 
 def _check_finalize_support(env: Any, finalize: str, force: bool, what: str) -> None:
@@ -175,7 +176,7 @@ def warm_command(
 ) -> int:
     """Start `vllm serve VLLM_ARGS` on this machine's namespace until healthy, then stop it."""
     ctx = _ctx()
-    ns, env = _resolve(finalize)
+    ns, env = _resolve("unfused" if finalize == "unfused" else "fused")
     _check_finalize_support(env, finalize, force, "tune")
     result = _run_warm(ns, env, vllm_args, vllm_path, timeout, port, lock_timeout)
     entries = sum(f.entries for f in result.files)
@@ -244,7 +245,7 @@ def serve_command(
     from fi_cache import warm as warm_mod
 
     ctx = _ctx()
-    finalize = "unfused" if deterministic else "fused"
+    finalize: FinalizeMode = "unfused" if deterministic else "fused"
     ns, env = _resolve(finalize)
     _check_finalize_support(env, finalize, force, "serve")
     args = vllm_mod.parse_serve_args(vllm_args)
