@@ -1,6 +1,6 @@
 """Find caches in every layout vLLM and FlashInfer have used.
 
-- vLLM 0.25-0.33: `<root>/<fi-version>/<arch>/<64-hex>/autotune_configs.json`, 0.33 multi-rank
+- vLLM 0.25-0.33: `<root>/<fi-version>/<arch>/<64-hex>/autotune_configs.json`, 0.32+ per-rank
   `autotune_configs_dp{d}_rank{r}.json`; with `VLLM_FLASHINFER_AUTOTUNE_CACHE_DIR=D` the version
   and arch levels are gone: `D/<64-hex>/autotune_configs*.json`.
 - FlashInfer v2 store: `<root>/v2/<env_hash16>/{manifest.json, entries/}`.

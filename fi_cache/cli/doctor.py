@@ -10,7 +10,7 @@ from typing import Any
 import click
 
 from fi_cache.cli import render
-from fi_cache.errors import EXIT_PROBLEM, Refused
+from fi_cache.errors import EXIT_PROBLEM, EXIT_REFUSED, Refused
 
 _COLOURS = {"error": "red", "warning": "yellow", "info": "cyan"}
 
@@ -117,6 +117,10 @@ def doctor_command(
     else:
         _render(findings, errors, warnings, obj.quiet)
         _render_actions(actions, done, dry_run)
+    for path in inputs.empty:
+        render.warn(f"{path}: no FlashInfer autotune caches found here")
+    if inputs.empty:
+        return EXIT_REFUSED
     return EXIT_PROBLEM if errors or (strict and warnings) else 0
 
 

@@ -39,6 +39,9 @@ class CacheView:
     namespace_finalize: str | None = None
     manifest: Manifest | None = None
     defects: tuple[Defect, ...] = ()  # read defects + v1.defects, computed once by the caller
+    # False for caches the target never loads (another namespace of the store, another version's
+    # dir of a vLLM root): integrity checks still look at them, environment checks do not.
+    applies: bool = True
 
 
 @dataclass(frozen=True)
@@ -55,6 +58,7 @@ class Inputs:
     predicted_dir: Path | None = (
         None  # where vLLM will keep its cache when the store is not in charge
     )
+    empty: tuple[Path, ...] = ()  # PATHs given that hold no cache at all (refused, exit 2)
 
 
 @dataclass(frozen=True)

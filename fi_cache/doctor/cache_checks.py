@@ -53,13 +53,15 @@ def generation_mismatch(inp: Inputs) -> Iterator[Finding]:
                     "warning",
                     str(view.cache.path),
                     d.message,
-                    "FlashInfer does not check it on load, but a FlashInfer >= 0.6.18 writer with "
-                    "namespaced records refuses to save over it; `fi-cache merge` rewrites it",
+                    "FlashInfer does not check it on load; the file was edited after FlashInfer "
+                    "wrote it: delete it to have it re-tuned, or restore the original",
                 )
 
 
 def foreign_environment(inp: Inputs) -> Iterator[Finding]:
     for view in inp.caches:
+        if not view.applies:
+            continue
         cache = view.cache
         mismatches = compare_metadata(cache.metadata, inp.target.fingerprint)
         if not mismatches:
@@ -134,6 +136,8 @@ def stale_gemm2_profile(inp: Inputs) -> Iterator[Finding]:
     if target_fi is not None and target_fi >= FLASHINFER_FINALIZE_IN_KEY:
         return  # its keys carry use_fused_finalize: an old entry can never be replayed
     for view in inp.caches:
+        if not view.applies:
+            continue
         tactics = _gemm2_tactics(view.cache.file)
         if not tactics:
             continue
@@ -175,7 +179,7 @@ def records_unreadable(inp: Inputs) -> Iterator[Finding]:
         return
     for view in inp.caches:
         cf = view.cache.file
-        if view.cache.found.format != "v1":
+        if not view.applies or view.cache.found.format != "v1":
             continue
         if compare_metadata(cf.metadata, inp.target.fingerprint):
             continue  # FlashInfer skips the whole file before reading entries

@@ -30,7 +30,9 @@ class Action:
 
 def plan(findings: list[Finding], inputs: Inputs) -> list[Action]:
     """What --fix would do. Only paths known to be caches (never a log) are moved."""
-    caches = {str(v.cache.path) for v in inputs.caches} | {str(p.path) for p in inputs.problems}
+    # A file refused unread (too large, no permission) is not known to be bad: leave it.
+    caches = {str(v.cache.path) for v in inputs.caches}
+    caches |= {str(p.path) for p in inputs.problems if p.exit_code == 1}
     caches |= {e.path for log in inputs.logs for e in log.events if e.path}
     caches |= {e.last_loaded for log in inputs.logs for e in log.errors if e.last_loaded}
     actions: dict[Path, Action] = {}

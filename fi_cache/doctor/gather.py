@@ -14,10 +14,10 @@ from fi_cache.discover import ScanProblem, tmp_leftovers
 from fi_cache.doctor import CacheView, Inputs, Target
 from fi_cache.environment import Environment
 from fi_cache.errors import CorruptCache, Refused
-from fi_cache.inventory import scan
+from fi_cache.inventory import Cache, scan
 from fi_cache.logs import read_log
 from fi_cache.model import v1
-from fi_cache.namespace import FINALIZE_MODES, NAMESPACES_DIR, Namespace, namespace_parts
+from fi_cache.namespace import NAMESPACES_DIR, FinalizeMode, Namespace, namespace_parts
 from fi_cache.versions import (
     VLLM_CACHE_DIR_ENV,
     VLLM_CACHE_SUBDIR,
@@ -50,7 +50,7 @@ def make_target(env: Environment, o: Overrides, environ: dict[str, str]) -> Targ
         fp = fp.replace(flashinfer_version=o.flashinfer_version)
     if o.gpu:
         fp = fp.replace(gpu=o.gpu)
-    if o.vllm_version:
+    if o.vllm_version and parse_version(o.vllm_version) != parse_version(env.vllm.version):
         version = parse_version(o.vllm_version)
         # A named release: we know no release up to the newest checked has the variable.
         supports = False if version is not None and version <= VLLM_NEWEST_CHECKED else None
@@ -76,8 +76,22 @@ def predicted_vllm_dir(target: Target, environ: dict[str, str]) -> Path:
     return base
 
 
-def _target_namespaces(target: Target, store: Path) -> set[Path]:
-    return {Namespace(target.fingerprint, m).path(store) for m in FINALIZE_MODES}
+def _target_namespace(target: Target, store: Path) -> Path:
+    mode: FinalizeMode = "unfused" if target.finalize == "unfused" else "fused"
+    return Namespace(target.fingerprint, mode).path(store)
+
+
+def _applies(cache: Cache, ns_dir: Path | None, ours: Path, target: Target) -> bool:
+    """Would the target ever load this cache? Only from its own namespace or vLLM dir level."""
+    if ns_dir is not None:
+        return ns_dir == ours
+    fp, found = target.fingerprint, cache.found
+    if found.layout == "vllm":
+        if fp.flashinfer_version and found.dir_version != fp.flashinfer_version:
+            return False
+        if fp.arch and found.arch != fp.arch:
+            return False
+    return True
 
 
 def gather(
@@ -98,18 +112,13 @@ def gather(
     inv = scan([r for r in roots_implicit if r.is_dir()], explicit=False)
     given = scan(paths)
     problems = [*inv.problems, *given.problems]
-    problems += [
-        ScanProblem(p, "corrupt-file", "no FlashInfer autotune cache here", 2) for p in given.empty
-    ]
-    ours = _target_namespaces(target, store)
+    ours = _target_namespace(target, store)
     views: list[CacheView] = []
     modes: dict[Path, int] = {}
     manifest_memo: dict[Path, manifests.Manifest | None] = {}
     for cache in [*inv.caches, *given.caches]:
         parts = namespace_parts(cache.path, store)
         ns_dir = Path(parts["dir"]) if parts else None
-        if ns_dir is not None and ns_dir not in ours:
-            continue  # another environment's namespace: the store keeps it apart on purpose
         manifest = None
         if ns_dir is not None:
             if ns_dir not in manifest_memo:
@@ -127,9 +136,9 @@ def gather(
                 if p == ns_dir:
                     break
         defects = (*cache.read_defects, *v1.defects(cache.file))
-        views.append(
-            CacheView(cache, ns_dir, parts["finalize"] if parts else None, manifest, defects)
-        )
+        finalize = parts["finalize"] if parts else None
+        applies = _applies(cache, ns_dir, ours, target)
+        views.append(CacheView(cache, ns_dir, finalize, manifest, defects, applies))
     now = time.time()
     tmp = []
     for root in [*roots_implicit, *paths]:
@@ -150,4 +159,5 @@ def gather(
         modes=modes,
         store=store,
         predicted_dir=predicted if os.path.isdir(predicted) or serve is not None else None,
+        empty=tuple(given.empty),
     )

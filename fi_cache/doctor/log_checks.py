@@ -16,12 +16,18 @@ def log_profile_id(inp: Inputs) -> Iterator[Finding]:
                 if e.last_loaded
                 else "no `Loaded ... configs from` line names the cache"
             )
+            why = (
+                "the cache was tuned in the other MoE finalize mode"
+                if e.gemm == 2
+                else "the cache's GEMM1 ids do not fit this runner (finalize mode does not change "
+                "GEMM1: another MoE configuration or FlashInfer build tuned it)"
+            )
             yield Finding(
                 "stale-gemm2-profile",
                 "error",
                 e.last_loaded or log.path,
                 f"{log.path}:{e.line_no}: start-up died with `Invalid gemm{e.gemm} profile id: "
-                f"{e.tactic_id}` {source}: the cache was tuned in the other MoE finalize mode",
+                f"{e.tactic_id}` {source}: {why}",
                 "quarantine that cache (doctor --fix, or delete it) and give each finalize mode "
                 "its own cache dir (fi-cache serve [--deterministic])",
             )

@@ -22,6 +22,10 @@ from fi_cache.versions import (
 from fi_cache.vllm import ALTERNATIVES
 
 
+def _vllm(inp: Inputs) -> str:
+    return f"vLLM {inp.target.vllm_version}" if inp.target.vllm_version else "the target vLLM"
+
+
 def finalize_unsupported(inp: Inputs) -> Iterator[Finding]:
     t = inp.target
     if t.finalize != "unfused" or _moe_off_flashinfer(inp):
@@ -35,18 +39,22 @@ def finalize_unsupported(inp: Inputs) -> Iterator[Finding]:
             "finalize-unsupported",
             "error",
             None,
-            f"vLLM {t.vllm_version or ''} does not read {VLLM_FINALIZE_ENV}: the unfused "
+            f"{_vllm(inp)} does not read {VLLM_FINALIZE_ENV}: the unfused "
             "(deterministic) MoE path cannot be selected, it runs fused finalize",
             ALTERNATIVES,
         )
     elif supports is None:
+        why = (
+            f"newer than the newest release checked, {VLLM_NEWEST_CHECKED}"
+            if version
+            else "no vllm/envs.py to inspect and no --vllm-version"
+        )
         yield Finding(
             "finalize-unsupported",
             "warning",
             None,
-            f"cannot tell whether the target vLLM reads {VLLM_FINALIZE_ENV} (no vllm/envs.py "
-            "to inspect and no --vllm-version)",
-            "pass --vllm-version, or run doctor where vLLM is installed",
+            f"cannot tell whether {_vllm(inp)} reads {VLLM_FINALIZE_ENV} ({why})",
+            "run doctor where that vLLM is installed: fi-cache reads its vllm/envs.py",
         )
 
 
@@ -79,6 +87,8 @@ def double_reduce(inp: Inputs) -> Iterator[Finding]:
 def _warm_cache_for_target(inp: Inputs) -> str | None:
     fi = inp.target.fingerprint.flashinfer_version
     for view in inp.caches:
+        if not view.applies:
+            continue
         path = view.cache.path
         if inp.predicted_dir is not None and inp.predicted_dir in path.parents:
             return str(path)
@@ -106,7 +116,14 @@ def warm_cache_hang(inp: Inputs) -> Iterator[Finding]:
             "upgrade to vLLM >= 0.33 (per-rank cache files), or start this one without the "
             "cache (--no-enable-flashinfer-autotune / -O0, or an empty cache dir)",
         )
-    elif version in CACHE_SINGLE_RANK_ONLY:
+
+
+def cache_unused(inp: Inputs) -> Iterator[Finding]:
+    version = parse_version(inp.target.vllm_version)
+    args = inp.serve
+    if args is None or version is None or args.world_size <= 1:
+        return
+    if version in CACHE_SINGLE_RANK_ONLY:
         yield Finding(
             "cache-unused",
             "info",
@@ -143,7 +160,7 @@ def cache_location(inp: Inputs) -> Iterator[Finding]:
         "cache-location",
         "info",
         str(inp.predicted_dir),
-        f"vLLM {inp.target.vllm_version or ''} {what}: <dir>/<config hash>/autotune_configs*.json; "
+        f"{_vllm(inp)} {what}: <dir>/<config hash>/autotune_configs*.json; "
         "the GPU model and CUDA stack are not part of this path",
         "fi-cache serve gives each environment and finalize mode a dir of its own",
     )
@@ -159,6 +176,11 @@ CHECKS = (
         double_reduce,
     ),
     Check("warm-cache-hang", "vLLM 0.27-0.32, world size > 1 and a warm cache", warm_cache_hang),
+    Check(
+        "cache-unused",
+        "vLLM 0.25-0.26 with world size > 1 never uses the cache (info)",
+        cache_unused,
+    ),
     Check("removed-env", "environment variables the target vLLM no longer reads", removed_env),
     Check("cache-location", "where vLLM will keep its cache (info)", cache_location),
 )

@@ -187,3 +187,54 @@ def test_real_flashinfer_log_is_summarised(run) -> None:  # type: ignore[no-unty
     [f] = r.json()["findings"]
     assert r.code == 0 and f["severity"] == "info"
     assert "saved h200-618.json" in f["message"] and "tuning took 68.5s" in f["message"]
+
+
+def test_a_path_without_caches_is_refused_and_never_quarantined(run, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+    empty = tmp_path / "notes"
+    empty.mkdir()
+    (empty / "readme.txt").write_text("hi")
+    r = run("--format", "json", "doctor", empty, *TARGET, "--fix")
+    assert r.code == 2 and "no FlashInfer autotune caches found here" in r.err
+    assert r.json()["actions"] == [] and (empty / "readme.txt").exists()
+
+
+def test_caches_the_target_never_loads_are_left_alone(run, vllm_root: Path) -> None:  # type: ignore[no-untyped-def]
+    # 0.6.18 dirs of the vLLM root are not what a 0.6.17 target reads: not foreign, not quarantined
+    r = run("--format", "json", "doctor", vllm_root, *TARGET, "--finalize", "fused", "--fix")
+    assert r.code == 0, r.out
+    assert [f for f in r.json()["findings"] if f["check"] == "foreign-environment"] == []
+    assert len(list(vllm_root.rglob("autotune_configs*.json"))) == 3
+
+
+def test_the_other_finalize_namespace_of_the_store_is_not_stale(run, store: Path) -> None:  # type: ignore[no-untyped-def]
+    env = run("--format", "json", "env", "--no-exact").json()
+    fused = Path(env["namespaces"]["fused"]) / "vllm" / HASH_A / "autotune_configs.json"
+    fused.parent.mkdir(parents=True)
+    shutil.copy(MOE_617_FUSED, fused)
+    r = run("--format", "json", "doctor", "--finalize", "unfused", "--vllm-version", "0.35.0")
+    assert ("stale-gemm2-profile", "error") not in _findings(r)
+    r = run("--format", "json", "doctor", "--finalize", "fused")
+    assert ("stale-gemm2-profile", "error") not in _findings(r)
+
+
+def test_gemm1_crash_is_not_blamed_on_finalize(run, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+    log = tmp_path / "vllm.log"
+    log.write_text(
+        "(VllmWorker rank=1 pid=99) ERROR RuntimeError: Check failed: (id1 >= 0) is "
+        "false: Invalid gemm1 profile id: 7\n"
+    )
+    r = run("--format", "json", "doctor", "--log", log, "--check", "stale-gemm2-profile")
+    [f] = r.json()["findings"]
+    assert "Invalid gemm1 profile id: 7" in f["message"]
+    assert "finalize mode does not change GEMM1" in f["message"]
+
+
+def test_oversized_file_is_reported_but_not_quarantined(run, tmp_path: Path, monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    monkeypatch.setenv("FI_CACHE_MAX_FILE_MB", "1")
+    big = tmp_path / "c" / "autotune_configs.json"
+    big.parent.mkdir()
+    with open(big, "wb") as f:
+        f.truncate(2 * 1024 * 1024)
+    r = run("--format", "json", "doctor", tmp_path / "c", *TARGET, "--fix")
+    assert ("corrupt-file", "error") in _findings(r)
+    assert r.json()["actions"] == [] and big.exists()
