@@ -18,6 +18,7 @@ import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import IO
 
 from fi_cache.errors import FiCacheError, Refused
 
@@ -358,3 +359,218 @@ def remove_file(path: Path) -> None:
         pass
     except OSError as exc:
         raise Refused(f"cannot remove: {exc.strerror}", path) from None
+
+
+# --- Deleting namespaces (prune) ------------------------------------------------------------------
+# A namespace leaves the store in one rename: it is moved into `<store>/.trash/` (atomic on one
+# filesystem) and only then deleted, so a prune killed at any moment leaves each namespace either
+# whole under namespaces/ or gone from it. What a killed prune left in the trash is emptied later.
+
+TRASH_DIR = ".trash"
+
+
+class NamespaceBusy(FiCacheError):
+    """Someone else holds the namespace's lock (`holder`, when known)."""
+
+    def __init__(self, directory: Path, holder: Holder | None) -> None:
+        who = holder.describe() if holder else "another process"
+        super().__init__(f"in use: locked for {who}", directory)
+        self.holder = holder
+
+
+def probe_namespace_lock(directory: Path, strategy: str) -> tuple[bool, Holder | None]:
+    """(held, holder) of `directory`'s lock, creating and changing nothing.
+
+    A lock file that cannot be opened counts as held: whoever cannot probe it cannot take it either.
+    """
+    lock_file = directory / LOCK_NAME
+    if strategy == "lockfile":
+        if not os.path.lexists(lock_file):
+            return False, None
+        holder = _read_holder(lock_file)
+        if holder and holder.host == socket.gethostname() and not _alive(holder.pid):
+            return False, holder  # a dead holder on this host: the next taker recovers it
+        return True, holder
+    import fcntl
+
+    try:
+        fd = os.open(lock_file, os.O_RDONLY)
+    except FileNotFoundError:
+        return False, None
+    except OSError:
+        return True, _read_holder(directory / HOLDER_NAME)
+    try:
+        # Shared, so that two probes never see each other as holders.
+        fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+    except BlockingIOError:
+        return True, _read_holder(directory / HOLDER_NAME)
+    except OSError:
+        return False, None  # flock unsupported here: nobody can hold it either
+    else:
+        fcntl.flock(fd, fcntl.LOCK_UN)
+        return False, None
+    finally:
+        os.close(fd)
+
+
+@contextlib.contextmanager
+def try_namespace_lock(directory: Path, purpose: str, strategy: str) -> Iterator[Holder]:
+    """Take `directory`'s lock without waiting and without creating the directory or any file
+    but the lock itself. Raises NamespaceBusy when it is held, Refused when it cannot be taken."""
+    me = _this_holder(purpose)
+    lock_file = directory / LOCK_NAME
+    if strategy == "lockfile":
+        with _try_lockfile(lock_file, me):
+            yield me
+        return
+    import fcntl
+
+    try:
+        fd = os.open(lock_file, os.O_CREAT | os.O_RDWR, 0o644)
+    except OSError as exc:
+        raise Refused(f"cannot lock: {exc.strerror}", lock_file) from None
+    try:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            raise NamespaceBusy(directory, _read_holder(directory / HOLDER_NAME)) from None
+        try:
+            yield me
+        finally:
+            fcntl.flock(fd, fcntl.LOCK_UN)
+    finally:
+        os.close(fd)
+
+
+@contextlib.contextmanager
+def _try_lockfile(lock_file: Path, me: Holder) -> Iterator[None]:
+    for _ in range(2):  # the second try follows the recovery of a dead holder's lock
+        try:
+            fd = os.open(lock_file, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644)
+            break
+        except FileExistsError:
+            holder = _read_holder(lock_file)
+            if holder and holder.host == me.host and not _alive(holder.pid):
+                with contextlib.suppress(OSError):
+                    lock_file.unlink()
+                continue
+            raise NamespaceBusy(lock_file.parent, holder) from None
+        except OSError as exc:
+            raise Refused(f"cannot lock: {exc.strerror}", lock_file) from None
+    else:
+        raise NamespaceBusy(lock_file.parent, _read_holder(lock_file))
+    mine = os.fstat(fd)
+    try:
+        with os.fdopen(fd, "wb") as f:
+            f.write(_holder_bytes(me))
+            f.flush()
+            os.fsync(f.fileno())
+        yield
+    finally:
+        # The directory may have been moved away meanwhile and a new lock file made where this
+        # one was: remove only our own.
+        with contextlib.suppress(OSError):
+            now = os.stat(lock_file)
+            if (now.st_dev, now.st_ino) == (mine.st_dev, mine.st_ino):
+                lock_file.unlink()
+
+
+def remove_tree(path: Path, store: Path) -> None:
+    """Delete the directory `path` inside `store`: one atomic rename into `<store>/.trash/`,
+    then the deletion. Raises Refused when it cannot be moved (nothing was removed then) and
+    FiCacheError when it was moved but not fully deleted (empty_trash retries later)."""
+    trash = store / TRASH_DIR
+    _ensure_dir(trash)
+    dest = trash / f"{time.time_ns()}-{os.getpid()}-{path.name}"
+    try:
+        os.replace(path, dest)
+    except OSError as exc:
+        raise Refused(f"cannot remove: {exc.strerror}", path) from None
+    _fsync_dir(path.parent)
+    _fsync_dir(trash)
+    _delete_tree(dest)
+
+
+def _delete_tree(path: Path) -> None:
+    shutil.rmtree(path, ignore_errors=True)
+    if os.path.lexists(path):
+        raise FiCacheError("moved to the trash but could not delete all of it", path)
+
+
+def trash_leftovers(store: Path) -> list[Path]:
+    """What killed prunes left in `<store>/.trash/`."""
+    try:
+        return sorted((store / TRASH_DIR).iterdir())
+    except OSError:
+        return []
+
+
+def empty_trash_entry(path: Path) -> None:
+    """Delete one entry of `<store>/.trash/` (a directory or a file)."""
+    if path.is_dir() and not path.is_symlink():
+        _delete_tree(path)
+    else:
+        remove_file(path)
+
+
+def remove_empty_parents(path: Path, stop: Path) -> None:
+    """rmdir `path`'s parents up to (not including) `stop` while they are empty."""
+    for parent in path.parents:
+        if parent == stop or stop not in parent.parents:
+            return
+        try:
+            os.rmdir(parent)
+        except OSError:
+            return
+
+
+# --- Installing imported namespaces (import) ------------------------------------------------------
+# A bundle is unpacked into `<store>/.import-*` first; each namespace then replaces its old self
+# with two renames under the namespace lock, so readers see the old or the new one, never a mix.
+
+STAGING_PREFIX = ".import-"
+
+
+def make_staging_dir(store: Path) -> Path:
+    _ensure_dir(store)
+    try:
+        return Path(tempfile.mkdtemp(dir=store, prefix=STAGING_PREFIX))
+    except OSError as exc:
+        raise Refused(f"store is not writable: {exc.strerror}", store) from None
+
+
+def write_member(path: Path, src: IO[bytes], size: int) -> str:
+    """Copy exactly `size` bytes of `src` to a new file at `path`; returns their sha256."""
+    _ensure_dir(path.parent)
+    digest = hashlib.sha256()
+    left = size
+    with open(path, "xb") as f:  # "x": never follow or overwrite anything already there
+        while left > 0:
+            block = src.read(min(left, 1 << 20))
+            if not block:
+                raise Refused("bundle member ends early (truncated)", path)
+            digest.update(block)
+            f.write(block)
+            left -= len(block)
+        f.flush()
+        os.fsync(f.fileno())
+    return digest.hexdigest()
+
+
+def install_dir(
+    new: Path, target: Path, store: Path, timeout: float = DEFAULT_LOCK_TIMEOUT
+) -> None:
+    """Replace `target` with the staged dir `new` (old one to the trash) under target's lock."""
+    _ensure_dir(target.parent)
+    old: Path | None = None
+    with namespace_lock(target, "import", timeout):
+        if any(p.name not in (LOCK_NAME, HOLDER_NAME) for p in target.iterdir()):
+            old = store / TRASH_DIR / f"{time.time_ns()}-{os.getpid()}-{target.name}"
+            _ensure_dir(old.parent)
+            os.replace(target, old)
+        else:
+            shutil.rmtree(target, ignore_errors=True)  # only our fresh lock files were in it
+        os.replace(new, target)
+        _fsync_dir(target.parent)
+    if old is not None:
+        _delete_tree(old)

@@ -48,9 +48,9 @@ def cli(ctx: click.Context, store: Path | None, fmt: str, quiet: bool) -> None:
 
 
 def _register() -> None:
-    from fi_cache.cli import doctor, inventory, serving
+    from fi_cache.cli import doctor, fleet, inventory, serving
 
-    for command in [*inventory.COMMANDS, *doctor.COMMANDS, *serving.COMMANDS]:
+    for command in [*inventory.COMMANDS, *doctor.COMMANDS, *serving.COMMANDS, *fleet.COMMANDS]:
         cli.add_command(command)
 
 
