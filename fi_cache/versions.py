@@ -170,6 +170,7 @@ VLLM_CACHE_SUBDIR = "flashinfer_autotune_cache"  # under $VLLM_CACHE_ROOT (defau
 # kernel_warmup.py: one shared file 0.25-0.31; per-rank files from 0.32 (single GPU: dp0_rank0).
 VLLM_CACHE_FILE = "autotune_configs.json"
 VLLM_RANK_FILE = re.compile(r"^autotune_configs_dp(\d+)_rank(\d+)\.json$")
+VLLM_CACHE_FILE_RE = re.compile(r"^autotune_configs(?:_dp\d+_rank\d+)?\.json$")
 
 
 def _arch_name(major: int, minor: str, cuda: Version | None) -> str:

@@ -16,6 +16,7 @@ from fi_cache import storage
 from fi_cache.doctor import Inputs
 from fi_cache.doctor.cache_checks import TMP_MAX_AGE_S
 from fi_cache.findings import Finding
+from fi_cache.versions import VLLM_CACHE_FILE_RE
 
 QUARANTINE_DIR = "quarantine"
 _QUARANTINE_CHECKS = {"stale-gemm2-profile", "foreign-environment", "corrupt-file"}
@@ -30,9 +31,15 @@ class Action:
 
 def plan(findings: list[Finding], inputs: Inputs) -> list[Action]:
     """What --fix would do. Only paths known to be caches (never a log) are moved."""
-    # A file refused unread (too large, no permission) is not known to be bad: leave it.
-    caches = {str(v.cache.path) for v in inputs.caches}
-    caches |= {str(p.path) for p in inputs.problems if p.exit_code == 1}
+    # v1 files only: a bad v2 entry is a miss for FlashInfer, not a reason to move its whole store.
+    caches = {str(v.cache.path) for v in inputs.caches if v.cache.found.format == "v1"}
+    # A file refused unread (too large, no permission) is not known to be bad: leave it. A bad
+    # file is moved only where a cache belongs (vLLM's file names, the store), never a stray file.
+    caches |= {
+        str(p.path)
+        for p in inputs.problems
+        if p.exit_code == 1 and _cache_place(p.path, inputs.store)
+    }
     caches |= {e.path for log in inputs.logs for e in log.events if e.path}
     caches |= {e.last_loaded for log in inputs.logs for e in log.errors if e.last_loaded}
     actions: dict[Path, Action] = {}
@@ -48,6 +55,11 @@ def plan(findings: list[Finding], inputs: Inputs) -> list[Action]:
                 "remove", path, f"temp file older than {TMP_MAX_AGE_S // 60} min"
             )
     return list(actions.values())
+
+
+def _cache_place(path: Path, store: Path | None) -> bool:
+    in_store = store is not None and store.resolve() in path.resolve().parents
+    return in_store or VLLM_CACHE_FILE_RE.match(path.name) is not None
 
 
 def apply(actions: list[Action], store: Path) -> list[tuple[Action, Path | None]]:

@@ -121,7 +121,7 @@ def warm_cache_hang(inp: Inputs) -> Iterator[Finding]:
 def cache_unused(inp: Inputs) -> Iterator[Finding]:
     version = parse_version(inp.target.vllm_version)
     args = inp.serve
-    if args is None or version is None or args.world_size <= 1:
+    if args is None or version is None or args.world_size <= 1 or args.autotune_off:
         return
     if version in CACHE_SINGLE_RANK_ONLY:
         yield Finding(

@@ -238,3 +238,16 @@ def test_oversized_file_is_reported_but_not_quarantined(run, tmp_path: Path, mon
     r = run("--format", "json", "doctor", tmp_path / "c", *TARGET, "--fix")
     assert ("corrupt-file", "error") in _findings(r)
     assert r.json()["actions"] == [] and big.exists()
+
+
+def test_a_stray_non_cache_file_is_reported_but_never_moved(run, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+    stray = tmp_path / "notes.txt"
+    stray.write_text("not json")
+    r = run("--format", "json", "doctor", stray, *TARGET, "--fix")
+    assert ("corrupt-file", "error") in _findings(r)
+    assert r.json()["actions"] == [] and stray.exists()
+    vllm_named = tmp_path / "c" / "autotune_configs.json"
+    vllm_named.parent.mkdir()
+    vllm_named.write_text("{")
+    r = run("--format", "json", "doctor", tmp_path / "c", *TARGET, "--fix")
+    assert [a["path"] for a in r.json()["actions"]] == [str(vllm_named)]

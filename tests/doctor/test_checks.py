@@ -324,3 +324,11 @@ def test_finalize_unsupported_is_moot_when_moe_is_not_on_flashinfer() -> None:
     assert _ids(invariant, "finalize-unsupported") == []
     cutlass = Inputs(t, serve=parse_serve_args(["m", "--moe-backend", "flashinfer_cutlass"]))
     assert _ids(cutlass, "finalize-unsupported") == [("error", None)]
+
+
+def test_cache_unused_is_silent_when_autotune_is_off() -> None:
+    old = _target(vllm_version="0.25.1")
+    assert _ids(Inputs(old, serve=parse_serve_args(["m", "-tp", "2", "-O0"])), "cache-unused") == []
+    assert _ids(Inputs(old, serve=parse_serve_args(["m", "-tp", "2"])), "cache-unused") == [
+        ("info", None)
+    ]
