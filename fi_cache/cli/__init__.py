@@ -48,9 +48,10 @@ def cli(ctx: click.Context, store: Path | None, fmt: str, quiet: bool) -> None:
 
 
 def _register() -> None:
-    from fi_cache.cli import doctor, fleet, inventory, serving
+    from fi_cache.cli import doctor, fleet, inventory, merging, serving
 
-    for command in [*inventory.COMMANDS, *doctor.COMMANDS, *serving.COMMANDS, *fleet.COMMANDS]:
+    groups = [inventory, doctor, serving, merging, fleet]
+    for command in [c for g in groups for c in g.COMMANDS]:
         cli.add_command(command)
 
 

@@ -1,0 +1,112 @@
+"""`fi-cache merge` as a user runs it: JSON contract, conflict lines, exit codes, errors."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from fi_cache.cli import cli
+from fi_cache.cli.merging import COMMANDS
+from fi_cache.model import v1
+from tests.conftest import GEMM_617, GEMM_618, MOE_617_FUSED, MOE_617_UNFUSED, MOE_618_FUSED
+
+for _command in COMMANDS:
+    cli.add_command(_command)  # the lead registers it in fi_cache.cli; idempotent here
+
+MERGE_FIELDS = {"output", "sources", "entries", "new", "conflicts", "generation"}
+CONFLICT_FIELDS = {"key", "kept", "dropped", "kept_from", "dropped_from"}
+
+
+def test_json_follows_the_contract(run, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+    out = tmp_path / "out.json"
+    r = run("--format", "json", "merge", MOE_617_FUSED, MOE_617_UNFUSED, "-o", out)
+    assert r.code == 0, r.err  # conflicts are reported and resolved, not a failure
+    doc = r.json()
+    assert set(doc) == MERGE_FIELDS
+    assert doc["output"] == str(out) and doc["sources"] == 2
+    assert doc["entries"] == doc["new"] == 32 and doc["generation"] is False
+    assert doc["conflicts"] and all(set(c) == CONFLICT_FIELDS for c in doc["conflicts"])
+    fused, unfused = json.loads(MOE_617_FUSED.read_text()), json.loads(MOE_617_UNFUSED.read_text())
+    for c in doc["conflicts"]:
+        assert c["kept"] == fused[c["key"]] and c["dropped"] == unfused[c["key"]]
+        assert (c["kept_from"], c["dropped_from"]) == (str(MOE_617_FUSED), str(MOE_617_UNFUSED))
+    assert out.read_bytes() == MOE_617_FUSED.read_bytes()
+
+
+def test_prefer_last_keeps_the_later_file(run, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+    out = tmp_path / "out.json"
+    r = run(
+        "--format", "json", "merge", MOE_617_FUSED, MOE_617_UNFUSED, "-o", out, "--prefer", "last"
+    )
+    assert r.code == 0
+    assert all(c["kept_from"] == str(MOE_617_UNFUSED) for c in r.json()["conflicts"])
+    assert out.read_bytes() == MOE_617_UNFUSED.read_bytes()
+
+
+def test_human_output_lists_each_conflict_then_a_summary(run, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+    out = tmp_path / "out.json"
+    r = run("merge", MOE_617_FUSED, MOE_617_UNFUSED, "-o", out)
+    assert r.code == 0
+    *conflicts, summary = r.out.splitlines()
+    assert conflicts and all(
+        line.startswith("conflict ('trtllm::fused_moe::gemm2'") for line in conflicts
+    )
+    first = conflicts[0]
+    assert f"from {MOE_617_FUSED}" in first and f"from {MOE_617_UNFUSED}" in first
+    assert 'kept ["MoERunner",' in first and 'dropped ["MoERunner",' in first
+    assert summary.startswith("merged 2 files into ")
+    assert summary.endswith(f"32 entries (32 new), {len(conflicts)} conflicts kept from first")
+
+
+def test_merged_file_verifies_clean_with_generation(run, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+    cf = v1.loads(GEMM_618.read_bytes())
+    keys = sorted(cf.entries)
+    for i in range(2):
+        part = v1.CacheFile(cf.metadata, {k: cf.entries[k] for k in keys[i::2]}, None, "x")
+        (tmp_path / f"autotune_configs_dp0_rank{i}.json").write_text(v1.dumps(part))
+    out = tmp_path / "merged.json"
+    ranks = sorted(tmp_path.glob("autotune_configs_dp0_rank*.json"))
+    r = run("--format", "json", "merge", *ranks, "-o", out)
+    assert r.code == 0 and r.json()["generation"] is True and r.json()["conflicts"] == []
+    assert out.read_text() == GEMM_618.read_text()
+    assert run("verify", out).code == 0
+    again = run("merge", GEMM_618, "-o", out)  # into an existing OUT: nothing new
+    assert again.code == 0 and "38 entries (0 new), 0 conflicts kept from first" in again.out
+
+
+def test_metadata_mismatch_exits_1_and_writes_nothing(run, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+    out = tmp_path / "out.json"
+    r = run("merge", GEMM_617, GEMM_618, "-o", out)
+    assert r.code == 1 and not out.exists()
+    assert len(r.err.strip().splitlines()) == 1 and "flashinfer_version" in r.err
+    assert str(GEMM_617) in r.err and str(GEMM_618) in r.err
+    j = run("--format", "json", "merge", GEMM_617, GEMM_618, "-o", out)
+    assert j.code == 1 and j.json()["error"]["exit_code"] == 1
+
+
+def test_corrupt_out_is_refused_and_untouched(run, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+    out = tmp_path / "out.json"
+    torn = MOE_618_FUSED.read_bytes()[:777]
+    out.write_bytes(torn)
+    r = run("merge", MOE_618_FUSED, "-o", out)
+    assert r.code == 1 and "refusing to overwrite" in r.err and str(out) in r.err
+    assert out.read_bytes() == torn
+
+
+def test_bad_input_is_refused_with_one_line(run, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+    out = tmp_path / "out.json"
+    missing = run("merge", tmp_path / "nope.json", "-o", out)
+    assert missing.code == 2 and "no such file" in missing.err
+    corrupt = tmp_path / "corrupt.json"
+    corrupt.write_text('{"_metadata": {"gpu": "NVIDIA H200"}, "(')
+    bad = run("merge", corrupt, "-o", out)
+    assert bad.code == 1 and str(corrupt) in bad.err and "Traceback" not in bad.err
+    env_dir = tmp_path / "v2" / "0123456789abcdef"
+    env_dir.mkdir(parents=True)
+    (env_dir / "manifest.json").write_text("{}")
+    v2 = run("merge", env_dir, "-o", out)
+    assert v2.code == 2 and "merge takes v1 files" in v2.err
+    assert run("merge", GEMM_618).code == 2  # -o is required
+    assert run("merge", "-o", out).code == 2  # so is a source
+    assert run("merge", GEMM_618, "-o", out, "--prefer", "newest").code == 2
+    assert not out.exists()
