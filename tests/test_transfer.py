@@ -1,0 +1,581 @@
+"""push / pull: round trips through file://, memory:// and real S3 over HTTP on loopback.
+
+S3 is moto's standalone server on 127.0.0.1 with s3fs as the client, pointed there by
+`FSSPEC_S3_ENDPOINT_URL` (fsspec's own convention), exactly as a user points fi-cache at MinIO.
+Two machines are simulated by patching `fi_cache.environment.detect`.
+"""
+
+from __future__ import annotations
+
+import importlib
+import io
+import json
+import logging
+import os
+import shutil
+import socket
+import subprocess
+import sys
+import uuid
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import fsspec
+import fsspec.config
+import pytest
+
+from fi_cache import environment, storage, transfer
+from fi_cache import manifest as manifests
+from fi_cache.bundle import remote_key
+from fi_cache.cli import cli
+from fi_cache.cli.transfer import COMMANDS, LiveProgress
+from fi_cache.environment import Environment, VllmInfo
+from fi_cache.manifest import Manifest
+from fi_cache.model.fingerprint import Fingerprint
+from fi_cache.namespace import Namespace
+from fi_cache.store import state_dir
+from tests.conftest import GEMM_618, MOE_618_FUSED, MOE_618_UNFUSED, Result
+
+for _command in COMMANDS:
+    cli.add_command(_command)
+
+REPO = Path(__file__).resolve().parent.parent
+H200 = Fingerprint(
+    flashinfer_version="0.6.18",
+    cuda_version="12.9",
+    cublas_version="12.9.1.4",
+    cudnn_version="9.10.2",
+    gpu="NVIDIA H200",
+    arch="90a",
+)
+B200 = H200.replace(gpu="NVIDIA B200", arch="100a")
+Run = Callable[..., Result]
+
+
+# --- helpers ------------------------------------------------------------------------------------
+
+
+def _as_machine(monkeypatch: pytest.MonkeyPatch, fp: Fingerprint) -> None:
+    env = Environment(fp, (), VllmInfo("0.11.0", None, None), "2.8.0")
+    monkeypatch.setattr(environment, "detect", lambda *a, **k: env)
+
+
+def _warm(store: Path, fp: Fingerprint) -> list[Path]:
+    """Both finalize namespaces of `fp`, each with a manifest and real FlashInfer files."""
+    dirs = []
+    for finalize, files in (
+        ("fused", [MOE_618_FUSED, GEMM_618]),
+        ("unfused", [MOE_618_UNFUSED]),
+    ):
+        ns = Namespace(fp, finalize)  # type: ignore[arg-type]
+        d = ns.path(store)
+        (d / "vllm").mkdir(parents=True)  # VLLM_FLASHINFER_AUTOTUNE_CACHE_DIR, as warm sets it
+        for i, src in enumerate(files):
+            shutil.copy(src, d / "vllm" / f"autotune_configs_dp0_rank{i}.json")
+        manifests.save(d, Manifest.new(ns))
+        dirs.append(d)
+    return dirs
+
+
+def _namespace_tree(store: Path) -> dict[str, bytes]:
+    root = store / "namespaces"
+    skip = {storage.LOCK_NAME, storage.HOLDER_NAME}
+    return {
+        p.relative_to(store).as_posix(): p.read_bytes()
+        for p in sorted(root.rglob("*"))
+        if p.is_file() and p.name not in skip
+    }
+
+
+def _files(store: Path) -> list[Path]:
+    return [p for p in store.rglob("*") if p.is_file()] if store.exists() else []
+
+
+def _local_remote(url: str) -> tuple[Any, str]:
+    fs, base = fsspec.core.url_to_fs(url)
+    return fs, base.rstrip("/")
+
+
+def _flip_byte(url: str, key: str, offset: int = 100) -> None:
+    fs, base = _local_remote(url)
+    data = bytearray(fs.cat_file(f"{base}/{key}"))
+    data[offset] ^= 0xFF
+    fs.pipe_file(f"{base}/{key}", bytes(data))
+
+
+@pytest.fixture(params=["file", "path", "memory"])
+def url(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[str]:
+    """An empty remote: a file:// URL, a plain path, or an in-memory filesystem."""
+    if request.param == "memory":
+        root = f"memory://fi-cache-test-{uuid.uuid4().hex}/fleet"
+        yield root
+        fs, base = _local_remote(root)
+        if fs.exists(base):
+            fs.rm(base, recursive=True)
+        return
+    remote = tmp_path / "remote"
+    yield remote.as_uri() if request.param == "file" else str(remote)
+
+
+@pytest.fixture
+def store_b(tmp_path: Path) -> Path:
+    return tmp_path / "store-b"
+
+
+def _pushed(run: Run, monkeypatch: pytest.MonkeyPatch, store: Path, url: str) -> dict[str, Any]:
+    _as_machine(monkeypatch, H200)
+    _warm(store, H200)
+    result = run("--format", "json", "push", url)
+    assert result.code == 0, result.err
+    return result.json()
+
+
+# --- file:// and memory:// round trips ----------------------------------------------------------
+
+
+def test_push_then_pull_into_an_empty_store_copies_every_namespace(
+    run: Run, monkeypatch: pytest.MonkeyPatch, store: Path, store_b: Path, url: str
+) -> None:
+    pushed = _pushed(run, monkeypatch, store, url)
+    key = remote_key(H200)
+    assert pushed["key"] == key and pushed["url"].endswith(f"/{key}")
+    assert len(pushed["namespaces"]) == 2 and pushed["files"] == 5
+    fs, base = _local_remote(url)
+    assert sorted(fs.find(base)) == [f"{base}/{key}", f"{base}/{key}.json"]
+    sidecar = json.loads(fs.cat_file(f"{base}/{key}.json"))
+    assert sidecar["sha256"] == pushed["sha256"] and sidecar["size"] == pushed["bundle_size"]
+    assert sidecar["fingerprint"]["gpu"] == "NVIDIA H200"
+
+    pulled = run("--store", str(store_b), "--format", "json", "pull", url)
+    assert pulled.code == 0, pulled.err
+    assert pulled.json()["namespaces"] == pushed["namespaces"]
+    assert pulled.json()["sha256"] == pushed["sha256"]
+    assert _namespace_tree(store_b) == _namespace_tree(store)
+    assert not list(state_dir(store_b).glob(f"{storage.TMP_PREFIX}*"))  # temp bundle removed
+
+
+def test_human_output_names_the_remote_and_the_namespaces(
+    run: Run, monkeypatch: pytest.MonkeyPatch, store: Path, store_b: Path, tmp_path: Path
+) -> None:
+    _as_machine(monkeypatch, H200)
+    _warm(store, H200)
+    remote = tmp_path / "remote"
+    pushed = run("push", str(remote))
+    assert pushed.code == 0 and "pushed 2 namespace(s), 5 files" in pushed.out
+    assert pushed.err == ""  # not a terminal: no progress line
+    pulled = run("--store", str(store_b), "pull", remote.as_uri())
+    assert pulled.code == 0 and "pulled 2 namespace(s)" in pulled.out
+    assert "namespaces/0.6.18/90a/nvidia-h200/fused-" in pulled.out
+
+
+def test_push_again_replaces_the_remote_bundle_atomically(
+    run: Run, monkeypatch: pytest.MonkeyPatch, store: Path, store_b: Path, tmp_path: Path
+) -> None:
+    remote = tmp_path / "remote"
+    first = _pushed(run, monkeypatch, store, str(remote))
+    shutil.copy(
+        GEMM_618, store / first["namespaces"][1] / "vllm" / "autotune_configs_dp0_rank7.json"
+    )
+    second = run("--format", "json", "push", str(remote)).json()
+    assert second["sha256"] != first["sha256"] and second["files"] == first["files"] + 1
+    assert not [p for p in remote.rglob("*") if p.name.endswith(".partial")]
+    assert run("--store", str(store_b), "pull", str(remote)).code == 0
+    assert _namespace_tree(store_b) == _namespace_tree(store)
+
+
+def test_pull_on_another_machine_names_the_missing_key_and_what_is_there(
+    run: Run, monkeypatch: pytest.MonkeyPatch, store: Path, store_b: Path, url: str
+) -> None:
+    _pushed(run, monkeypatch, store, url)
+    _as_machine(monkeypatch, B200)
+    result = run("--store", str(store_b), "pull", url)
+    assert result.code == 2 and result.out == ""
+    assert result.err.count("\n") == 1 and "Traceback" not in result.err
+    assert "no bundle for this machine (FlashInfer 0.6.18, arch 100a, GPU NVIDIA B200)" in (
+        result.err
+    )
+    assert remote_key(B200) in result.err and remote_key(H200) in result.err
+    assert _files(store_b) == []
+
+
+def test_pull_from_an_empty_remote_says_so(
+    run: Run, monkeypatch: pytest.MonkeyPatch, store_b: Path, tmp_path: Path
+) -> None:
+    _as_machine(monkeypatch, H200)
+    result = run("--store", str(store_b), "pull", str(tmp_path / "nothing-here"))
+    assert result.code == 2 and "holds no bundles" in result.err
+
+
+def test_another_machine_can_pull_a_named_key_only_with_force(
+    run: Run, monkeypatch: pytest.MonkeyPatch, store: Path, store_b: Path, url: str
+) -> None:
+    _pushed(run, monkeypatch, store, url)
+    _as_machine(monkeypatch, B200)
+    refused = run("--store", str(store_b), "pull", url, "--key", remote_key(H200))
+    assert refused.code == 2 and "bundle is for another environment" in refused.err
+    assert refused.err.count("\n") == 1 and remote_key(H200) in refused.err
+    assert not (store_b / "namespaces").exists()
+    forced = run("--store", str(store_b), "pull", url, "--key", remote_key(H200), "--force")
+    assert forced.code == 0, forced.err
+    assert _namespace_tree(store_b) == _namespace_tree(store)
+
+
+@pytest.mark.parametrize("key", ["../x.tar.gz", "a/../../b.tar.gz", "/etc/passwd", "a/b.json"])
+def test_a_key_outside_the_url_is_refused(
+    run: Run, monkeypatch: pytest.MonkeyPatch, store_b: Path, tmp_path: Path, key: str
+) -> None:
+    _as_machine(monkeypatch, H200)
+    result = run("--store", str(store_b), "pull", str(tmp_path), "--key", key)
+    assert result.code == 2 and "is not a bundle key" in result.err
+
+
+# --- tampering: pull refuses and writes nothing -------------------------------------------------
+
+
+def test_a_flipped_byte_in_the_remote_bundle_is_refused(
+    run: Run, monkeypatch: pytest.MonkeyPatch, store: Path, store_b: Path, url: str
+) -> None:
+    _pushed(run, monkeypatch, store, url)
+    _flip_byte(url, remote_key(H200))
+    result = run("--store", str(store_b), "pull", url)
+    assert result.code == 2 and "does not match its sidecar's sha256" in result.err
+    assert result.err.count("\n") == 1
+    assert _files(store_b) == []
+
+
+def _edit_sidecar(url: str, edit: Callable[[dict[str, Any]], object]) -> None:
+    fs, base = _local_remote(url)
+    path = f"{base}/{remote_key(H200)}.json"
+    data = json.loads(fs.cat_file(path))
+    edit(data)
+    fs.pipe_file(path, json.dumps(data).encode())
+
+
+@pytest.mark.parametrize(
+    ("edit", "message"),
+    [
+        (lambda d: d.update(sha256="0" * 64), "does not match its sidecar's sha256"),
+        (lambda d: d.update(size=d["size"] + 1), "its sidecar says"),
+        (lambda d: d.update(sha256="not-hex"), "sidecar does not describe this bundle"),
+        (lambda d: d.update(key="other/key.tar.gz"), "sidecar does not describe this bundle"),
+        (lambda d: d.pop("sha256"), "malformed sidecar"),
+        (lambda d: d.update(format="something-else"), "malformed sidecar"),
+    ],
+)
+def test_a_tampered_sidecar_is_refused(
+    run: Run,
+    monkeypatch: pytest.MonkeyPatch,
+    store: Path,
+    store_b: Path,
+    url: str,
+    edit: Callable[[dict[str, Any]], object],
+    message: str,
+) -> None:
+    _pushed(run, monkeypatch, store, url)
+    _edit_sidecar(url, edit)
+    result = run("--store", str(store_b), "pull", url)
+    assert result.code == 2 and message in result.err, result.err
+    assert _files(store_b) == []
+
+
+def test_a_sidecar_that_is_not_json_or_missing_is_refused(
+    run: Run, monkeypatch: pytest.MonkeyPatch, store: Path, store_b: Path, url: str
+) -> None:
+    _pushed(run, monkeypatch, store, url)
+    fs, base = _local_remote(url)
+    fs.pipe_file(f"{base}/{remote_key(H200)}.json", b"{not json")
+    assert "malformed sidecar" in run("--store", str(store_b), "pull", url).err
+    fs.rm_file(f"{base}/{remote_key(H200)}.json")
+    result = run("--store", str(store_b), "pull", url)
+    assert result.code == 2 and "has no .json sidecar" in result.err
+    assert _files(store_b) == []
+
+
+def test_a_swapped_bundle_with_a_matching_sidecar_is_still_verified(
+    run: Run, monkeypatch: pytest.MonkeyPatch, store: Path, store_b: Path, tmp_path: Path
+) -> None:
+    """Whoever can write the bucket can rewrite both files: import's own checks still apply."""
+    remote = tmp_path / "remote"
+    _as_machine(monkeypatch, B200)
+    _warm(store, B200)
+    assert run("push", str(remote)).code == 0
+    _as_machine(monkeypatch, H200)
+    src, dst = remote / remote_key(B200), remote / remote_key(H200)
+    dst.parent.mkdir(parents=True)
+    shutil.copy(src, dst)
+    sidecar = json.loads(Path(f"{src}.json").read_text())
+    Path(f"{dst}.json").write_text(json.dumps({**sidecar, "key": remote_key(H200)}))
+    result = run("--store", str(store_b), "pull", str(remote))
+    assert result.code == 2 and "bundle is for another environment" in result.err
+    assert str(dst) in result.err  # the remote bundle, not the deleted temp file
+    assert _files(store_b) == []
+
+
+def test_a_push_landing_during_a_pull_is_retried_once(
+    run: Run, monkeypatch: pytest.MonkeyPatch, store: Path, store_b: Path, tmp_path: Path
+) -> None:
+    remote = tmp_path / "remote"
+    _pushed(run, monkeypatch, store, str(remote))
+    sidecar_path = Path(f"{remote / remote_key(H200)}.json")
+    old_sidecar = sidecar_path.read_bytes()
+    shutil.copy(GEMM_618, next((store / "namespaces").rglob("unfused-*")) / "vllm" / "extra.json")
+    assert run("push", str(remote)).code == 0
+    new_sidecar = sidecar_path.read_bytes()
+    sidecar_path.write_bytes(old_sidecar)  # the pull starts before the second push's sidecar
+    real = transfer._read_sidecar
+    calls = []
+
+    def racing(remote_: Any, key: str) -> Any:
+        calls.append(key)
+        found = real(remote_, key)
+        sidecar_path.write_bytes(new_sidecar)  # ...and the push finishes meanwhile
+        return found
+
+    monkeypatch.setattr(transfer, "_read_sidecar", racing)
+    result = run("--store", str(store_b), "pull", str(remote))
+    assert result.code == 0, result.err
+    assert len(calls) == 3  # first read, the re-read that saw the change, the retry's read
+    assert _namespace_tree(store_b) == _namespace_tree(store)
+
+
+# --- refusals before any transfer ---------------------------------------------------------------
+
+
+def test_push_with_nothing_warmed_is_refused(
+    run: Run, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    _as_machine(monkeypatch, H200)
+    result = run("push", str(tmp_path / "remote"))
+    assert result.code == 2 and "nothing to push" in result.err
+    assert not (tmp_path / "remote").exists()
+
+
+def test_push_of_one_namespace_dir(
+    run: Run, monkeypatch: pytest.MonkeyPatch, store: Path, tmp_path: Path
+) -> None:
+    _as_machine(monkeypatch, H200)
+    fused, _ = _warm(store, H200)
+    result = run("--format", "json", "push", str(tmp_path / "r"), "--namespace", str(fused))
+    assert result.code == 0, result.err
+    assert result.json()["namespaces"] == [fused.relative_to(store).as_posix()]
+
+
+def test_push_of_several_environments_at_once_is_refused(store: Path, tmp_path: Path) -> None:
+    dirs = _warm(store, H200) + _warm(store, B200)
+    with pytest.raises(transfer.Refused, match="2 environments selected"):
+        transfer.push(store, str(tmp_path / "r"), dirs)
+
+
+def test_an_unknown_scheme_is_refused_in_one_line(run: Run, store_b: Path) -> None:
+    result = run("--store", str(store_b), "pull", "nosuchproto://bucket/x")
+    assert result.code == 2 and "Protocol not known: nosuchproto" in result.err
+    assert result.err.count("\n") == 1
+
+
+def test_without_fsspec_push_and_pull_say_what_to_install(
+    run: Run, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setitem(sys.modules, "fsspec", None)  # makes `import fsspec` fail
+    for command in ("push", "pull"):
+        result = run(command, "s3://bucket/fleet")
+        assert result.code == 2
+        assert "push/pull need fsspec: pip install 'fi-cache[fleet]'" in result.err
+
+
+def test_s3_without_s3fs_names_s3fs(run: Run, monkeypatch: pytest.MonkeyPatch) -> None:
+    registry = importlib.import_module("fsspec.registry")  # `fsspec.registry` is a mapping
+    monkeypatch.delitem(registry._registry, "s3", raising=False)
+    monkeypatch.setitem(sys.modules, "s3fs", None)
+    result = run("pull", "s3://bucket/fleet")
+    assert result.code == 2 and result.err.count("\n") == 1
+    assert "s3:// needs s3fs" in result.err and "pip install 'fi-cache[fleet]'" in result.err
+
+
+def test_an_unwritable_remote_fails_with_exit_1(
+    run: Run, monkeypatch: pytest.MonkeyPatch, store: Path, tmp_path: Path
+) -> None:
+    blocker = tmp_path / "a-file"
+    blocker.write_text("not a directory")
+    _as_machine(monkeypatch, H200)
+    _warm(store, H200)
+    result = run("push", str(blocker / "fleet"))
+    assert result.code == 1 and "upload failed" in result.err and "Traceback" not in result.err
+    assert not list(state_dir(store).glob(f"{storage.TMP_PREFIX}*"))  # local temp removed
+
+
+# --- progress -----------------------------------------------------------------------------------
+
+
+def test_progress_is_reported_up_to_the_bundle_size(
+    monkeypatch: pytest.MonkeyPatch, store: Path, store_b: Path, url: str
+) -> None:
+    _as_machine(monkeypatch, H200)
+    dirs = _warm(store, H200)
+    ups: list[tuple[int, int]] = []
+    downs: list[tuple[int, int]] = []
+    pushed = transfer.push(store, url, dirs, lambda d, t: ups.append((d, t)))
+    pulled = transfer.pull(store_b, url, progress=lambda d, t: downs.append((d, t)))
+    assert ups[-1] == (pushed.size, pushed.size)
+    assert downs[0] == (0, pulled.size) and downs[-1] == (pulled.size, pulled.size)
+    assert [d for d, _ in downs] == sorted(d for d, _ in downs)
+
+
+class _Tty(io.StringIO):
+    def isatty(self) -> bool:
+        return True
+
+
+def test_live_progress_draws_on_a_terminal_only_for_large_transfers() -> None:
+    tty = _Tty()
+    bar = LiveProgress("pull", quiet=False, stream=tty)
+    bar(0, 1000)
+    bar(1000, 1000)
+    assert tty.getvalue() == ""  # under 1 MB
+    bar(50_000_000, 100_000_000)
+    bar(100_000_000, 100_000_000)
+    bar.finish()
+    lines = tty.getvalue()
+    assert lines.startswith("\r\x1b[Kpull 50.0 MB / 100.0 MB (50%, ")
+    assert "pull 100.0 MB / 100.0 MB (100%" in lines and lines.endswith("\n")
+    plain = io.StringIO()
+    LiveProgress("pull", quiet=False, stream=plain)(50_000_000, 100_000_000)
+    quiet = _Tty()
+    LiveProgress("pull", quiet=True, stream=quiet)(50_000_000, 100_000_000)
+    assert plain.getvalue() == quiet.getvalue() == ""
+
+
+# --- real S3 over HTTP on loopback --------------------------------------------------------------
+
+BUCKET = "fi-cache-fleet"
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def _aws_env(endpoint: str) -> dict[str, str]:
+    return {
+        "AWS_ACCESS_KEY_ID": "testing",
+        "AWS_SECRET_ACCESS_KEY": "testing",
+        "AWS_DEFAULT_REGION": "us-east-1",
+        "AWS_EC2_METADATA_DISABLED": "true",  # never ask a metadata service for credentials
+        "AWS_CONFIG_FILE": os.devnull,
+        "AWS_SHARED_CREDENTIALS_FILE": os.devnull,
+        "FSSPEC_S3_ENDPOINT_URL": endpoint,
+    }
+
+
+@pytest.fixture(scope="module")
+def s3() -> Iterator[str]:
+    """moto's S3 server on 127.0.0.1 and a bucket; s3fs reaches it as a user's would."""
+    from moto.server import ThreadedMotoServer
+
+    logging.getLogger("werkzeug").setLevel(logging.ERROR)  # one log line per request otherwise
+    port = _free_port()
+    server = ThreadedMotoServer(ip_address="127.0.0.1", port=port, verbose=False)
+    server.start()
+    endpoint = f"http://127.0.0.1:{port}"
+    with pytest.MonkeyPatch.context() as mp:
+        for name, value in _aws_env(endpoint).items():
+            mp.setenv(name, value)
+        # fsspec reads FSSPEC_S3_* once, at import; this process imported it already.
+        mp.setitem(fsspec.config.conf, "s3", {"endpoint_url": endpoint})
+        fsspec.filesystem("s3").mkdir(BUCKET)
+        yield endpoint
+    server.stop()
+
+
+@pytest.fixture
+def s3_url(s3: str) -> str:
+    return f"s3://{BUCKET}/{uuid.uuid4().hex}/fleet"
+
+
+def test_s3_round_trip_over_http(
+    run: Run, monkeypatch: pytest.MonkeyPatch, store: Path, store_b: Path, s3_url: str
+) -> None:
+    pushed = _pushed(run, monkeypatch, store, s3_url)
+    assert pushed["url"] == f"{s3_url}/{remote_key(H200)}"
+    pulled = run("--store", str(store_b), "--format", "json", "pull", s3_url)
+    assert pulled.code == 0, pulled.err
+    assert pulled.json()["sha256"] == pushed["sha256"]
+    assert _namespace_tree(store_b) == _namespace_tree(store)
+
+
+def test_s3_pull_on_another_machine_lists_the_bucket(
+    run: Run, monkeypatch: pytest.MonkeyPatch, store: Path, store_b: Path, s3_url: str
+) -> None:
+    _pushed(run, monkeypatch, store, s3_url)
+    _as_machine(monkeypatch, B200)
+    result = run("--store", str(store_b), "pull", s3_url)
+    assert result.code == 2 and remote_key(B200) in result.err
+    assert "1 bundle(s) for other environments: " + remote_key(H200) in result.err
+    assert _files(store_b) == []
+
+
+def test_s3_tampered_object_is_refused(
+    run: Run, monkeypatch: pytest.MonkeyPatch, store: Path, store_b: Path, s3_url: str
+) -> None:
+    _pushed(run, monkeypatch, store, s3_url)
+    _flip_byte(s3_url, remote_key(H200), offset=10)
+    result = run("--store", str(store_b), "pull", s3_url)
+    assert result.code == 2 and "sha256" in result.err
+    assert _files(store_b) == []
+
+
+def test_s3_missing_bucket_is_one_line_exit_1(
+    run: Run, monkeypatch: pytest.MonkeyPatch, store: Path, s3: str
+) -> None:
+    _as_machine(monkeypatch, H200)
+    _warm(store, H200)
+    result = run("push", "s3://no-such-bucket-here/fleet")
+    assert result.code == 1 and result.err.count("\n") == 1
+    assert "upload failed" in result.err and "Traceback" not in result.err
+
+
+def test_s3_unreachable_endpoint_is_one_line_exit_1(
+    run: Run, monkeypatch: pytest.MonkeyPatch, store_b: Path, s3: str
+) -> None:
+    import s3fs
+
+    closed = f"http://127.0.0.1:{_free_port()}"  # nothing listens there
+    no_retries = {"retries": {"max_attempts": 1}, "connect_timeout": 2}
+    conf = {"endpoint_url": closed, "config_kwargs": no_retries}
+    monkeypatch.setitem(fsspec.config.conf, "s3", conf)
+    monkeypatch.setattr(s3fs.S3FileSystem, "retries", 1)
+    _as_machine(monkeypatch, H200)
+    result = run("--store", str(store_b), "pull", f"s3://{BUCKET}/fleet")
+    assert result.code == 1 and result.err.count("\n") == 1, result.err
+    assert "failed" in result.err and "127.0.0.1" in result.err
+    assert _files(store_b) == []
+
+
+def test_s3_endpoint_from_the_fsspec_environment_variable(
+    s3: str, tmp_path: Path, store: Path, store_b: Path
+) -> None:
+    """Real processes, real environment detection: FSSPEC_S3_ENDPOINT_URL is all they get."""
+    _warm(store, environment.detect(state_dir(store)).fingerprint)
+    env = {**os.environ, **_aws_env(s3), "PYTHONPATH": str(REPO)}
+    url = f"s3://{BUCKET}/{uuid.uuid4().hex}"
+    for target, command in ((store, "push"), (store_b, "pull")):
+        done = subprocess.run(
+            [sys.executable, "-c", _ENTRY, "--store", str(target), command, url],
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=120,
+            check=False,
+        )
+        assert done.returncode == 0, done.stderr
+        assert done.stderr == ""
+    assert _namespace_tree(store_b) == _namespace_tree(store)
+
+
+# The console script with push/pull registered (the lead registers them in fi_cache.cli).
+_ENTRY = (
+    "import sys; from fi_cache.cli import cli, main; from fi_cache.cli.transfer import COMMANDS\n"
+    "[cli.add_command(c) for c in COMMANDS if c.name not in cli.commands]\n"
+    "main(sys.argv[1:])"
+)
