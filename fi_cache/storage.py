@@ -252,23 +252,33 @@ def _timeout_error(holder: Holder | None, timeout: float, lock_file: Path) -> Fi
     return FiCacheError(f"timed out after {timeout:.0f}s waiting for {who}", lock_file)
 
 
-@contextlib.contextmanager
-def _acquire_flock(
+def _same_file(fd: int, path: Path) -> bool:
+    """Is the locked descriptor still the file at `path`? (An import or prune may have moved
+    the namespace, and its lock file with it, while we waited.)"""
+    try:
+        a, b = os.fstat(fd), os.stat(path)
+    except OSError:
+        return False
+    return (a.st_dev, a.st_ino) == (b.st_dev, b.st_ino)
+
+
+def _flock_acquired(
     lock_file: Path,
     holder_file: Path,
-    me: Holder,
+    deadline: float,
     timeout: float,
     on_wait: Callable[[Holder | None], None] | None,
-) -> Iterator[None]:
+) -> int:
+    """A descriptor of `lock_file` holding LOCK_EX, reopened if the file was replaced meanwhile."""
     import fcntl  # POSIX only; lock_strategy picks "lockfile" elsewhere
 
-    try:
-        fd = os.open(lock_file, os.O_CREAT | os.O_RDWR, 0o644)
-    except OSError as exc:
-        raise Refused(f"cannot lock: {exc.strerror}", lock_file) from None
-    try:
-        deadline = time.monotonic() + timeout
-        waited = False
+    waited = False
+    while True:
+        try:
+            lock_file.parent.mkdir(parents=True, exist_ok=True)
+            fd = os.open(lock_file, os.O_CREAT | os.O_RDWR, 0o644)
+        except OSError as exc:
+            raise Refused(f"cannot lock: {exc.strerror}", lock_file) from None
         while True:
             try:
                 fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
@@ -278,8 +288,26 @@ def _acquire_flock(
                     on_wait(_read_holder(holder_file))
                 waited = True
                 if time.monotonic() >= deadline:
+                    os.close(fd)
                     raise _timeout_error(_read_holder(holder_file), timeout, lock_file) from None
                 time.sleep(0.1)
+        if _same_file(fd, lock_file):
+            return fd
+        os.close(fd)  # we locked a file that was moved away: lock the one there now
+
+
+@contextlib.contextmanager
+def _acquire_flock(
+    lock_file: Path,
+    holder_file: Path,
+    me: Holder,
+    timeout: float,
+    on_wait: Callable[[Holder | None], None] | None,
+) -> Iterator[None]:
+    import fcntl
+
+    fd = _flock_acquired(lock_file, holder_file, time.monotonic() + timeout, timeout, on_wait)
+    try:
         try:
             _replace(holder_file, _holder_bytes(me), 0o644)
             yield
