@@ -28,7 +28,7 @@ from fi_cache.namespace import NAMESPACES_DIR, Namespace
 BUNDLE_MANIFEST = "fi-cache-bundle.json"
 FORMAT = "fi-cache-bundle"
 SCHEMA = 1
-_SKIP_NAMES = {storage.LOCK_NAME, storage.HOLDER_NAME}
+_SKIP_NAMES = {storage.LOCK_NAME, storage.HOLDER_NAME, storage.IN_USE_NAME}
 _MB = 1024 * 1024
 
 

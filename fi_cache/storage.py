@@ -421,6 +421,8 @@ def probe_namespace_lock(directory: Path, strategy: str) -> tuple[bool, Holder |
         return True, holder
     import fcntl
 
+    if in_use(directory):
+        return True, None  # a running server (serve) holds it
     try:
         fd = os.open(lock_file, os.O_RDONLY)
     except FileNotFoundError:
@@ -463,6 +465,8 @@ def try_namespace_lock(directory: Path, purpose: str, strategy: str) -> Iterator
         except BlockingIOError:
             raise NamespaceBusy(directory, _read_holder(directory / HOLDER_NAME)) from None
         try:
+            if in_use(directory):
+                raise NamespaceBusy(directory, None)
             yield me
         finally:
             fcntl.flock(fd, fcntl.LOCK_UN)
@@ -602,3 +606,51 @@ def install_dir(
         _fsync_dir(target.parent)
     if old is not None:
         _delete_tree(old)
+
+
+# --- Namespaces in use by a running server (serve) ---------------------------------------------
+# `serve` execs vLLM holding a shared flock on this file (the descriptor survives the exec), so a
+# prune never deletes the namespace of a server that is still running. Warms do not look at it.
+
+IN_USE_NAME = ".fi-cache.inuse"
+
+
+def hold_in_use(directory: Path) -> int | None:
+    """Mark `directory` in use until this process (or what it execs) exits; None where flock
+    is not available or not trusted (a lock-file store cannot mark shared use)."""
+    import fcntl
+
+    if lock_strategy(directory)[0] != "flock":
+        return None
+    try:
+        fd = os.open(directory / IN_USE_NAME, os.O_CREAT | os.O_RDWR, 0o644)
+    except OSError:
+        return None  # a read-only store: nothing can prune it from here either
+    try:
+        fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+    except OSError:
+        os.close(fd)
+        return None
+    os.set_inheritable(fd, True)
+    return fd
+
+
+def in_use(directory: Path) -> bool:
+    """Does a running server hold `directory`? Creates nothing."""
+    import fcntl
+
+    try:
+        fd = os.open(directory / IN_USE_NAME, os.O_RDONLY)
+    except OSError:
+        return False
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        return True
+    except OSError:
+        return False
+    else:
+        fcntl.flock(fd, fcntl.LOCK_UN)
+        return False
+    finally:
+        os.close(fd)

@@ -360,3 +360,25 @@ def test_options_must_come_before_the_double_dash(rig: Rig) -> None:
     p = rig.run("warm", "--format", "json", "--", MODEL)  # --format is a global option
     assert p.returncode == 2 and "No such option '--format'" in p.stderr
     assert rig.starts() == []
+
+
+def test_prune_leaves_the_namespace_of_a_running_server_alone(rig: Rig) -> None:
+    from fi_cache.vllm import free_port
+
+    port = str(free_port())
+    assert rig.run("warm", "--", MODEL, "--port", port).returncode == 0
+    [ns] = rig.namespaces()
+    proc = rig.popen("serve", "--", MODEL, "--port", port)
+    deadline = time.time() + 30
+    while len(rig.starts()) < 2 and time.time() < deadline:
+        time.sleep(0.1)
+    try:
+        p = rig.run("--format", "json", "prune", "--older-than", "0s", "--yes")
+        assert p.returncode == 0, p.stderr
+        assert ns.is_dir(), "a served namespace must survive prune"
+        assert [s["path"] for s in json.loads(p.stdout)["skipped_locked"]] != []
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        proc.communicate(timeout=30)
+    p = rig.run("--format", "json", "prune", "--older-than", "0s", "--yes")
+    assert p.returncode == 0 and not ns.exists()

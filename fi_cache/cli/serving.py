@@ -240,7 +240,7 @@ def serve_command(
 ) -> int:
     """Run `vllm serve VLLM_ARGS` on this machine's namespace, warmed first when cold."""
     from fi_cache import manifest as manifests
-    from fi_cache import preflight
+    from fi_cache import preflight, storage
     from fi_cache import vllm as vllm_mod
     from fi_cache import warm as warm_mod
 
@@ -274,6 +274,8 @@ def serve_command(
         elif not ctx.quiet:
             render.warn("namespace is cold: vLLM tunes at start-up and saves into it")
     _touch(ns_dir)
+    if ns_dir.is_dir():
+        storage.hold_in_use(ns_dir)  # inherited by vLLM: prune leaves a served namespace alone
     launch_env = vllm_mod.launch_env(
         dict(os.environ), warm_mod.cache_dir(ns_dir), finalize, args.uses_ray
     )
