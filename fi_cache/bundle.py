@@ -211,6 +211,10 @@ def _vet(bm: BundleManifest, members: list[tarfile.TarInfo], bundle: Path) -> No
             bundle,
         )
     ns_paths = {n.path for n in bm.namespaces}
+    if len(ns_paths) != len(bm.namespaces) or any(
+        a != b and a.startswith(b + "/") for a in ns_paths for b in ns_paths
+    ):
+        raise Refused("bundle lists a namespace twice, or one inside another", bundle)
     for n in bm.namespaces:
         _safe_name(n.path)
         expected = Namespace(n.fingerprint, n.finalize).relpath.as_posix()  # type: ignore[arg-type]
@@ -221,6 +225,8 @@ def _vet(bm: BundleManifest, members: list[tarfile.TarInfo], bundle: Path) -> No
     seen = set()
     for m in members:
         name = _safe_name(m.name)
+        if m.name in seen:
+            raise Refused(f"bundle member {m.name!r} appears twice", bundle)
         if not m.isfile():
             kind = "symlink" if m.issym() else "hard link" if m.islnk() else "non-regular member"
             raise Refused(f"bundle member {m.name!r} is a {kind}", bundle)

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import os
 import re
+import stat
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
@@ -73,6 +74,13 @@ def is_v2_env_dir(path: Path) -> bool:
     )
 
 
+def _regular(path: Path) -> bool:
+    try:
+        return stat.S_ISREG(path.lstat().st_mode)
+    except OSError:
+        return True  # let the read report the problem (permission, vanished)
+
+
 def looks_like_v1(path: Path) -> bool:
     """A JSON file whose start looks like FlashInfer's (metadata or a tuple key)."""
     with open(path, "rb") as f:
@@ -115,6 +123,8 @@ def discover(path: Path) -> tuple[list[Found], list[ScanProblem]]:
             if not name.endswith(".json") or name == v2.MANIFEST:
                 continue
             file = here / name
+            if not _regular(file):
+                continue  # a FIFO or device named *.json would block the read forever
             if name == VLLM_CACHE_FILE or VLLM_RANK_FILE.match(name):
                 found.append(classify_file(file))
             else:

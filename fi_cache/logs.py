@@ -186,7 +186,10 @@ class _Parser:
         # tqdm redraws with "\r": each piece is its own message.
         for segment in line.split("\r"):
             if _interesting(segment):
-                self._segment(line_no, segment)
+                try:
+                    self._segment(line_no, segment)
+                except (ValueError, OverflowError):
+                    continue  # a number no real log line holds (4300+ digits): not our line
 
     def facts(self, path: str, lines: int) -> LogFacts:
         return LogFacts(path, tuple(self.events), tuple(self.errors), tuple(self.tuning), lines)

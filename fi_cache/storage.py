@@ -593,6 +593,8 @@ def install_dir(
     new: Path, target: Path, store: Path, timeout: float = DEFAULT_LOCK_TIMEOUT
 ) -> None:
     """Replace `target` with the staged dir `new` (old one to the trash) under target's lock."""
+    if not new.is_dir():  # never move the old one aside without a replacement in hand
+        raise Refused("staged namespace is missing", new)
     _ensure_dir(target.parent)
     old: Path | None = None
     with namespace_lock(target, "import", timeout):

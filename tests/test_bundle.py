@@ -307,3 +307,22 @@ def test_sigkill_during_import_leaves_old_or_new(tmp_path: Path) -> None:
             _make_namespace(store)
             (old_ns / "vllm" / HASH_A / "autotune_configs.json").write_text('{"_metadata": {}}')
     assert outcomes  # both are fine; the point is never a mix
+
+
+def test_a_namespace_listed_twice_is_refused_and_the_old_one_survives(tmp_path: Path) -> None:
+    store = tmp_path / "s"
+    man, members = _good_parts(store)
+    man["namespaces"].append(dict(man["namespaces"][0]))
+    path = _tar(tmp_path / "twice.tar.gz", _with_manifest(man, members))
+    old = _make_namespace(store)
+    before = _files(store / "namespaces")
+    with pytest.raises(Refused, match="namespace twice"):
+        bundle.import_bundle(store, path, FP, force=True)
+    assert _files(store / "namespaces") == before and old.is_dir()
+
+
+def test_a_member_listed_twice_is_refused(tmp_path: Path) -> None:
+    store = tmp_path / "s"
+    man, members = _good_parts(store)
+    path = _tar(tmp_path / "dup.tar.gz", _with_manifest(man, [*members, members[1]]))
+    _refused(store, path, "appears twice")

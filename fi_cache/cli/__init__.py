@@ -44,7 +44,8 @@ def cli(ctx: click.Context, store: Path | None, fmt: str, quiet: bool) -> None:
         from fi_cache.store import default_store
 
         store = default_store()
-    ctx.obj = Context(store=store.expanduser(), json=fmt == "json", quiet=quiet)
+    # Absolute and symlink-free, so paths inside the store compare equal however they were spelled.
+    ctx.obj = Context(store=store.expanduser().resolve(), json=fmt == "json", quiet=quiet)
 
 
 def _register() -> None:
@@ -68,6 +69,12 @@ def _wants_json(argv: list[str]) -> bool:
     return False
 
 
+def _json_error(argv: list[str] | None, message: str, path: str | None, code: int) -> None:
+    """Scripts asking for JSON still get exactly one JSON document on stdout."""
+    if _wants_json(argv if argv is not None else sys.argv[1:]):
+        click.echo(json.dumps({"error": {"message": message, "path": path, "exit_code": code}}))
+
+
 def main(argv: list[str] | None = None) -> None:
     """Console entry point: one line on stderr and a documented exit code for every failure."""
     try:
@@ -75,16 +82,14 @@ def main(argv: list[str] | None = None) -> None:
     except click.exceptions.ClickException as exc:
         exc.show()
         code = exc.exit_code
+        _json_error(argv, exc.format_message(), None, code)
     except click.exceptions.Abort:
         click.echo("fi-cache: interrupted", err=True)  # click turns Ctrl-C into Abort
         code = 130
     except FiCacheError as exc:
         click.echo(f"fi-cache: {exc}", err=True)
         code = exc.exit_code
-        if _wants_json(argv if argv is not None else sys.argv[1:]):
-            # Scripts still get exactly one JSON document on stdout.
-            error = {"message": exc.message, "path": exc.path, "exit_code": code}
-            click.echo(json.dumps({"error": error}))
+        _json_error(argv, exc.message, exc.path, code)
     except KeyboardInterrupt:
         click.echo("fi-cache: interrupted", err=True)
         code = 130
@@ -93,4 +98,10 @@ def main(argv: list[str] | None = None) -> None:
     except RecursionError:
         click.echo("fi-cache: input nested too deeply to process", err=True)
         code = EXIT_REFUSED
+        _json_error(argv, "input nested too deeply to process", None, code)
+    except OSError as exc:  # last resort: an unreadable dir met somewhere unexpected
+        where = f"{exc.filename}: " if exc.filename else ""
+        click.echo(f"fi-cache: {where}{exc.strerror or exc}", err=True)
+        code = EXIT_REFUSED
+        _json_error(argv, str(exc.strerror or exc), exc.filename, code)
     sys.exit(code if isinstance(code, int) else 0)

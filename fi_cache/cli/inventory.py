@@ -106,7 +106,8 @@ def _scan(paths: tuple[Path, ...], include_store: bool) -> Inventory:
     store = _ctx().store
     inv = scan(_store_roots(store), explicit=False) if include_store else Inventory()
     extra = scan(paths)
-    inv.caches.extend(extra.caches)
+    seen = {c.path.resolve() for c in inv.caches}  # a PATH inside the store: list it once
+    inv.caches.extend(c for c in extra.caches if c.path.resolve() not in seen)
     inv.problems.extend(extra.problems)
     inv.empty.extend(extra.empty)
     return inv

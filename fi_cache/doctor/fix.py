@@ -40,8 +40,6 @@ def plan(findings: list[Finding], inputs: Inputs) -> list[Action]:
         for p in inputs.problems
         if p.exit_code == 1 and _cache_place(p.path, inputs.store)
     }
-    caches |= {e.path for log in inputs.logs for e in log.events if e.path}
-    caches |= {e.last_loaded for log in inputs.logs for e in log.errors if e.last_loaded}
     actions: dict[Path, Action] = {}
     for f in findings:
         if f.path is None:

@@ -116,7 +116,11 @@ def gather(
     views: list[CacheView] = []
     modes: dict[Path, int] = {}
     manifest_memo: dict[Path, manifests.Manifest | None] = {}
+    seen: set[Path] = set()
     for cache in [*inv.caches, *given.caches]:
+        if (key := cache.path.resolve()) in seen:
+            continue  # a PATH inside the store or vLLM's dir: check it once
+        seen.add(key)
         parts = namespace_parts(cache.path, store)
         ns_dir = Path(parts["dir"]) if parts else None
         manifest = None

@@ -98,7 +98,14 @@ def _unescape(match: re.Match[str]) -> str:
 
 def _decode_string(token: str) -> str:
     body = token[1:-1]
-    return _ESCAPE.sub(_unescape, body) if "\\" in body else body
+    if "\\" not in body:
+        return body
+    try:
+        return _ESCAPE.sub(_unescape, body)
+    except KeyError_:
+        raise
+    except (ValueError, OverflowError):  # \UFFFFFFFF: past the last code point
+        raise KeyError_("escape beyond the last Unicode code point") from None
 
 
 def _tokenize(text: str) -> list[tuple[str, str, int]]:
@@ -139,7 +146,10 @@ class _Parser:
         if kind == "str":
             return _decode_string(text)
         if kind == "num":
-            return float(text) if any(c in text for c in ".eE") else int(text)
+            try:
+                return float(text) if any(c in text for c in ".eE") else int(text)
+            except ValueError:  # past Python's 4300-digit limit: no key FlashInfer wrote
+                raise KeyError_(f"number at column {pos + 1} is too long") from None
         if kind == "name":
             if text in _KEYWORDS:
                 return _KEYWORDS[text]

@@ -117,6 +117,8 @@ def loads(text: str | bytes) -> CacheFile:
         raise FormatError(f"{where}: {exc.msg} at line {exc.lineno} column {exc.colno}") from None
     except RecursionError:
         raise FormatError("JSON nested too deeply to be a cache file") from None
+    except ValueError as exc:  # e.g. an integer past Python's 4300-digit conversion limit
+        raise FormatError(f"invalid JSON: {exc}") from None
     if not isinstance(data, dict):
         raise FormatError(f"top level is a JSON {_json_type(data)}, not an object")
     return from_json(data)

@@ -251,3 +251,16 @@ def test_a_stray_non_cache_file_is_reported_but_never_moved(run, tmp_path: Path)
     vllm_named.write_text("{")
     r = run("--format", "json", "doctor", tmp_path / "c", *TARGET, "--fix")
     assert [a["path"] for a in r.json()["actions"]] == [str(vllm_named)]
+
+
+def test_a_file_a_log_names_is_moved_only_if_it_is_a_cache(run, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+    victim = tmp_path / "victim.txt"
+    victim.write_text("precious")
+    log = tmp_path / "crash.log"
+    log.write_text(
+        f"INFO 11-30 01:00:00 [Autotuner]: Loaded 5 configs from {victim}\n"
+        "RuntimeError: Invalid gemm2 profile id: 50\n"
+    )
+    r = run("--format", "json", "doctor", "--log", log, "--fix")
+    assert ("stale-gemm2-profile", "error") in _findings(r)
+    assert r.json()["actions"] == [] and victim.read_text() == "precious"

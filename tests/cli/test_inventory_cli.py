@@ -274,3 +274,44 @@ def test_show_fits_80_columns_for_moe_and_gemm(run, monkeypatch) -> None:  # typ
     out = run("show", "--op", "gemm2", MOE_618_FUSED).out
     assert "trtllm::fused_moe::gemm2 · MoERunner  (16 entries)" in out
     assert "1x2048 128x1536x2048 0 128x2048x768 0" in out and "fused top_k=8 ep=1 tp=1" in out
+
+
+@pytest.mark.parametrize(
+    "content, words",
+    [
+        (b"{\"('a', 'b', ((1,),), ())\": [\"R\", " + b"9" * 5000 + b"]}", "invalid JSON"),
+        (b"{\"('a', 'b', ((1,),), ('\\\\UFFFFFFFF',))\": [\"R\", 1]}", "last Unicode code point"),
+    ],
+)
+def test_numbers_and_escapes_past_python_limits_are_corrupt_not_a_crash(  # type: ignore[no-untyped-def]
+    run, tmp_path: Path, content: bytes, words: str
+) -> None:
+    path = tmp_path / "autotune_configs.json"
+    path.write_bytes(content)
+    r = run("verify", path)
+    assert r.code == 1 and words in r.err
+
+
+def test_a_path_inside_the_store_is_listed_once(run, store: Path) -> None:  # type: ignore[no-untyped-def]
+    target = store / "namespaces" / "0.6.17" / "90a" / "nvidia-h200" / "fused-0123456789ab"
+    (target / "vllm" / HASH_A).mkdir(parents=True)
+    shutil.copy(MOE_617_FUSED, target / "vllm" / HASH_A / "autotune_configs.json")
+    assert len(run("--format", "json", "ls", store).json()["caches"]) == 1
+
+
+def test_a_fifo_named_json_does_not_hang_the_scan(run, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+    os.mkfifo(tmp_path / "x.json")
+    shutil.copy(GEMM_618, tmp_path / "c.json")
+    r = run("--format", "json", "ls", tmp_path)
+    assert r.code == 0 and [Path(c["path"]).name for c in r.json()["caches"]] == ["c.json"]
+
+
+def test_usage_errors_in_json_mode_still_print_one_json_document(tmp_path: Path, capsys) -> None:  # type: ignore[no-untyped-def]
+    assert cli_main_exit(["--store", str(tmp_path), "--format", "json", "ls", "--bogus"]) == 2
+    assert json.loads(capsys.readouterr().out)["error"]["exit_code"] == 2
+
+
+def test_a_relative_store_works(run, tmp_path: Path, monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    monkeypatch.chdir(tmp_path)
+    r = run("--store", "rel-store", "--format", "json", "env", "--no-exact")
+    assert r.json()["store"] == str(tmp_path / "rel-store")

@@ -40,10 +40,13 @@ def spaces(store: Path) -> dict[str, Path]:
             store, fi="0.6.17", fixture=MOE_617_FUSED, last_used=NOW - 40 * DAY
         ),
         "ancient": make_namespace(
-            store, fi="0.6.17", fixture=MOE_617_UNFUSED, finalize="unfused",
+            store,
+            fi="0.6.17",
+            fixture=MOE_617_UNFUSED,
+            finalize="unfused",
             last_used=NOW - 90 * DAY,
         ),
-    }  # fmt: skip
+    }
 
 
 def ask(store: Path, answer: str, *args: str) -> Result:
@@ -151,9 +154,14 @@ def test_at_a_terminal_it_asks(
 
 @pytest.mark.parametrize(
     "args",
-    [["--older-than", "30"], ["--older-than", "soon"], ["--max-size", "20XB"],
-     ["--max-size", "-5GB"], ["--older-than", "1y", "--dry-run"]],
-)  # fmt: skip
+    [
+        ["--older-than", "30"],
+        ["--older-than", "soon"],
+        ["--max-size", "20XB"],
+        ["--max-size", "-5GB"],
+        ["--older-than", "1y", "--dry-run"],
+    ],
+)
 def test_bad_sizes_and_durations_exit_2(run: Run, spaces: dict[str, Path], args: list[str]) -> None:
     r = run("prune", *args)
     assert r.code == 2 and r.err.startswith("fi-cache: --") and len(r.err.splitlines()) == 1
