@@ -334,9 +334,7 @@ def _acquire_lockfile(
             fd = os.open(lock_file, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644)
         except FileExistsError:
             holder = _read_holder(lock_file)
-            if holder and holder.host == me.host and not _alive(holder.pid):
-                with contextlib.suppress(OSError):  # a dead holder on this host: recover
-                    lock_file.unlink()
+            if _break_stale(lock_file, holder, me):
                 continue
             if not waited and on_wait:
                 on_wait(holder)
@@ -348,6 +346,7 @@ def _acquire_lockfile(
         except OSError as exc:
             raise Refused(f"cannot lock: {exc.strerror}", lock_file) from None
         break
+    mine = os.fstat(fd)
     try:
         with os.fdopen(fd, "wb") as f:
             f.write(_holder_bytes(me))
@@ -355,8 +354,36 @@ def _acquire_lockfile(
             os.fsync(f.fileno())
         yield
     finally:
+        _unlink_if_same(lock_file, mine)
+
+
+def _break_stale(lock_file: Path, holder: Holder | None, me: Holder) -> bool:
+    """Remove the lock of a dead holder on this host, so that of several waiters exactly one
+    takes it over: the lock is renamed away (atomic; one rename wins) and checked afterwards."""
+    if not holder or holder.host != me.host or _alive(holder.pid):
+        return False
+    aside = lock_file.with_name(f"{lock_file.name}.stale-{me.pid}-{time.time_ns()}")
+    try:
+        os.rename(lock_file, aside)
+    except OSError:
+        return True  # someone else moved it first: try to create ours again
+    if _read_holder(aside) == holder:
         with contextlib.suppress(OSError):
-            lock_file.unlink()
+            aside.unlink()
+    else:  # we moved a fresh lock someone took meanwhile: put it back unless replaced
+        with contextlib.suppress(OSError):
+            os.link(aside, lock_file)
+        with contextlib.suppress(OSError):
+            aside.unlink()
+    return True
+
+
+def _unlink_if_same(path: Path, mine: os.stat_result) -> None:
+    """Remove our lock file, never one another process made where ours was."""
+    with contextlib.suppress(OSError):
+        now = os.stat(path)
+        if (now.st_dev, now.st_ino) == (mine.st_dev, mine.st_ino):
+            path.unlink()
 
 
 # --- Moving things aside (doctor --fix) ---------------------------------------------------------
@@ -482,9 +509,7 @@ def _try_lockfile(lock_file: Path, me: Holder) -> Iterator[None]:
             break
         except FileExistsError:
             holder = _read_holder(lock_file)
-            if holder and holder.host == me.host and not _alive(holder.pid):
-                with contextlib.suppress(OSError):
-                    lock_file.unlink()
+            if _break_stale(lock_file, holder, me):
                 continue
             raise NamespaceBusy(lock_file.parent, holder) from None
         except OSError as exc:
@@ -501,10 +526,7 @@ def _try_lockfile(lock_file: Path, me: Holder) -> Iterator[None]:
     finally:
         # The directory may have been moved away meanwhile and a new lock file made where this
         # one was: remove only our own.
-        with contextlib.suppress(OSError):
-            now = os.stat(lock_file)
-            if (now.st_dev, now.st_ino) == (mine.st_dev, mine.st_ino):
-                lock_file.unlink()
+        _unlink_if_same(lock_file, mine)
 
 
 def remove_tree(path: Path, store: Path) -> None:

@@ -87,3 +87,30 @@ def test_network_filesystems_use_a_lock_file(
     assert storage.lock_strategy(tmp_path)[0] == "lockfile"
     monkeypatch.setenv("FI_CACHE_LOCK", "flock")
     assert storage.lock_strategy(tmp_path) == ("flock", "set by FI_CACHE_LOCK")
+
+
+def test_waiters_on_a_dead_holders_lockfile_take_it_one_at_a_time(tmp_path: Path) -> None:
+    dead = subprocess.run(
+        [sys.executable, "-c", "import os; print(os.getpid())"],
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    holder = {"pid": int(dead.stdout), "host": os.uname().nodename, "since": 0.0, "purpose": "warm"}
+    (tmp_path / storage.LOCK_NAME).write_text(json.dumps(holder))
+    code = (
+        "import os, sys, time; from pathlib import Path; from fi_cache import storage\n"
+        "d = Path(sys.argv[1])\n"
+        "with storage.namespace_lock(d, 'w', 30, strategy='lockfile'):\n"
+        "    try:\n"
+        "        fd = os.open(d / 'inside', os.O_CREAT | os.O_EXCL)\n"
+        "    except FileExistsError:\n"
+        "        sys.exit(3)\n"
+        "    time.sleep(0.2); os.close(fd); os.unlink(d / 'inside')\n"
+    )
+    env = {**os.environ, "PYTHONPATH": str(Path(__file__).parent.parent)}
+    procs = [
+        subprocess.Popen([sys.executable, "-c", code, str(tmp_path)], env=env) for _ in range(6)
+    ]
+    assert [p.wait(60) for p in procs] == [0] * 6
+    assert not (tmp_path / storage.LOCK_NAME).exists()
