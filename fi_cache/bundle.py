@@ -94,9 +94,7 @@ def parse_manifest(data: Any) -> BundleManifest:
         namespaces = tuple(
             BundledNamespace(
                 str(n["path"]),
-                Fingerprint(
-                    **{k: v for k, v in n["fingerprint"].items() if k in FINGERPRINT_FIELDS}
-                ),
+                _fingerprint(n["fingerprint"]),
                 str(n["finalize"]),
             )
             for n in data["namespaces"]
@@ -107,8 +105,15 @@ def parse_manifest(data: Any) -> BundleManifest:
         return BundleManifest(
             namespaces, files, float(data["created"]), str(data["fi_cache_version"])
         )
-    except (KeyError, TypeError, ValueError, AttributeError) as exc:
+    except (KeyError, TypeError, ValueError, AttributeError, OverflowError) as exc:
         raise Refused(f"malformed bundle manifest ({exc})") from None
+
+
+def _fingerprint(data: Any) -> Fingerprint:
+    values = {k: v for k, v in dict(data).items() if k in FINGERPRINT_FIELDS}
+    if not all(v is None or isinstance(v, str) for v in values.values()):
+        raise ValueError("fingerprint values must be strings")
+    return Fingerprint(**values)
 
 
 # --- export -------------------------------------------------------------------------------------

@@ -237,7 +237,12 @@ def run_flashinfer_probe(timeout: float = _PROBE_TIMEOUT_S) -> dict[str, str]:
     if out.returncode != 0 or not lines:
         last = (out.stderr.strip().splitlines() or ["no output"])[-1]
         raise RuntimeError(f"FlashInfer's metadata probe failed: {last}")
-    data = json.loads(lines[-1])
+    try:
+        data = json.loads(lines[-1])
+    except ValueError:
+        data = None
+    if not isinstance(data, dict):
+        raise RuntimeError("FlashInfer's metadata probe printed something other than its answer")
     return {k: str(v) for k, v in data.items()}
 
 
@@ -276,9 +281,11 @@ def detect(
     cache = state_dir / f"env-{probe_key(env)}.json" if state_dir else None
     if cache is not None and not refresh:
         try:
-            return with_flashinfer_metadata(env, json.loads(cache.read_text()))
+            cached = json.loads(cache.read_text())
+            if isinstance(cached, dict):
+                return with_flashinfer_metadata(env, {k: str(v) for k, v in cached.items()})
         except (OSError, ValueError):
-            pass
+            pass  # unreadable or not ours: ask FlashInfer again
     try:
         meta = run_flashinfer_probe()
     except RuntimeError as exc:

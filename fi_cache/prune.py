@@ -9,6 +9,7 @@ A namespace whose lock is held is never planned nor touched.
 from __future__ import annotations
 
 import contextlib
+import math
 import os
 import re
 import time
@@ -63,7 +64,10 @@ def parse_size(text: str) -> int:
         raise Refused(
             f"--max-size {text!r}: give a number and a unit like 500MB, 20GB or 1.5GiB (or 0)"
         )
-    return int(float(m.group(1)) * _SIZE_UNITS[unit])
+    size = float(m.group(1)) * _SIZE_UNITS[unit]
+    if not math.isfinite(size):
+        raise Refused(f"--max-size {text!r} is too large")
+    return int(size)
 
 
 # --- what is on disk ------------------------------------------------------------------------------

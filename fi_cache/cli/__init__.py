@@ -23,7 +23,7 @@ class Context:
 @click.group(context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 100})
 @click.option(
     "--store",
-    type=click.Path(path_type=Path),
+    type=click.Path(path_type=Path, readable=False),
     default=None,
     help="fi-cache store dir (default: $FI_CACHE_DIR, else the user cache dir).",
 )

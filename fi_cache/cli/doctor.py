@@ -29,12 +29,12 @@ class _SplitAtDoubleDash(click.Command):
 
 
 @click.command("doctor", cls=_SplitAtDoubleDash)
-@click.argument("paths", nargs=-1, type=click.Path(path_type=Path))
+@click.argument("paths", nargs=-1, type=click.Path(path_type=Path, readable=False))
 @click.option(
     "--log",
     "logs",
     multiple=True,
-    type=click.Path(path_type=Path),
+    type=click.Path(path_type=Path, readable=False),
     help="A vLLM/FlashInfer log to explain (repeatable).",
 )
 @click.option("--flashinfer-version", default=None, help="Target FlashInfer version.")

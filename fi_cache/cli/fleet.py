@@ -53,7 +53,7 @@ def _summary(bm: Any) -> dict[str, Any]:
 @click.option(
     "-o",
     "--output",
-    type=click.Path(path_type=Path),
+    type=click.Path(path_type=Path, readable=False),
     required=True,
     help="The bundle to write (tar.gz).",
 )
@@ -75,7 +75,7 @@ def export_command(namespace: str | None, output: Path) -> int:
 
 
 @click.command("import")
-@click.argument("bundle_path", metavar="BUNDLE", type=click.Path(path_type=Path))
+@click.argument("bundle_path", metavar="BUNDLE", type=click.Path(path_type=Path, readable=False))
 @click.option("--force", is_flag=True, help="Import a bundle made for another environment.")
 def import_command(bundle_path: Path, force: bool) -> int:
     """Verify BUNDLE completely, then install its namespaces into the store."""

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 from typing import Any
 
@@ -15,7 +16,7 @@ from fi_cache.model import keys as keymod
 from fi_cache.model import moe, v1
 from fi_cache.namespace import FINALIZE_MODES, NAMESPACES_DIR, Namespace, namespace_parts
 
-_PATHS = click.argument("paths", nargs=-1, type=click.Path(path_type=Path))
+_PATHS = click.argument("paths", nargs=-1, type=click.Path(path_type=Path, readable=False))
 
 
 def _ctx() -> Any:
@@ -125,7 +126,7 @@ def summary(cache: Cache, store: Path) -> dict[str, Any]:
         "path": str(cache.path),
         "format": cache.found.format,
         "flashinfer_version": cache.flashinfer_version,
-        "gpu": (cf.metadata or {}).get("gpu"),
+        "gpu": cache.fingerprint.gpu,  # a string or null, whatever the file holds
         "arch": arch,
         "entries": len(cf.entries),
         "size": cache.size,
@@ -210,14 +211,16 @@ def ls_command(paths: tuple[Path, ...], no_store: bool, long_: bool, paths_only:
 # --- show ---------------------------------------------------------------------------------------
 
 
-def _entry_json(raw: str, key: keymod.CacheKey | None, value: list[Any]) -> dict[str, Any]:
+def _entry_json(raw: str, key: keymod.CacheKey | None, value: Any) -> dict[str, Any]:
+    if not isinstance(value, list):
+        value = [None, value]  # malformed (verify says so); still shown as it is
     if key is None:
         return {
             "op": None,
             "runner": value[0] if value else None,
             "profile": None,
             "extras": None,
-            "tactic": value[1:] if value else None,
+            "tactic": value[1] if len(value) > 1 else None,
             "raw_key": raw,
         }
     extras: Any = keymod.to_json(key.extras) if key.has_extras else None
@@ -250,7 +253,7 @@ def _load_one(path: Path) -> Cache:
 
 
 @click.command("show")
-@click.argument("path", type=click.Path(path_type=Path))
+@click.argument("path", type=click.Path(path_type=Path, readable=False))
 @click.option("--op", "op_filter", default=None, help="Only entries of this op (substring).")
 def show_command(path: Path, op_filter: str | None) -> int:
     """Decode one cache: metadata, entries by op with shapes and tactics, MoE extras by name."""
@@ -292,7 +295,7 @@ def _show_human(cache: Cache, entries: list[dict[str, Any]]) -> None:
     for (op, runner), group in sorted(groups.items()):
         click.echo(f"\n{op} · {runner}  ({len(group)} entries)")
         rows = []
-        for e in sorted(group, key=lambda e: e["profile"] or []):
+        for e in sorted(group, key=lambda e: json.dumps(e["profile"])):
             extras = e["extras"]
             if "finalize" in e and not isinstance(extras, dict):
                 extras_text = "unknown finalize (no extras in key)"
@@ -331,7 +334,7 @@ def _compact(value: Any) -> str:
 
 
 @click.command("verify")
-@click.argument("paths", nargs=-1, required=True, type=click.Path(path_type=Path))
+@click.argument("paths", nargs=-1, required=True, type=click.Path(path_type=Path, readable=False))
 def verify_command(paths: tuple[Path, ...]) -> int:
     """Check integrity: valid JSON, every key parses, `_generation` matches, value shapes."""
     ctx = _ctx()

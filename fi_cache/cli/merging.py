@@ -65,13 +65,17 @@ def _summary(report: MergeReport, prefer: str) -> str:
 
 @click.command("merge")
 @click.argument(
-    "sources", metavar="SRC...", nargs=-1, required=True, type=click.Path(path_type=Path)
+    "sources",
+    metavar="SRC...",
+    nargs=-1,
+    required=True,
+    type=click.Path(path_type=Path, readable=False),
 )
 @click.option(
     "-o",
     "--output",
     metavar="OUT",
-    type=click.Path(path_type=Path),
+    type=click.Path(path_type=Path, readable=False),
     required=True,
     help="File to write; when it exists, its entries are kept and merged first.",
 )

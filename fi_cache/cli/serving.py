@@ -114,7 +114,10 @@ def _run_warm(
     executable = vllm_mod.find_executable(vllm_path)
     status = _Status(ctx.quiet)
     progress = warm_mod.Progress(status.waiting, status.tick, status.note)
-    grace = float(os.environ.get("FI_CACHE_STOP_GRACE", "10"))  # SIGINT -> SIGTERM -> SIGKILL
+    try:  # seconds between SIGINT, SIGTERM and SIGKILL
+        grace = max(0.0, float(os.environ.get("FI_CACHE_STOP_GRACE", "10")))
+    except ValueError:
+        raise Refused("FI_CACHE_STOP_GRACE must be a number of seconds") from None
     options = warm_mod.WarmOptions(timeout, port, lock_timeout, grace)
     _sigterm_as_interrupt()
     try:
@@ -153,7 +156,10 @@ _VLLM_OPT = click.option(
     help="Seconds to wait for vLLM's /health.",
 )
 @click.option(
-    "--port", type=int, default=None, help="Port for the warm-up server (default: a free one)."
+    "--port",
+    type=click.IntRange(1, 65535),
+    default=None,
+    help="Port for the warm-up server (default: a free one).",
 )
 @click.option("--force", is_flag=True, help="Warm unfused even on a vLLM that ignores the mode.")
 @click.option(
