@@ -8,6 +8,7 @@ then is each namespace renamed into place under its lock.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import io
 import json
@@ -21,6 +22,7 @@ from typing import Any
 from fi_cache import __version__, storage
 from fi_cache import manifest as manifests
 from fi_cache.errors import CorruptCache, FiCacheError, Refused
+from fi_cache.inventory import max_file_bytes
 from fi_cache.model import v1
 from fi_cache.model.fingerprint import FINGERPRINT_FIELDS, Fingerprint
 from fi_cache.namespace import NAMESPACES_DIR, Namespace
@@ -32,19 +34,15 @@ _SKIP_NAMES = {storage.LOCK_NAME, storage.HOLDER_NAME, storage.IN_USE_NAME}
 _MB = 1024 * 1024
 
 
-def _limit(env: str, default_mb: int) -> int:
-    try:
-        return int(os.environ.get(env, default_mb)) * _MB
-    except ValueError:
-        return default_mb * _MB
-
-
 def max_member_bytes() -> int:
-    return _limit("FI_CACHE_MAX_FILE_MB", 512)
+    return max_file_bytes()  # one cap for a cache file, wherever it comes from
 
 
 def max_bundle_bytes() -> int:
-    return _limit("FI_CACHE_MAX_BUNDLE_MB", 4096)
+    try:
+        return int(os.environ.get("FI_CACHE_MAX_BUNDLE_MB", 4096)) * _MB
+    except ValueError:
+        return 4096 * _MB
 
 
 @dataclass(frozen=True)
@@ -132,21 +130,22 @@ def _namespace_files(store: Path, ns_dir: Path) -> list[Path]:
     return out
 
 
-def _sha256(path: Path) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        for block in iter(lambda: f.read(_MB), b""):
-            h.update(block)
-    return h.hexdigest()
-
-
 def export(store: Path, namespace_dirs: list[Path], out: Path) -> BundleManifest:
     """Write a bundle of `namespace_dirs` to `out` (atomically). Raises FiCacheError."""
     if not namespace_dirs:
         raise Refused("nothing to export: no namespace in the store matches", store)
+    if out.is_dir():
+        raise Refused("is a directory; name the bundle file to write", out)
+    if not out.parent.is_dir():
+        raise Refused("no such directory", out.parent)
     namespaces, files, members = [], [], []
     for ns_dir in namespace_dirs:
-        with storage.namespace_lock(ns_dir, "export", timeout=60):
+        # A read-only store (a mounted snapshot) cannot change under us: no lock needed there.
+        writable = os.access(ns_dir, os.W_OK)
+        lock = (
+            storage.namespace_lock(ns_dir, "export", 60) if writable else contextlib.nullcontext()
+        )
+        with lock:
             m = manifests.load(ns_dir)
             if m is None:
                 raise CorruptCache("namespace has no manifest (never warmed?)", ns_dir)

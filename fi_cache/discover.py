@@ -28,6 +28,8 @@ _ARCH_DIR = re.compile(r"^\d+a?(?:_\d+a?)*$")
 _SNIFF_BYTES = 4096
 _SKIP_DIRS = {".fi-cache", "quarantine", "__pycache__", ".git"}
 # Temp files of killed writers: FlashInfer v1 (.autotuner_), v2 (.autotune_), fi-cache (.fi-cache-).
+# Younger temp files may belong to a writer that is still running (doctor, prune leave them).
+TMP_MAX_AGE_S = 600
 TMP_PATTERN = re.compile(r"^\.(?:autotuner_|autotune_|fi-cache-|autotune_configs).*\.tmp$")
 
 

@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from fi_cache.model.fingerprint import Fingerprint
-from fi_cache.versions import METADATA_FIELDS_07, VLLM_FINALIZE_ENV, vllm_arch
+from fi_cache.versions import INDETERMINATE_VALUES, METADATA_FIELDS_07, VLLM_FINALIZE_ENV, vllm_arch
 
 _CUBLAS_DISTS = ("nvidia-cublas", "nvidia-cublas-cu13", "nvidia-cublas-cu12")
 _CUDNN_DISTS = ("nvidia-cudnn-cu13", "nvidia-cudnn-cu12", "nvidia-cudnn")
@@ -249,7 +249,7 @@ def run_flashinfer_probe(timeout: float = _PROBE_TIMEOUT_S) -> dict[str, str]:
 def with_flashinfer_metadata(env: Environment, meta: dict[str, str]) -> Environment:
     """The cheap probe's environment, with FlashInfer's own `_metadata` values on top."""
     changes = {
-        k: (None if v in ("unknown", "None") else v)
+        k: (None if v in INDETERMINATE_VALUES else v)
         for k, v in meta.items()
         if k in METADATA_FIELDS_07
     }

@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING
 
 from fi_cache import manifest as manifests
 from fi_cache import storage
-from fi_cache.discover import tmp_leftovers
+from fi_cache.discover import TMP_MAX_AGE_S, tmp_leftovers
 from fi_cache.errors import CorruptCache, FiCacheError, Refused
 from fi_cache.model.fingerprint import Fingerprint
 from fi_cache.namespace import NAMESPACES_DIR, slug
@@ -29,7 +29,6 @@ if TYPE_CHECKING:
     from fi_cache.environment import Environment
 
 # Younger temp files may belong to a writer that is still running (doctor --fix waits as long).
-TMP_MAX_AGE_S = 600
 
 # --- parsing the selectors ------------------------------------------------------------------------
 

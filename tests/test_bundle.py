@@ -326,3 +326,11 @@ def test_a_member_listed_twice_is_refused(tmp_path: Path) -> None:
     man, members = _good_parts(store)
     path = _tar(tmp_path / "dup.tar.gz", _with_manifest(man, [*members, members[1]]))
     _refused(store, path, "appears twice")
+
+
+def test_export_refuses_a_directory_or_a_missing_parent(run, store: Path, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+    _make_namespace(store)
+    r = run("export", "-o", tmp_path)
+    assert r.code == 2 and "is a directory" in r.err
+    r = run("export", "-o", tmp_path / "no" / "such" / "b.tar.gz")
+    assert r.code == 2 and "no such directory" in r.err and not (tmp_path / "no").exists()

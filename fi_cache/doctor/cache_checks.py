@@ -6,6 +6,7 @@ import stat
 from collections.abc import Iterator
 from typing import Any
 
+from fi_cache.discover import TMP_MAX_AGE_S
 from fi_cache.doctor import Check, Inputs
 from fi_cache.findings import Finding
 from fi_cache.model import v1
@@ -18,8 +19,6 @@ from fi_cache.versions import (
     VLLM_FINALIZE_ENV,
     parse_version,
 )
-
-TMP_MAX_AGE_S = 600  # younger temp files may belong to a writer that is still running
 
 
 def corrupt_file(inp: Inputs) -> Iterator[Finding]:
@@ -213,6 +212,9 @@ def unreadable_permissions(inp: Inputs) -> Iterator[Finding]:
                 p.message,
                 "check ownership and mode of the file or directory",
             )
+    store_mode = inp.modes.get(inp.store) if inp.store else None
+    if store_mode is not None and not store_mode & 0o055:
+        return  # a private store (0700): only its owner is meant to read it
     for view in inp.caches:
         if view.namespace_dir is None:
             continue  # a private vLLM cache is 0600 by design; only the shared store matters

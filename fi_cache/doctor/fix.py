@@ -13,8 +13,8 @@ from pathlib import Path
 from typing import Literal
 
 from fi_cache import storage
+from fi_cache.discover import TMP_MAX_AGE_S
 from fi_cache.doctor import Inputs
-from fi_cache.doctor.cache_checks import TMP_MAX_AGE_S
 from fi_cache.findings import Finding
 from fi_cache.versions import VLLM_CACHE_FILE_RE
 

@@ -116,6 +116,8 @@ def gather(
     views: list[CacheView] = []
     modes: dict[Path, int] = {}
     manifest_memo: dict[Path, manifests.Manifest | None] = {}
+    with contextlib.suppress(OSError):
+        modes[store] = store.stat().st_mode  # a private store (0700) wants no sharing advice
     seen: set[Path] = set()
     for cache in [*inv.caches, *given.caches]:
         if (key := cache.path.resolve()) in seen:

@@ -332,3 +332,14 @@ def test_cache_unused_is_silent_when_autotune_is_off() -> None:
     assert _ids(Inputs(old, serve=parse_serve_args(["m", "-tp", "2"])), "cache-unused") == [
         ("info", None)
     ]
+
+
+def test_a_private_store_gets_no_sharing_advice(tmp_path: Path) -> None:
+    view = _view(GEMM_617, "fused", tmp=tmp_path)
+    modes = {view.cache.path: 0o100600, tmp_path: 0o040755, tmp_path.parent: 0o040700}
+    private = Inputs(_target(), (view,), modes=modes, store=tmp_path.parent)
+    assert _ids(private, "unreadable-permissions") == []
+    shared = Inputs(
+        _target(), (view,), modes={**modes, tmp_path.parent: 0o040755}, store=tmp_path.parent
+    )
+    assert [s for s, _ in _ids(shared, "unreadable-permissions")] == ["warning"]
