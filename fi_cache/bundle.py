@@ -134,10 +134,6 @@ def export(store: Path, namespace_dirs: list[Path], out: Path) -> BundleManifest
     """Write a bundle of `namespace_dirs` to `out` (atomically). Raises FiCacheError."""
     if not namespace_dirs:
         raise Refused("nothing to export: no namespace in the store matches", store)
-    if out.is_dir():
-        raise Refused("is a directory; name the bundle file to write", out)
-    if not out.parent.is_dir():
-        raise Refused("no such directory", out.parent)
     namespaces, files, members = [], [], []
     for ns_dir in namespace_dirs:
         # A read-only store (a mounted snapshot) cannot change under us: no lock needed there.

@@ -62,6 +62,10 @@ def export_command(namespace: str | None, output: Path) -> int:
     from fi_cache import bundle
 
     ctx = _ctx()
+    if output.is_dir():
+        raise Refused("is a directory; name the bundle file to write", output)
+    if not output.parent.is_dir():  # a typo should not grow a directory tree
+        raise Refused("no such directory", output.parent)
     dirs = resolve_namespaces(ctx.store, namespace)
     bm = bundle.export(ctx.store, dirs, output)
     if ctx.json:
