@@ -33,3 +33,14 @@ class Refused(FiCacheError):
     """Input the tool will not work on: missing path, too large, bad usage."""
 
     exit_code = EXIT_REFUSED
+
+
+def read_refusal(exc: OSError, path: str | os.PathLike[str], what: str) -> Refused:
+    """A failed open/read of `path` (a `what`: "cache file", "log file") as one line."""
+    if isinstance(exc, PermissionError):
+        return Refused("permission denied", path)
+    if isinstance(exc, IsADirectoryError):
+        return Refused(f"is a directory, not a {what}", path)
+    if isinstance(exc, FileNotFoundError):
+        return Refused("no such file", path)
+    return Refused(f"cannot read: {exc.strerror}", path)

@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from fi_cache.discover import Found, ScanProblem, discover
-from fi_cache.errors import CorruptCache, FiCacheError, Refused
+from fi_cache.errors import CorruptCache, FiCacheError, Refused, read_refusal
 from fi_cache.model import moe, v1, v2
 from fi_cache.model.fingerprint import Fingerprint
 
@@ -72,12 +72,8 @@ def _read_bytes(path: Path) -> bytes:
         return path.read_bytes()
     except PermissionError:
         raise Refused("permission denied (FlashInfer writes its files 0600)", path) from None
-    except IsADirectoryError:
-        raise Refused("is a directory, not a cache file", path) from None
-    except FileNotFoundError:
-        raise Refused("no such file", path) from None
     except OSError as exc:
-        raise Refused(f"cannot read: {exc.strerror}", path) from None
+        raise read_refusal(exc, path, "cache file") from None
 
 
 def read(found: Found) -> Cache:

@@ -14,7 +14,7 @@ from datetime import datetime, timedelta
 from pathlib import Path
 from typing import BinaryIO, Literal
 
-from fi_cache.errors import Refused
+from fi_cache.errors import Refused, read_refusal
 
 EventKind = Literal["loaded", "saved", "ignored", "skipped-cudnn"]
 
@@ -237,14 +237,8 @@ def read_log(path: Path) -> LogFacts:
     try:
         with path.open("rb") as stream:
             return _read_stream(stream, path)
-    except PermissionError:
-        raise Refused("permission denied", path) from None
-    except IsADirectoryError:
-        raise Refused("is a directory, not a log file", path) from None
-    except FileNotFoundError:
-        raise Refused("no such file", path) from None
     except OSError as exc:
-        raise Refused(f"cannot read: {exc.strerror}", path) from None
+        raise read_refusal(exc, path, "log file") from None
 
 
 def _read_stream(stream: BinaryIO, path: Path) -> LogFacts:

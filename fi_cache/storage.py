@@ -346,6 +346,14 @@ def _acquire_lockfile(
         except OSError as exc:
             raise Refused(f"cannot lock: {exc.strerror}", lock_file) from None
         break
+    with _holding_lockfile(fd, lock_file, me):
+        yield
+
+
+@contextlib.contextmanager
+def _holding_lockfile(fd: int, lock_file: Path, me: Holder) -> Iterator[None]:
+    """Write who we are into the lock file we created, and remove it (only it) at the end:
+    the directory may have been moved meanwhile and a new lock file made where ours was."""
     mine = os.fstat(fd)
     try:
         with os.fdopen(fd, "wb") as f:
@@ -516,17 +524,8 @@ def _try_lockfile(lock_file: Path, me: Holder) -> Iterator[None]:
             raise Refused(f"cannot lock: {exc.strerror}", lock_file) from None
     else:
         raise NamespaceBusy(lock_file.parent, _read_holder(lock_file))
-    mine = os.fstat(fd)
-    try:
-        with os.fdopen(fd, "wb") as f:
-            f.write(_holder_bytes(me))
-            f.flush()
-            os.fsync(f.fileno())
+    with _holding_lockfile(fd, lock_file, me):
         yield
-    finally:
-        # The directory may have been moved away meanwhile and a new lock file made where this
-        # one was: remove only our own.
-        _unlink_if_same(lock_file, mine)
 
 
 def remove_tree(path: Path, store: Path) -> None:
