@@ -677,3 +677,15 @@ def in_use(directory: Path) -> bool:
         return False
     finally:
         os.close(fd)
+
+
+def share_like_store(paths: list[Path], store: Path) -> None:
+    """Give files vLLM/FlashInfer wrote (0600) the read access the store dir itself grants, so
+    a shared store is readable by every server that shares it and a private one stays private."""
+    try:
+        grant = store.stat().st_mode & 0o044
+    except OSError:
+        return
+    for path in paths:
+        with contextlib.suppress(OSError):
+            os.chmod(path, (path.stat().st_mode & 0o777) | grant)

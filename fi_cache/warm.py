@@ -107,6 +107,7 @@ def warm(
         if prior is not None:
             return WarmResult(prior, True, ns_dir, prior.files)
         record = _run(ns_dir, ns, args, executable, info, options, progress)
+        storage.share_like_store([ns_dir / f.path for f in record.files], store)
         manifests.save(ns_dir, m.with_warm(record))
         return WarmResult(record, False, ns_dir, record.files)
 

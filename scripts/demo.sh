@@ -5,6 +5,7 @@ cd "$(dirname "$0")/.."
 [ -x .venv/bin/python ] || "${PYTHON:-python3}" -m venv .venv
 .venv/bin/python -m pip install --quiet --disable-pip-version-check -e .
 export FI_CACHE_DIR="$PWD/.cache/demo-store"   # keep the demo away from your real store
+rm -rf "$FI_CACHE_DIR"
 fi=.venv/bin/fi-cache
 old=$(ls examples/vllm-cache/flashinfer_autotune_cache/0.6.17/90a/*/autotune_configs.json)
 
@@ -13,6 +14,11 @@ $fi ls examples/vllm-cache
 echo
 echo "\$ fi-cache verify examples/vllm-cache"
 $fi verify examples/vllm-cache
+echo
+echo "# Would an unfused (deterministic) start on FlashInfer 0.6.17 / vLLM 0.30 survive these caches?"
+echo "\$ fi-cache doctor examples/vllm-cache --flashinfer-version 0.6.17 --vllm-version 0.30.0 --finalize unfused"
+$fi doctor examples/vllm-cache --flashinfer-version 0.6.17 --vllm-version 0.30.0 --finalize unfused \
+  || echo "(doctor exits 1: it found errors, as it should here)"
 echo
 echo "\$ fi-cache show --op gemm2 <the FlashInfer 0.6.17 cache>   # GEMM2 tactic ids; keys without finalize mode"
 $fi show --op gemm2 "$old" | head -n 16

@@ -382,3 +382,16 @@ def test_prune_leaves_the_namespace_of_a_running_server_alone(rig: Rig) -> None:
         proc.communicate(timeout=30)
     p = rig.run("--format", "json", "prune", "--older-than", "0s", "--yes")
     assert p.returncode == 0 and not ns.exists()
+
+
+def test_warmed_files_get_the_read_access_of_the_store(rig: Rig) -> None:
+    rig.store.mkdir(mode=0o755)
+    rig.store.chmod(0o755)
+    p = rig.run("--format", "json", "warm", "--", MODEL)
+    [f] = json.loads(p.stdout)["files"]
+    assert Path(f["path"]).stat().st_mode & 0o777 == 0o644  # vLLM wrote it 0600
+    private = rig.run(
+        "--store", str(rig.store.parent / "private"), "--format", "json", "warm", "--", MODEL
+    )
+    (rig.store.parent / "private").chmod(0o700)
+    assert private.returncode == 0
