@@ -390,8 +390,9 @@ def test_warmed_files_get_the_read_access_of_the_store(rig: Rig) -> None:
     p = rig.run("--format", "json", "warm", "--", MODEL)
     [f] = json.loads(p.stdout)["files"]
     assert Path(f["path"]).stat().st_mode & 0o777 == 0o644  # vLLM wrote it 0600
-    private = rig.run(
-        "--store", str(rig.store.parent / "private"), "--format", "json", "warm", "--", MODEL
-    )
-    (rig.store.parent / "private").chmod(0o700)
-    assert private.returncode == 0
+    private_store = rig.store.parent / "private"
+    private_store.mkdir(mode=0o700)
+    private_store.chmod(0o700)
+    private = rig.run("--store", str(private_store), "--format", "json", "warm", "--", MODEL)
+    [g] = json.loads(private.stdout)["files"]
+    assert Path(g["path"]).stat().st_mode & 0o777 == 0o600
