@@ -4,12 +4,16 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Any, cast
+from typing import TYPE_CHECKING, Any, cast
 
 import click
 
 from fi_cache.cli import render
-from fi_cache.merge import PREFER_CHOICES, Conflict, MergeReport, Prefer, merge_into
+
+if TYPE_CHECKING:  # the merge module loads only when merge runs: --help stays fast
+    from fi_cache.merge import Conflict, MergeReport, Prefer
+
+PREFER_CHOICES = ("first", "last")  # = fi_cache.merge.PREFER_CHOICES (a test keeps them equal)
 
 
 def _ctx() -> Any:
@@ -89,7 +93,9 @@ def _summary(report: MergeReport, prefer: str) -> str:
 def merge_command(sources: tuple[Path, ...], output: Path, prefer: str) -> int:
     """Union of v1 cache files with equal _metadata into OUT; conflicts are reported."""
     ctx = _ctx()
-    report = merge_into(list(sources), output, cast(Prefer, prefer))
+    from fi_cache.merge import merge_into
+
+    report = merge_into(list(sources), output, cast("Prefer", prefer))
     if ctx.json:
         render.emit_json(report_json(report))
         return 0

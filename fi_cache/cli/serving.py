@@ -7,14 +7,16 @@ import signal
 import sys
 import time
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import click
 
 from fi_cache.cli import render
-from fi_cache.environment import Environment
 from fi_cache.errors import FiCacheError, Refused
-from fi_cache.namespace import FinalizeMode, Namespace
+
+if TYPE_CHECKING:  # environment probing loads only when a command needs it: --help stays fast
+    from fi_cache.environment import Environment
+    from fi_cache.namespace import FinalizeMode, Namespace
 
 
 def _ctx() -> Any:
@@ -24,6 +26,7 @@ def _ctx() -> Any:
 def _resolve(finalize: FinalizeMode) -> tuple[Namespace, Environment]:
     """(Namespace, Environment) of this machine for `finalize`."""
     from fi_cache import environment
+    from fi_cache.namespace import Namespace
     from fi_cache.store import state_dir
 
     env = environment.detect(state_dir(_ctx().store))

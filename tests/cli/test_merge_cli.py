@@ -110,3 +110,10 @@ def test_bad_input_is_refused_with_one_line(run, tmp_path: Path) -> None:  # typ
     assert run("merge", "-o", out).code == 2  # so is a source
     assert run("merge", GEMM_618, "-o", out, "--prefer", "newest").code == 2
     assert not out.exists()
+
+
+def test_the_cli_offers_the_policies_merge_knows() -> None:
+    from fi_cache import merge
+    from fi_cache.cli import merging
+
+    assert merging.PREFER_CHOICES == merge.PREFER_CHOICES
