@@ -44,6 +44,19 @@ def resolve_namespaces(store: Path, which: str | None) -> list[Path]:
     raise Refused(f"no namespace {which!r} in the store (see `fi-cache ls`)", store)
 
 
+def echo_bundle(
+    verb: str, bm: Any, where: str, bundle_size: int | None = None, list_namespaces: bool = False
+) -> None:
+    """The one line export, import, push and pull print about what they moved."""
+    packed = f", bundle {render.human_size(bundle_size)}" if bundle_size is not None else ""
+    click.echo(
+        f"{verb} {len(bm.namespaces)} namespace(s), {len(bm.files)} files "
+        f"({render.human_size(bm.size)}{packed}) {where}"
+    )
+    for n in bm.namespaces if list_namespaces else ():
+        click.echo(f"  {n.path}")
+
+
 def _summary(bm: Any) -> dict[str, Any]:
     return {"namespaces": [n.path for n in bm.namespaces], "files": len(bm.files), "size": bm.size}
 
@@ -71,10 +84,7 @@ def export_command(namespace: str | None, output: Path) -> int:
     if ctx.json:
         render.emit_json({"bundle": str(output), **_summary(bm)})
     else:
-        click.echo(
-            f"exported {len(bm.namespaces)} namespace(s), {len(bm.files)} files "
-            f"({render.human_size(bm.size)}) to {output}"
-        )
+        echo_bundle("exported", bm, f"to {output}")
     return 0
 
 
@@ -92,12 +102,7 @@ def import_command(bundle_path: Path, force: bool) -> int:
     if ctx.json:
         render.emit_json({"bundle": str(bundle_path), **_summary(bm)})
     else:
-        click.echo(
-            f"imported {len(bm.namespaces)} namespace(s), {len(bm.files)} files "
-            f"({render.human_size(bm.size)}) from {bundle_path}"
-        )
-        for n in bm.namespaces:
-            click.echo(f"  {n.path}")
+        echo_bundle("imported", bm, f"from {bundle_path}", list_namespaces=True)
     return 0
 
 

@@ -79,7 +79,7 @@ def push_command(url: str, which: str) -> int:
     (size, sha256), so machines of every kind share one bucket and `pull` finds its own.
     """
     from fi_cache import transfer
-    from fi_cache.cli.fleet import resolve_namespaces
+    from fi_cache.cli.fleet import echo_bundle, resolve_namespaces
 
     ctx = _ctx()
     dirs = resolve_namespaces(ctx.store, which)
@@ -91,12 +91,7 @@ def push_command(url: str, which: str) -> int:
     if ctx.json:
         render.emit_json(_summary(moved))
     else:
-        bm = moved.manifest
-        click.echo(
-            f"pushed {len(bm.namespaces)} namespace(s), {len(bm.files)} files "
-            f"({render.human_size(bm.size)}, bundle {render.human_size(moved.size)}) "
-            f"to {moved.url}"
-        )
+        echo_bundle("pushed", moved.manifest, f"to {moved.url}", bundle_size=moved.size)
     return 0
 
 
@@ -116,6 +111,7 @@ def pull_command(url: str, force: bool, key: str | None) -> int:
     it looked for and the bundles that are there.
     """
     from fi_cache import transfer
+    from fi_cache.cli.fleet import echo_bundle
 
     ctx = _ctx()
     progress = LiveProgress("pull", ctx.quiet)
@@ -126,13 +122,7 @@ def pull_command(url: str, force: bool, key: str | None) -> int:
     if ctx.json:
         render.emit_json(_summary(moved))
     else:
-        bm = moved.manifest
-        click.echo(
-            f"pulled {len(bm.namespaces)} namespace(s), {len(bm.files)} files "
-            f"({render.human_size(bm.size)}) from {moved.url}"
-        )
-        for n in bm.namespaces:
-            click.echo(f"  {n.path}")
+        echo_bundle("pulled", moved.manifest, f"from {moved.url}", list_namespaces=True)
     return 0
 
 

@@ -21,16 +21,17 @@ from fi_cache.versions import (
 )
 
 
-def corrupt_file(inp: Inputs) -> Iterator[Finding]:
+def _problems(inp: Inputs, check: str, fix: str) -> Iterator[Finding]:
+    """Errors for the files the scan could not read, under the check that names why."""
     for p in inp.problems:
-        if p.check == "corrupt-file":
-            yield Finding(
-                "corrupt-file",
-                "error",
-                str(p.path),
-                p.message,
-                "move it aside (doctor --fix quarantines it) and let vLLM re-tune",
-            )
+        if p.check == check:
+            yield Finding(check, "error", str(p.path), p.message, fix)
+
+
+def corrupt_file(inp: Inputs) -> Iterator[Finding]:
+    yield from _problems(
+        inp, "corrupt-file", "move it aside (doctor --fix quarantines it) and let vLLM re-tune"
+    )
     for view in inp.caches:
         for d in view.defects:
             if d.check == "corrupt-file":
@@ -203,15 +204,9 @@ def records_unreadable(inp: Inputs) -> Iterator[Finding]:
 
 
 def unreadable_permissions(inp: Inputs) -> Iterator[Finding]:
-    for p in inp.problems:
-        if p.check == "unreadable-permissions":
-            yield Finding(
-                "unreadable-permissions",
-                "error",
-                str(p.path),
-                p.message,
-                "check ownership and mode of the file or directory",
-            )
+    yield from _problems(
+        inp, "unreadable-permissions", "check ownership and mode of the file or directory"
+    )
     store_mode = inp.modes.get(inp.store) if inp.store else None
     if store_mode is not None and not store_mode & 0o055:
         return  # a private store (0700): only its owner is meant to read it
