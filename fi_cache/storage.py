@@ -74,12 +74,20 @@ def atomic_write(
 
 def _check_writable(directory: Path) -> None:
     """Refuse early (filelock would retry a read-only lock file until its timeout)."""
-    try:
-        fd, tmp = tempfile.mkstemp(dir=directory, prefix=TMP_PREFIX, suffix=".tmp")
-    except OSError as exc:
-        raise Refused(f"store is not writable: {exc.strerror}", directory) from None
-    os.close(fd)
-    os.unlink(tmp)
+    for attempt in range(3):
+        try:
+            fd, tmp = tempfile.mkstemp(dir=directory, prefix=TMP_PREFIX, suffix=".tmp")
+        except FileNotFoundError:
+            if attempt == 2:
+                raise Refused("store dir keeps disappearing", directory) from None
+            _ensure_dir(directory)  # an import or prune moved the namespace away just now
+            continue
+        except OSError as exc:
+            raise Refused(f"store is not writable: {exc.strerror}", directory) from None
+        os.close(fd)
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(tmp)  # moved away with the namespace by a concurrent import: fine
+        return
 
 
 def _replace(path: Path, data: bytes, mode: int) -> None:

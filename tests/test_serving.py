@@ -67,6 +67,9 @@ class Rig:
             text=True,
             stdout=subprocess.PIPE,
             stderr=subprocess.PIPE,
+            # A shell running the tests in the background (`cmd &`) leaves SIGINT ignored, and
+            # Python keeps an ignored SIGINT: give the child the default a terminal user has.
+            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.default_int_handler),
         )
 
     def starts(self) -> list[dict]:  # type: ignore[type-arg]
