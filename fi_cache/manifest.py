@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import json
 import time
-from dataclasses import asdict, dataclass, field, replace
+from dataclasses import asdict, dataclass, field, fields, replace
 from pathlib import Path
 from typing import Any
 
@@ -38,6 +38,7 @@ class WarmRecord:
     files: list[CacheFileRecord]
     supports_finalize_env: bool | None  # did that vLLM read VLLM_FLASHINFER_MOE_FUSED_FINALIZE?
     ok: bool = True
+    engine: str = "vllm"  # "flashinfer": tuned by `warm --engine flashinfer --plan` (argv)
 
 
 @dataclass(frozen=True)
@@ -73,6 +74,10 @@ class Manifest:
         return None
 
 
+# A newer fi-cache may record more about a warm; this one reads what it knows.
+_WARM_FIELDS = frozenset(f.name for f in fields(WarmRecord)) - {"files"}
+
+
 def to_json(m: Manifest) -> dict[str, Any]:
     return {
         **m.unknown,
@@ -92,7 +97,10 @@ def from_json(data: Any) -> Manifest:
     try:
         fp = {k: v for k, v in dict(data["fingerprint"]).items() if k in FINGERPRINT_FIELDS}
         warms = tuple(
-            WarmRecord(**{**w, "files": [CacheFileRecord(**f) for f in w["files"]]})
+            WarmRecord(
+                **{k: v for k, v in w.items() if k in _WARM_FIELDS},
+                files=[CacheFileRecord(**f) for f in w["files"]],
+            )
             for w in data.get("warms", [])
         )
         known = {"schema", "fingerprint", "finalize", "created", "last_used", "warms"}

@@ -49,6 +49,11 @@ def locked(path: Path, timeout: float = DEFAULT_LOCK_TIMEOUT) -> Iterator[None]:
         ) from None
 
 
+def ensure_dir(directory: Path) -> None:
+    """mkdir -p; a failure is one Refused line naming the directory."""
+    _ensure_dir(directory)
+
+
 def _ensure_dir(directory: Path) -> None:
     try:
         directory.mkdir(parents=True, exist_ok=True)

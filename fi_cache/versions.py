@@ -161,6 +161,69 @@ def flashinfer_writes_generation(version: str | None) -> bool | None:
     return None if v is None else v >= FLASHINFER_GENERATION
 
 
+# --- Tuning FlashInfer ops directly (warm --engine flashinfer) ----------------------------------
+
+# Backends each GEMM accepts (`backend=` Literal of flashinfer/gemm/gemm_base.py: mm_bf16,
+# bmm_fp8, mm_fp8; "cute-dsl" is 0.6.18+, "auto" ranks every suitable backend).
+GEMM_BACKENDS: dict[str, tuple[str, ...]] = {
+    "mm_bf16": ("cudnn", "cutlass", "tgv", "cublaslt", "tinygemm", "cutile", "cute-dsl", "auto"),
+    "bmm_fp8": ("cudnn", "cublas", "cutlass", "cute-dsl", "auto"),
+    "mm_fp8": ("trtllm_low_latency",),
+}
+# Compute capabilities (major*10+minor) a backend runs on: FlashInfer's own
+# `FN.is_backend_supported(backend, cc)`, asked on CPU for cc 80/89/90/100/103/120 with 0.6.17
+# and 0.6.18 (they agree, but for cute-dsl: 0.6.18 only). mm_fp8 has no such method: its only
+# backend loads trtllm-gen cubins built for SM100-family GPUs (jit/gemm/core.py
+# gen_trtllm_low_latency_gemm_module; sm107 variant for Rubin), downloaded on first use.
+# The tuning child asks FlashInfer again at run time; this table lets `warm` refuse early.
+GEMM_BACKEND_CCS: dict[tuple[str, str], frozenset[int]] = {
+    ("mm_bf16", "cudnn"): frozenset({80, 86, 89, 90, 100, 103, 110, 120, 121}),
+    ("mm_bf16", "cublaslt"): frozenset({80, 86, 89, 90, 100, 103, 110, 120, 121}),
+    ("mm_bf16", "tinygemm"): frozenset({90, 100, 103, 110, 120, 121}),
+    ("mm_bf16", "cutile"): frozenset({90, 100, 103, 110, 120, 121}),
+    ("mm_bf16", "cutlass"): frozenset({100, 103}),
+    ("mm_bf16", "tgv"): frozenset({100, 103}),
+    ("mm_bf16", "cute-dsl"): frozenset({100, 103}),
+    ("bmm_fp8", "cudnn"): frozenset({89, 90, 100, 103, 110, 120, 121}),
+    ("bmm_fp8", "cublas"): frozenset({89, 90, 100, 103, 110, 120, 121}),
+    ("bmm_fp8", "cutlass"): frozenset({100, 103, 120, 121}),
+    ("mm_fp8", "trtllm_low_latency"): frozenset({100, 103, 107}),
+}
+# cutlass_fused_moe: the device archs `get_cutlass_fused_moe_module(backend)` builds a module
+# for, and the JIT generator it uses (fused_moe/core.py:299-311 in 0.6.17, same in 0.6.18).
+MOE_ARCH_MODULES: dict[int, str] = {
+    89: "gen_cutlass_fused_moe_sm89_module",
+    90: "gen_cutlass_fused_moe_sm90_module",
+    100: "gen_cutlass_fused_moe_sm100_module",
+    107: "gen_cutlass_fused_moe_sm100_module",
+    110: "gen_cutlass_fused_moe_sm100_module",
+    103: "gen_cutlass_fused_moe_sm103_module",
+    120: "gen_cutlass_fused_moe_sm120_module",
+    121: "gen_cutlass_fused_moe_sm120_module",
+}
+# Unquantised MoE dtypes fi-cache builds inputs for (the CUTLASS module's x/weight dtype).
+MOE_DTYPES: tuple[str, ...] = ("bf16", "fp16")
+# The compiled runner's `init(x_dtype, weight_dtype, output_dtype, *flags)`: the flags after the
+# dtypes, in order (fused_moe/core.py `module.init(`: 0.6.17:389 has 5; 0.6.18:693, 0.7.0:756 and
+# 0.7.4:994 add use_wfp4afp8_humming). Used to read GEMM tactic counts for both finalize modes.
+MOE_INIT_FLAGS_HUMMING = V("0.6.18rc1")  # 0.6.17 lacks it, 0.6.18 has it; rcs not checked
+_MOE_INIT_FLAGS = (
+    "use_deepseek_fp8_block_scale",
+    "use_w4_group_scaling",
+    "use_mxfp8_act_scaling",
+    "use_packed_weights",
+    "use_fused_finalize",
+)
+
+
+def moe_init_flags(version: str | None) -> tuple[str, ...]:
+    """The flag names FlashInfer `version`'s CUTLASS MoE runner `init` takes after the dtypes."""
+    v = parse_version(version)
+    if v is not None and v >= MOE_INIT_FLAGS_HUMMING:
+        return (*_MOE_INIT_FLAGS, "use_wfp4afp8_humming")
+    return _MOE_INIT_FLAGS
+
+
 # --- vLLM ---------------------------------------------------------------------------------------
 
 # `vllm/envs.py` gains this name with vLLM PR #54948 (issue #54945); absent up to 0.33.

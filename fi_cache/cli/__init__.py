@@ -49,9 +49,18 @@ def cli(ctx: click.Context, store: Path | None, fmt: str, quiet: bool) -> None:
 
 
 def _register() -> None:
-    from fi_cache.cli import doctor, fleet, inventory, maintenance, merging, serving, transfer
+    from fi_cache.cli import (
+        doctor,
+        fleet,
+        inventory,
+        maintenance,
+        merging,
+        serving,
+        transfer,
+        tuning,
+    )
 
-    groups = [inventory, doctor, serving, maintenance, merging, fleet, transfer]
+    groups = [inventory, doctor, serving, tuning, maintenance, merging, fleet, transfer]
     for command in [c for g in groups for c in g.COMMANDS]:
         cli.add_command(command)
 

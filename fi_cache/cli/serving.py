@@ -90,7 +90,7 @@ class _Status:
             click.echo(f"fi-cache: {message}", err=True)
 
 
-def _sigterm_as_interrupt() -> None:
+def sigterm_as_interrupt() -> None:
     """SIGTERM (kubectl delete, systemd stop) stops a warm like Ctrl-C: vLLM is stopped too."""
 
     def handler(signum: int, frame: object) -> None:
@@ -122,7 +122,7 @@ def _run_warm(
     except ValueError:
         raise Refused("FI_CACHE_STOP_GRACE must be a number of seconds") from None
     options = warm_mod.WarmOptions(timeout, port, lock_timeout, grace)
-    _sigterm_as_interrupt()
+    sigterm_as_interrupt()
     try:
         return warm_mod.warm(ctx.store, ns, args, executable, env.vllm, options, progress)
     except warm_mod.WarmFailed as exc:
@@ -145,18 +145,37 @@ _VLLM_OPT = click.option(
 
 @click.command("warm")
 @click.option(
+    "--engine",
+    type=click.Choice(["vllm", "flashinfer"]),
+    default="vllm",
+    show_default=True,
+    help="vllm: run `vllm serve` until healthy; flashinfer: tune a --plan with FlashInfer itself.",
+)
+@click.option(
+    "--plan",
+    "plan_path",
+    type=click.Path(path_type=Path),
+    default=None,
+    help="TOML plan of ops and shapes (--engine flashinfer; see `fi-cache plan`).",
+)
+@click.option(
+    "--python",
+    "python",
+    default=None,
+    help="Python with FlashInfer, for --engine flashinfer [default: $FI_CACHE_PYTHON, else ours].",
+)
+@click.option(
     "--finalize",
     type=click.Choice(["fused", "unfused"]),
-    default="fused",
-    show_default=True,
-    help="MoE finalize mode, hence the namespace.",
+    default=None,
+    help="MoE finalize mode, hence the namespace [vllm: fused; flashinfer: the plan's modes].",
 )
 @click.option(
     "--timeout",
     type=float,
     default=1800.0,
     show_default=True,
-    help="Seconds to wait for vLLM's /health.",
+    help="Seconds to wait for vLLM's /health, or for one mode's tuning.",
 )
 @click.option(
     "--port",
@@ -175,7 +194,10 @@ _VLLM_OPT = click.option(
 @_VLLM_OPT
 @_VLLM_ARGS
 def warm_command(
-    finalize: str,
+    engine: str,
+    plan_path: Path | None,
+    python: str | None,
+    finalize: str | None,
     timeout: float,
     port: int | None,
     force: bool,
@@ -183,8 +205,26 @@ def warm_command(
     vllm_path: str | None,
     vllm_args: tuple[str, ...],
 ) -> int:
-    """Start `vllm serve VLLM_ARGS` on this machine's namespace until healthy, then stop it."""
+    """Fill this machine's namespace: `vllm serve VLLM_ARGS` until healthy, or (--engine
+    flashinfer --plan PLAN) FlashInfer's autotuner on the plan's ops, without vLLM or weights."""
     ctx = _ctx()
+    if engine == "flashinfer":
+        misplaced = [
+            flag
+            for flag, given in (("--port", port), ("--vllm", vllm_path), ("--force", force),
+                                ("VLLM_SERVE_ARGS", vllm_args))
+            if given
+        ]  # fmt: skip
+        if plan_path is None:
+            raise Refused("--engine flashinfer needs --plan PLAN (write one with `fi-cache plan`)")
+        if misplaced:
+            raise Refused(f"{misplaced[0]} applies to --engine vllm only")
+        from fi_cache.cli.tuning import warm_flashinfer
+
+        return warm_flashinfer(plan_path, finalize, python, timeout, lock_timeout)
+    if plan_path is not None or python is not None:
+        raise Refused("--plan and --python apply to --engine flashinfer only")
+    finalize = finalize or "fused"
     ns, env = _resolve("unfused" if finalize == "unfused" else "fused")
     _check_finalize_support(env, finalize, force, "tune")
     result = _run_warm(ns, env, vllm_args, vllm_path, timeout, port, lock_timeout)
