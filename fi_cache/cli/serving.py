@@ -173,9 +173,8 @@ _VLLM_OPT = click.option(
 @click.option(
     "--timeout",
     type=float,
-    default=1800.0,
-    show_default=True,
-    help="Seconds to wait for vLLM's /health, or for one mode's tuning.",
+    default=None,
+    help="Seconds to wait for vLLM's /health [1800], or for one mode's tuning [7200].",
 )
 @click.option(
     "--port",
@@ -198,7 +197,7 @@ def warm_command(
     plan_path: Path | None,
     python: str | None,
     finalize: str | None,
-    timeout: float,
+    timeout: float | None,
     port: int | None,
     force: bool,
     lock_timeout: float,
@@ -221,10 +220,11 @@ def warm_command(
             raise Refused(f"{misplaced[0]} applies to --engine vllm only")
         from fi_cache.cli.tuning import warm_flashinfer
 
-        return warm_flashinfer(plan_path, finalize, python, timeout, lock_timeout)
+        return warm_flashinfer(plan_path, finalize, python, timeout or 7200.0, lock_timeout)
     if plan_path is not None or python is not None:
         raise Refused("--plan and --python apply to --engine flashinfer only")
     finalize = finalize or "fused"
+    timeout = timeout or 1800.0
     ns, env = _resolve("unfused" if finalize == "unfused" else "fused")
     _check_finalize_support(env, finalize, force, "tune")
     result = _run_warm(ns, env, vllm_args, vllm_path, timeout, port, lock_timeout)
