@@ -43,3 +43,10 @@ echo "\$ fi-cache ls"
 $fi ls
 echo "\$ fi-cache serve --deterministic -- Qwen/Qwen3-30B-A3B   # warm already: execs vLLM at once"
 FAKE_VLLM_MODE=exit-now $fi serve --deterministic -- Qwen/Qwen3-30B-A3B
+echo
+echo "# Tuning without vLLM (warm --engine flashinfer needs a GPU; planning does not)"
+echo "\$ fi-cache plan --from-hf-config tests/fixtures/hf/qwen3-30b-a3b.json -o .cache/qwen3.toml"
+$fi plan --from-hf-config tests/fixtures/hf/qwen3-30b-a3b.json -o .cache/qwen3.toml
+cat .cache/qwen3.toml
+echo "\$ fi-cache plan --check examples/plans/h200-gemm.toml   # the plan the H200 benchmark tuned"
+$fi plan --check examples/plans/h200-gemm.toml

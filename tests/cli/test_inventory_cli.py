@@ -13,6 +13,8 @@ import pytest
 
 from tests.conftest import GEMM_617, GEMM_618, HASH_A, MOE_617_FUSED, MOE_618_FUSED, cli_main_exit
 
+_ROOT = Path(__file__).resolve().parents[2]
+
 LS_FIELDS = {
     "path",
     "format",
@@ -236,6 +238,13 @@ def test_python_m_entry_point_and_no_traceback(tmp_path: Path) -> None:
         ["verify", str(GEMM_618)],
         ["show", str(GEMM_618)],
         ["ls", str(GEMM_618)],
+        ["plan", "--check", str(_ROOT / "examples" / "plans" / "h200-gemm.toml")],
+        [
+            "plan",
+            "--from-hf-config",
+            str(_ROOT / "tests" / "fixtures" / "hf" / "qwen3-30b-a3b.json"),
+        ],
+        ["warm", "--engine", "flashinfer", "--plan", str(_ROOT / "no-such-plan.toml")],
     ],
 )
 def test_read_only_commands_import_no_heavy_package(command: list[str], tmp_path: Path) -> None:

@@ -10,7 +10,9 @@ fi-cache's driver: `fi_cache.tune.driver.run`, `flashinfer.autotune(True, cache=
 
 What stands in for the GPU (each marked CPU STAND-IN below):
 1. GEMM ops: one CPU runner (`CpuMatmulRunner`, three ways to multiply) tuned through
-   `AutoTuner.choose_one` under op `fi_cache_test::cpu_gemm`; FlashInfer's GEMMs need CUDA.
+   `AutoTuner.choose_one` under op `fi_cache_test::cpu_gemm`; FlashInfer's GEMMs need CUDA. A job
+   (sent directly, bypassing the plan parser) with backend "no-cudnn" raises on every call, as
+   FlashInfer's cuDNN GEMM did on a machine without cuDNN's Python frontend.
 2. `AutoTuner._profile_single_kernel` (CUDA events): CPU wall time of the runner for GEMMs; for the
    MoE, a deterministic time per (GEMM, bucket, tactic, finalize mode), as tests/fixtures does.
 3. The compiled CUTLASS MoE module: a fake whose runner reports G1 / G2 tactics (G2 depends on
@@ -92,7 +94,9 @@ class CpuGemm:
             a = torch.randn(m, op.k)
             for backend in op.backends:
 
-                def run(a: torch.Tensor = a) -> Any:
+                def run(a: torch.Tensor = a, backend: str = backend) -> Any:
+                    if backend == "no-cudnn":  # what the H200 without cuDNN's frontend raised
+                        raise RuntimeError("cuDNN is not available. Please install cuDNN")
                     tuner = fi_at.AutoTuner.get()
                     chosen, tactic = tuner.choose_one(
                         "fi_cache_test::cpu_gemm", [runner], CPU_GEMM_CONFIG, [a, b]
