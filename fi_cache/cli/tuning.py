@@ -190,10 +190,14 @@ class _TuneStatus:
         else:
             click.echo(line, err=True)
 
-    @staticmethod
-    def _line(event: dict[str, Any], took: str) -> str:
+    def _line(self, event: dict[str, Any], took: str) -> str:
+        i, n = int(event.get("i") or 0), int(event.get("n") or 0)
+        bar = ""
+        if self.tty and n:
+            done = round(20 * i / n)
+            bar = "#" * done + "-" * (20 - done) + " "
         return (
-            f"[tune {event.get('i')}/{event.get('n')}] {event.get('op')} "
+            f"[tune {bar}{i}/{n}] {event.get('op')} "
             f"[{event.get('backend')}] {event.get('tokens')} tokens {took}"
         )
 
