@@ -3,14 +3,20 @@
 from __future__ import annotations
 
 import json
+import os
 import shutil
+import subprocess
+import sys
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import pytest
 from click.testing import CliRunner
 
 from fi_cache.cli import cli
+from fi_cache.store import state_dir
 
 FIXTURES = Path(__file__).parent / "fixtures"
 H200 = FIXTURES / "h200"
@@ -85,3 +91,85 @@ def cli_main_exit(args: list[str]) -> int:
 
 
 __all__ = ["cli"]
+
+
+# --- Real FlashInfer in child processes (tests/tune, tests/cli/test_tuning_cli.py, ...) --------
+
+ROOT = Path(__file__).parent.parent
+FI_VERSIONS = ("0.6.17", "0.6.18")
+H200_ROW = "0, GPU-1234, NVIDIA H200, 9.0"  # what `nvidia-smi --query-gpu=...` prints on an H200
+
+
+def _flashinfer_installs() -> dict[str, Path]:
+    """version -> dir to put on PYTHONPATH, from FI_CACHE_FLASHINFER_DIRS (scripts/test.sh)."""
+    out = {}
+    for d in os.environ.get("FI_CACHE_FLASHINFER_DIRS", "").split():
+        meta = next(Path(d).glob("flashinfer_python-*.dist-info"), None)
+        if meta is not None:
+            out[meta.name.removeprefix("flashinfer_python-").removesuffix(".dist-info")] = Path(d)
+    return out
+
+
+FLASHINFER_INSTALLS = _flashinfer_installs()
+
+
+def flashinfer_dir(version: str) -> Path:
+    """Where FlashInfer `version` is installed; skips without it, fails under scripts/test.sh
+    (FI_CACHE_REQUIRE_FLASHINFER=1), as tests/test_flashinfer_compat.py does."""
+    if version not in FLASHINFER_INSTALLS:
+        if os.environ.get("FI_CACHE_REQUIRE_FLASHINFER"):
+            pytest.fail(f"FlashInfer {version} not found in FI_CACHE_FLASHINFER_DIRS")
+        pytest.skip(f"FlashInfer {version} not installed (run scripts/test.sh)")
+    return FLASHINFER_INSTALLS[version]
+
+
+def h200_metadata(version: str) -> dict[str, str]:
+    """The `_metadata` FlashInfer `version` stamped on a real H200 (tests/fixtures/h200)."""
+    return dict(json.loads((H200 / f"flashinfer-{version}-gemm.json").read_text())["_metadata"])
+
+
+def fi_load_argv(path: Path) -> list[str]:
+    """tests/fixtures/fi_load.py: load `path` with real FlashInfer where it claims to come from."""
+    return [sys.executable, str(FIXTURES / "fi_load.py"), str(path), "--env", "file"]
+
+
+def fi_load_result(p: subprocess.CompletedProcess[str]) -> dict[str, Any]:
+    lines = p.stdout.strip().splitlines()
+    assert lines, p.stderr[-2000:]
+    return json.loads(lines[-1])  # type: ignore[no-any-return]
+
+
+def run_parallel(
+    *jobs: dict[str, Any], timeout: float = 300
+) -> list[subprocess.CompletedProcess[str]]:
+    """subprocess.run(**job) for every job at once (each child imports torch: seconds of CPU)."""
+
+    def one(job: dict[str, Any]) -> subprocess.CompletedProcess[str]:
+        return subprocess.run(capture_output=True, text=True, timeout=timeout, check=False, **job)
+
+    with ThreadPoolExecutor(max(1, len(jobs))) as pool:
+        return list(pool.map(one, jobs))
+
+
+def fake_gpu_bin(directory: Path, *rows: str) -> Path:
+    """`directory` with an `nvidia-smi` that lists `rows` (none: a host without a GPU)."""
+    directory.mkdir(parents=True, exist_ok=True)
+    smi = directory / "nvidia-smi"
+    smi.write_text("#!/bin/sh\n" + "".join(f"echo '{r}'\n" for r in rows))
+    smi.chmod(0o755)
+    return directory
+
+
+def seed_flashinfer_probe(store: Path, env: dict[str, str], metadata: dict[str, str]) -> None:
+    """Make `fi-cache` (run with `env`) see `metadata` as FlashInfer's own `_collect_metadata()`
+    answer for this machine, the answer it caches in the store after asking FlashInfer once.
+    On this CPU host FlashInfer answers "unknown" for every GPU field; seeded with the H200
+    metadata the CPU tuning stand-in stamps, `doctor` targets the H200 that the files were
+    "tuned" on, so its namespace checks look at them."""
+    probe = "from fi_cache import environment as e; print(e.probe_key(e.probe()))"
+    p = subprocess.run(
+        [sys.executable, "-c", probe], env=env, capture_output=True, text=True, check=True
+    )
+    path = state_dir(store) / f"env-{p.stdout.strip()}.json"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(metadata))

@@ -108,10 +108,24 @@ def _is_gemm2(op: str) -> bool:
     return op == MOE_GEMM2_OP or (stage is not None and stage.group(1) == "2")
 
 
+def _writers(view: Any) -> tuple[Any, ...]:
+    """The recorded warms that wrote this file (all warms when none names it: older manifests)."""
+    warms = view.manifest.warms if view.manifest else ()
+    if view.namespace_dir is None:
+        return tuple(warms)
+    try:
+        rel = str(view.cache.path.relative_to(view.namespace_dir))
+    except ValueError:
+        return tuple(warms)
+    named = tuple(w for w in warms if any(f.path == rel for f in w.files))
+    return named or tuple(warms)
+
+
 def _tuned_mode(view: Any) -> tuple[str, bool]:
     """(mode the GEMM2 entries were tuned in, known for sure?). Every vLLM release tunes fused;
-    only an unfused namespace whose warms all ran a vLLM that reads the variable is unfused."""
-    warms = view.manifest.warms if view.manifest else ()
+    only an unfused namespace whose warms of this file all passed the mode on is unfused: a
+    vLLM that reads the variable, or FlashInfer itself (`warm --engine flashinfer`)."""
+    warms = _writers(view)
     if view.namespace_finalize == "unfused":
         if any(w.supports_finalize_env is False for w in warms):
             return "fused", True  # warmed by a vLLM that ignored the variable

@@ -255,7 +255,8 @@ class _Child:
             )
         except OSError as exc:
             raise Refused(f"cannot run {exc.strerror}", self.options.python) from None
-        threading.Thread(target=self._drain, args=(self.proc.stderr,), daemon=True).start()
+        self.reader = threading.Thread(target=self._drain, args=(self.proc.stderr,), daemon=True)
+        self.reader.start()
         # A watchdog, not a check between lines: a child stuck in a kernel prints nothing.
         self.expired = False
         self.watchdog = threading.Timer(self.options.timeout, self._expire)
@@ -321,11 +322,20 @@ class _Child:
         message = str(event.get("message", "the tuning process failed"))
         if event.get("kind") in _REFUSALS:
             raise Refused(message)
+        self._settle()
         raise WarmFailed(message, list(self.tail))
+
+    def _settle(self) -> None:
+        """Let the child exit and its stderr be read to the end, so the report has its last words."""
+        assert self.proc is not None
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            self.proc.wait(5.0)
+        self.reader.join(5.0)
 
     def _died(self) -> None:
         assert self.proc is not None
         code = self.proc.wait()
+        self.reader.join(5.0)
         if self.expired:
             raise WarmFailed(
                 f"tuning took over {self.options.timeout:.0f}s (--timeout); stopped it",

@@ -1,0 +1,599 @@
+"""`fi-cache plan` and `fi-cache warm --engine flashinfer` as a user runs them: `python -m fi_cache`
+in a real process, with a fake `nvidia-smi` reporting an H200 on PATH.
+
+The tuning child is tests/tune/cpu_tune_child.py (FlashInfer's real AutoTuner and fi-cache's real
+driver on CPU; see its docstring) behind `$FI_CACHE_PYTHON`, except where the REAL child
+(`python -m fi_cache.tune`) must refuse on this GPU-less host, and where tiny fake children
+misbehave on purpose. Refused runs point `$FI_CACHE_PYTHON` at a script that leaves a marker
+file, to show the child never started.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+from collections.abc import Iterator
+from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass, field
+from functools import partial
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from fi_cache import manifest as manifests
+from fi_cache.model.fingerprint import Fingerprint
+from fi_cache.namespace import NAMESPACES_DIR, Namespace
+from fi_cache.tune.warm import plan_key
+from tests.conftest import (
+    FI_VERSIONS,
+    FLASHINFER_INSTALLS,
+    H200_ROW,
+    ROOT,
+    fake_gpu_bin,
+    flashinfer_dir,
+    h200_metadata,
+    run_parallel,
+    seed_flashinfer_probe,
+)
+
+CPU_CHILD = ROOT / "tests" / "tune" / "cpu_tune_child.py"
+FAKE_VLLM = ROOT / "tests" / "fake_vllm.py"
+HF = ROOT / "tests" / "fixtures" / "hf"
+PLAN = """\
+tokens = [1, 16]
+
+[[ops]]
+op = "mm_bf16"
+n = 64
+k = 64
+
+[[ops]]
+op = "cutlass_fused_moe"
+hidden_size = 256
+intermediate_size = 128
+num_experts = 8
+top_k = 2
+finalize = ["fused", "unfused"]
+"""
+COUNTS = {"gemm1": 45, "gemm2": {"fused": 81, "unfused": 36}}  # the fake MoE module's
+ENTRIES = 15  # 5 buckets (1..16) x (the GEMM, MoE GEMM1, MoE GEMM2)
+MODES = ("fused", "unfused")
+# Set where these tests run (or by a user's shell) and would change what fi-cache does.
+_SCRUB = ("FI_CACHE_PYTHON", "FI_CACHE_DIR", "FI_CACHE_VLLM", "VLLM_FLASHINFER_MOE_FUSED_FINALIZE")
+
+
+def _script(path: Path, text: str) -> Path:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(text)
+    path.chmod(0o755)
+    return path
+
+
+@dataclass
+class Rig:
+    """A store, a PATH with a fake nvidia-smi, and the environment `fi-cache` runs in."""
+
+    root: Path
+    store: Path
+    env: dict[str, str]
+
+    @classmethod
+    def make(
+        cls,
+        root: Path,
+        *,
+        version: str | None = None,
+        gpus: tuple[str, ...] = (H200_ROW,),
+        python: Path | None = None,
+    ) -> Rig:
+        root.mkdir(parents=True, exist_ok=True)
+        bin_dir = fake_gpu_bin(root / "bin", *gpus)
+        env = {k: v for k, v in os.environ.items() if k not in _SCRUB}
+        path = [str(FLASHINFER_INSTALLS[version])] if version else []
+        env.update(
+            PATH=f"{bin_dir}{os.pathsep}{env.get('PATH', '')}",
+            PYTHONPATH=os.pathsep.join([*path, str(ROOT)]),
+        )
+        if python is not None:
+            env["FI_CACHE_PYTHON"] = str(python)
+        return cls(root, root / "store", env)
+
+    def job(self, *args: str | Path, **env: str) -> dict[str, Any]:
+        argv = [sys.executable, "-m", "fi_cache", "--store", str(self.store), *map(str, args)]
+        return {"args": argv, "env": {**self.env, **env}, "cwd": self.root}
+
+    def run(self, *args: str | Path, **env: str) -> subprocess.CompletedProcess[str]:
+        [p] = run_parallel(self.job(*args, **env))
+        return p
+
+    def plan(self, text: str = PLAN, name: str = "plan.toml") -> Path:
+        path = self.root / name
+        path.write_text(text)
+        return path
+
+    def namespaces(self) -> list[Path]:
+        """Namespace dirs with a recorded warm."""
+        return sorted(p.parent for p in (self.store / NAMESPACES_DIR).rglob("manifest.json"))
+
+
+def _tune_python(root: Path) -> Path:
+    """What `--python`/`$FI_CACHE_PYTHON` names: here, the CPU stand-in for the child."""
+    return _script(root / "tune-python", f'#!/bin/sh\nexec "{sys.executable}" "{CPU_CHILD}" "$@"\n')
+
+
+def _ns_dir(store: Path, version: str, mode: str) -> Path:
+    """Where the child's metadata (the H200's) puts `mode`'s namespace."""
+    fp = Fingerprint.from_metadata(h200_metadata(version), "90a")
+    return Namespace(fp, mode).path(store)  # type: ignore[arg-type]
+
+
+def _manifest(ns: Path) -> dict[str, Any]:
+    return json.loads((ns / "manifest.json").read_text())  # type: ignore[no-any-return]
+
+
+def _one_line(p: subprocess.CompletedProcess[str]) -> str:
+    lines = p.stderr.splitlines()
+    assert len(lines) == 1, p.stderr
+    return lines[0]
+
+
+# --- refusals before any tuning ---------------------------------------------------------------
+
+
+@pytest.fixture
+def refusing(tmp_path: Path) -> Rig:
+    """A rig whose tuning "python" only leaves a marker: it must never run."""
+    marker = tmp_path / "child-started"
+    python = _script(tmp_path / "python", f'#!/bin/sh\ntouch "{marker}"\nexit 3\n')
+    return Rig.make(tmp_path, python=python)
+
+
+def _never_started(rig: Rig) -> bool:
+    return not (rig.root / "child-started").exists() and not (rig.store / NAMESPACES_DIR).exists()
+
+
+def test_the_marker_child_does_start_when_nothing_is_refused(refusing: Rig) -> None:
+    """The check the refusal tests rely on can fail: a valid plan does start the child."""
+    p = refusing.run("warm", "--engine", "flashinfer", "--plan", refusing.plan())
+    assert p.returncode == 1 and "exited with code 3" in p.stderr
+    assert (refusing.root / "child-started").exists()
+
+
+_MOE = """
+[[ops]]
+op = "cutlass_fused_moe"
+hidden_size = 256
+intermediate_size = 128
+"""
+
+
+@pytest.mark.parametrize(
+    "plan, words",
+    [
+        ('[[ops]]\nop = "mm_int4"\nn = 64\nk = 64\n', "unknown op 'mm_int4'"),
+        (_MOE + "num_experts = 2\ntop_k = 4\n", "top_k = 4 is more than num_experts = 2"),
+        ("tokens = [1, 16\n", "not valid TOML"),
+        # The fake GPU is an H200 (SM90).
+        ('[[ops]]\nop = "mm_fp8"\nn = 128\nk = 128\n', "trtllm_low_latency backend does not "
+         "run on NVIDIA H200 (SM90)"),
+        ('[[ops]]\nop = "mm_bf16"\nn = 64\nk = 64\nbackends = ["cutlass"]\n', "cutlass backend "
+         "does not run on NVIDIA H200 (SM90)"),
+    ],
+    ids=["unknown-op", "top-k-over-experts", "invalid-toml", "mm-fp8-on-sm90", "cutlass-on-sm90"],
+)  # fmt: skip
+def test_a_plan_that_cannot_run_is_refused_naming_the_plan(
+    refusing: Rig, plan: str, words: str
+) -> None:
+    path = refusing.plan(plan)
+    p = refusing.run("warm", "--engine", "flashinfer", "--plan", path)
+    assert p.returncode == 2, p.stderr
+    line = _one_line(p)
+    assert line.startswith(f"fi-cache: {path}: ") and words in line
+    assert _never_started(refusing)
+
+
+def test_finalize_a_moe_op_does_not_list_is_refused(refusing: Rig) -> None:
+    path = refusing.plan(_MOE + 'num_experts = 8\ntop_k = 2\nfinalize = ["fused"]\n')
+    p = refusing.run("warm", "--engine", "flashinfer", "--plan", path, "--finalize", "unfused")
+    assert p.returncode == 2, p.stderr
+    line = _one_line(p)
+    assert line.startswith(f"fi-cache: {path}: ") and "would leave it untuned" in line
+    assert _never_started(refusing)
+
+
+def test_a_missing_plan_file_is_refused(refusing: Rig) -> None:
+    missing = refusing.root / "nope.toml"
+    p = refusing.run("warm", "--engine", "flashinfer", "--plan", missing)
+    assert p.returncode == 2
+    assert _one_line(p) == f"fi-cache: {missing}: no such file"
+    assert _never_started(refusing)
+
+
+@pytest.mark.parametrize(
+    "args, words",
+    [
+        (["--engine", "flashinfer"], "--engine flashinfer needs --plan PLAN"),
+        (["--engine", "flashinfer", "--plan", "PLAN", "--port", "8000"], "--port applies to"),
+        (["--engine", "flashinfer", "--plan", "PLAN", "--vllm", "/bin/true"], "--vllm applies to"),
+        (["--engine", "flashinfer", "--plan", "PLAN", "--", "Qwen/Qwen3-30B-A3B"],
+         "VLLM_SERVE_ARGS applies to --engine vllm only"),
+        (["--plan", "PLAN", "--", "Qwen/Qwen3-30B-A3B"], "--plan and --python apply to --engine "
+         "flashinfer only"),
+        (["--engine", "vllm", "--plan", "PLAN", "--", "Qwen/Qwen3-30B-A3B"], "--plan and "
+         "--python apply"),
+    ],
+    ids=["no-plan", "port", "vllm", "vllm-args", "plan-default-engine", "plan-engine-vllm"],
+)  # fmt: skip
+def test_options_of_the_other_engine_are_refused(
+    refusing: Rig, args: list[str], words: str
+) -> None:
+    plan = str(refusing.plan())
+    p = refusing.run("warm", *[plan if a == "PLAN" else a for a in args])
+    assert p.returncode == 2, p.stderr
+    assert words in _one_line(p)
+    assert _never_started(refusing)
+
+
+# --- a child that fails -----------------------------------------------------------------------
+
+
+FAKE_CHILD = """\
+import json, os, sys, time
+sys.stdin.readline()  # the job
+meta = json.loads(os.environ["FAKE_CHILD_METADATA"])
+ready = {"event": "ready", "flashinfer_version": meta["flashinfer_version"],
+         "device": "NVIDIA H200", "cc": 90, "metadata": meta}
+print(json.dumps(ready), flush=True)
+sys.stdin.readline()  # {"cache": PATH}
+print("CUDA error: an illegal memory access was encountered", file=sys.stderr, flush=True)
+time.sleep(0.5)  # fi-cache reads the child's stderr in a thread: let it see that line first
+if os.environ["FAKE_CHILD"] == "crash":
+    sys.exit(3)
+print(json.dumps({"event": "call", "i": 1, "n": 4, "op": "mm_bf16 n=64 k=64",
+                  "backend": "cudnn", "tokens": 1}), flush=True)
+print(json.dumps({"event": "error", "kind": "failed",
+                  "message": "mm_bf16 n=64 k=64 [cudnn] at 1 tokens: RuntimeError: CUDA error"}))
+sys.exit(1)
+"""
+
+
+@pytest.mark.parametrize(
+    "how, last",
+    [
+        ("crash", "fi-cache: the tuning process exited with code 3 without a result"),
+        ("failed", "fi-cache: mm_bf16 n=64 k=64 [cudnn] at 1 tokens: RuntimeError: CUDA error"),
+    ],
+)
+def test_a_child_that_fails_after_ready_is_a_failed_warm(
+    tmp_path: Path, how: str, last: str
+) -> None:
+    child = tmp_path / "fake_child.py"
+    child.write_text(FAKE_CHILD)
+    python = _script(tmp_path / "python", f'#!/bin/sh\nexec "{sys.executable}" "{child}"\n')
+    rig = Rig.make(tmp_path, python=python)
+    meta = json.dumps(h200_metadata("0.6.17"))
+    p = rig.run("warm", "--engine", "flashinfer", "--plan", rig.plan(),
+                FAKE_CHILD=how, FAKE_CHILD_METADATA=meta)  # fmt: skip
+    assert p.returncode == 1, p.stderr
+    assert p.stderr.splitlines()[-1] == last
+    assert "--- last 1 lines of the tuning process ---" in p.stderr
+    assert "CUDA error: an illegal memory access" in p.stderr  # the child's own words
+    # The namespace was chosen and locked, but no warm is recorded and no file left.
+    ns = _ns_dir(rig.store, "0.6.17", "fused")
+    assert ns.is_dir() and not (ns / "manifest.json").exists()
+    assert not (ns / "flashinfer" / "autotune_configs.json").exists()
+    assert rig.namespaces() == []
+
+
+# --- fi-cache plan -----------------------------------------------------------------------------
+
+
+def test_plan_from_a_hf_config_is_a_plan_check_accepts(tmp_path: Path) -> None:
+    rig = Rig.make(tmp_path)
+    out = tmp_path / "qwen3.toml"
+    p = rig.run("plan", "--from-hf-config", HF / "qwen3-30b-a3b.json", "-o", out)
+    assert p.returncode == 0, p.stderr
+    check = rig.run("plan", "--check", out)
+    assert check.returncode == 0, check.stderr
+    assert "cutlass_fused_moe bf16 h=2048 i=768 e=128 top_k=8" in check.stdout
+    assert "fused namespace: 4 calls" in check.stdout
+    assert "unfused namespace: 4 calls" in check.stdout
+    doc = json.loads(rig.run("--format", "json", "plan", "--check", out).stdout)
+    assert doc["modes"] == ["fused", "unfused"] and doc["calls"] == {"fused": 4, "unfused": 4}
+    [op] = doc["ops"]
+    assert (op["op"], op["hidden_size"], op["num_experts"], op["top_k"]) == (
+        "cutlass_fused_moe", 2048, 128, 8,
+    )  # fmt: skip
+
+
+def test_plan_from_a_quantised_model_needs_dtype(tmp_path: Path) -> None:
+    p = Rig.make(tmp_path).run("plan", "--from-hf-config", HF / "deepseek-v3.json")
+    assert p.returncode == 2 and p.stdout == ""
+    line = _one_line(p)
+    assert "fp8" in line and "--dtype" in line
+
+
+@pytest.mark.parametrize("both", [False, True])
+def test_plan_needs_exactly_one_of_from_hf_config_and_check(tmp_path: Path, both: bool) -> None:
+    rig = Rig.make(tmp_path)
+    args = ["--from-hf-config", str(HF / "qwen3-30b-a3b.json"), "--check", str(rig.plan())]
+    p = rig.run("plan", *(args if both else []))
+    assert p.returncode == 2
+    assert "give one of --from-hf-config CONFIG or --check PLAN" in _one_line(p)
+
+
+# --- one warm per FlashInfer version, shared (started in the background) --------------------
+
+
+@dataclass
+class Warm:
+    rig: Rig
+    plan: Path
+    result: subprocess.CompletedProcess[str]
+    # after it: `verify STORE`, `--format json doctor` and `... doctor --finalize unfused`
+    checks: dict[str, subprocess.CompletedProcess[str]] = field(default_factory=dict)
+
+    @property
+    def doc(self) -> dict[str, Any]:
+        assert self.result.returncode == 0, self.result.stderr[-3000:]
+        return json.loads(self.result.stdout)  # type: ignore[no-any-return]
+
+
+@dataclass
+class VllmAlsoWarmed:
+    """0.6.17 keys cannot say their finalize mode. After `warm --engine flashinfer` filled the
+    unfused namespace (and recorded the MoE tactic counts), a vLLM warms it too, through
+    `fi-cache warm --finalize unfused`; every vLLM release tunes fused, and the stand-in vLLM
+    (tests/fake_vllm.py) writes the fused 0.6.17 file. Then `doctor --finalize unfused`."""
+
+    store: Path
+    fused_file: Path  # what the stand-in vLLM wrote into the unfused namespace
+    warm: subprocess.CompletedProcess[str]
+    doctor: subprocess.CompletedProcess[str]  # JSON
+
+    def findings(self, under: str) -> list[dict[str, Any]]:
+        """stale-gemm2-profile findings for the unfused namespace's `under` dir."""
+        ns = _ns_dir(self.store, "0.6.17", "unfused")
+        return [
+            f
+            for f in json.loads(self.doctor.stdout)["findings"]
+            if f["check"] == "stale-gemm2-profile" and f["path"].startswith(f"{ns / under}/")
+        ]
+
+
+@dataclass
+class Warms:
+    by_version: dict[str, Warm] = field(default_factory=dict)
+    no_gpu: Warm | None = None  # the real child, 0.6.18, with an nvidia-smi that lists nothing
+    again: Warm | None = None  # 0.6.17 warmed again, --finalize unfused, in a copy of its store
+    vllm_also: VllmAlsoWarmed | None = None  # 0.6.17, in another copy
+
+    def get(self, version: str) -> Warm:
+        flashinfer_dir(version)  # skips (or fails under scripts/test.sh) without this version
+        return self.by_version[version]
+
+
+def _again(root: Path, first: Warm) -> Warm:
+    rig = Rig(root, root / "store", first.rig.env)
+    shutil.copytree(first.rig.store, rig.store)
+    args = ("warm", "--engine", "flashinfer", "--plan", first.plan, "--finalize", "unfused")
+    return Warm(rig, first.plan, rig.run(*args))
+
+
+def _vllm_also(root: Path, first: Warm) -> VllmAlsoWarmed:
+    store = root / "store"
+    shutil.copytree(first.rig.store, store)
+    fused_file = _ns_dir(store, "0.6.17", "fused") / "flashinfer" / "autotune_configs.json"
+    vllm = _script(root / "vllm", f'#!/bin/sh\nexec "{sys.executable}" "{FAKE_VLLM}" "$@"\n')
+    rig = Rig(root, store, first.rig.env)
+    warm = rig.run(
+        "warm", "--finalize", "unfused", "--", "Qwen/Qwen3-30B-A3B",
+        FI_CACHE_VLLM=str(vllm), FAKE_VLLM_CACHE_SOURCE=str(fused_file),
+    )  # fmt: skip
+    doctor = rig.run("--format", "json", "doctor", "--finalize", "unfused")
+    return VllmAlsoWarmed(store, fused_file, warm, doctor)
+
+
+def _warm_all(base: Path) -> Warms:
+    """In parallel: `warm --engine flashinfer --plan` per installed version, then what looks at
+    its store (0.6.17's store also copied, warmed again, and warmed by a vLLM); and the
+    GPU-less real child."""
+    versions = [v for v in FI_VERSIONS if v in FLASHINFER_INSTALLS]
+    python = _tune_python(base)
+    out = Warms()
+
+    def warm(version: str) -> None:
+        rig = Rig.make(base / version, version=version, python=python)
+        plan = rig.plan()
+        result = rig.run("--format", "json", "warm", "--engine", "flashinfer", "--plan", plan)
+        first = out.by_version[version] = Warm(rig, plan, result)
+        if result.returncode != 0:
+            return
+        # doctor's target: the H200 the child reported (see seed_flashinfer_probe)
+        seed_flashinfer_probe(rig.store, rig.env, h200_metadata(version))
+        with ThreadPoolExecutor(3) as pool:
+            if version == "0.6.17":
+                again = pool.submit(_again, base / "again", first)
+                also = pool.submit(_vllm_also, base / "vllm-also", first)
+            checks = {
+                "verify": rig.job("verify", rig.store),
+                "doctor": rig.job("--format", "json", "doctor"),
+                "doctor-unfused": rig.job("--format", "json", "doctor", "--finalize", "unfused"),
+            }
+            first.checks = dict(zip(checks, run_parallel(*checks.values()), strict=True))
+            if version == "0.6.17":
+                out.again, out.vllm_also = again.result(), also.result()
+
+    def no_gpu() -> None:
+        rig = Rig.make(base / "no-gpu", version="0.6.18", gpus=())
+        plan = rig.plan()
+        out.no_gpu = Warm(rig, plan, rig.run("warm", "--engine", "flashinfer", "--plan", plan))
+
+    tasks = [partial(warm, v) for v in versions]
+    if "0.6.18" in versions:
+        tasks.append(no_gpu)
+    with ThreadPoolExecutor(len(tasks) or 1) as pool:
+        for done in [pool.submit(t) for t in tasks]:
+            done.result()
+    return out
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _warming(
+    request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[Future[Warms] | None]:
+    """Start the shared warms when the module starts (if a selected test needs them), so that
+    the tests before them, each a short `fi-cache` process, run meanwhile."""
+    wanted = any(
+        "warms" in getattr(item, "fixturenames", ())
+        for item in request.session.items
+        if getattr(item, "module", None) is request.module
+    )
+    if not wanted:
+        yield None
+        return
+    with ThreadPoolExecutor(1) as pool:
+        yield pool.submit(_warm_all, tmp_path_factory.mktemp("tuning-cli"))
+
+
+@pytest.fixture(scope="module")
+def warms(_warming: Future[Warms] | None) -> Warms:
+    assert _warming is not None
+    return _warming.result()
+
+
+@pytest.mark.flashinfer
+@pytest.mark.parametrize("version", FI_VERSIONS)
+def test_warm_fills_one_namespace_per_finalize_mode(warms: Warms, version: str) -> None:
+    warm = warms.get(version)
+    doc = warm.doc  # one JSON document on stdout
+    assert doc["engine"] == "flashinfer" and doc["plan"] == str(warm.plan)
+    assert [n["finalize"] for n in doc["namespaces"]] == list(MODES)
+    store = warm.rig.store
+    assert warm.rig.namespaces() == sorted(_ns_dir(store, version, m) for m in MODES)
+    for ns, mode in zip(doc["namespaces"], MODES, strict=True):
+        ns_dir = _ns_dir(store, version, mode)
+        assert ns["namespace"] == str(ns_dir)
+        assert ns["file"] == str(ns_dir / "flashinfer" / "autotune_configs.json")
+        saved = json.loads(Path(ns["file"]).read_text())
+        assert saved["_metadata"] == h200_metadata(version)
+        assert ns["entries"] == ENTRIES == len([k for k in saved if not k.startswith("_")])
+        assert ns["size"] == Path(ns["file"]).stat().st_size
+        assert ns["calls"] == 4 and ns["flashinfer_version"] == version
+        assert ns["tactic_counts"] == COUNTS
+    # The human progress lines went to stderr, one per call.
+    assert warm.result.stderr.count("[tune ") == 8
+
+
+@pytest.mark.flashinfer
+@pytest.mark.parametrize("version", FI_VERSIONS)
+def test_each_manifest_records_the_flashinfer_warm(warms: Warms, version: str) -> None:
+    warm = warms.get(version)
+    assert warm.result.returncode == 0, warm.result.stderr[-3000:]
+    for mode in MODES:
+        ns_dir = _ns_dir(warm.rig.store, version, mode)
+        raw = _manifest(ns_dir)
+        assert raw["tactic_counts"] == COUNTS
+        m = manifests.load(ns_dir)
+        assert m is not None and m.finalize == mode
+        assert m.fingerprint == Fingerprint.from_metadata(h200_metadata(version), "90a")
+        [w] = m.warms
+        assert w.engine == "flashinfer" and w.ok and w.vllm_version is None
+        assert w.argv == ["--plan", str(warm.plan)]
+        assert w.argv_key == plan_key(PLAN, mode)
+        assert w.supports_finalize_env is True  # FlashInfer got the mode directly
+        [f] = w.files
+        assert (f.path, f.entries) == ("flashinfer/autotune_configs.json", ENTRIES)
+
+
+@pytest.mark.flashinfer
+@pytest.mark.parametrize("version", FI_VERSIONS)
+def test_verify_and_doctor_accept_the_warmed_store(warms: Warms, version: str) -> None:
+    warm = warms.get(version)
+    assert warm.result.returncode == 0, warm.result.stderr[-3000:]
+    verify = warm.checks["verify"]
+    assert verify.returncode == 0, verify.stdout + verify.stderr
+    assert "2 ok, 0 with problems" in verify.stdout
+    doctor = warm.checks["doctor"]
+    assert doctor.returncode == 0, doctor.stdout + doctor.stderr
+    report = json.loads(doctor.stdout)
+    # The target is the H200 the child reported: doctor looked at the fused namespace.
+    assert report["target"]["gpu"] == "NVIDIA H200" and report["target"]["finalize"] == "fused"
+    assert report["findings"] == []
+    unfused = warm.checks["doctor-unfused"]
+    assert unfused.returncode == 0, unfused.stdout + unfused.stderr
+    # Only that no vLLM is installed here to say whether it reads the finalize variable.
+    assert [f["check"] for f in json.loads(unfused.stdout)["findings"]] == ["finalize-unsupported"]
+
+
+@pytest.mark.flashinfer
+def test_warming_again_appends_a_warm_and_touches_only_the_asked_mode(warms: Warms) -> None:
+    first = warms.get("0.6.17")
+    again = warms.again
+    assert again is not None and again.result.returncode == 0, again.result.stderr[-3000:]
+    assert "unfused finalize: 4 calls" in again.result.stderr
+    assert again.result.stderr.count("[tune ") == 4  # the unfused child's calls only
+    assert "fi-cache: fused finalize" not in again.result.stderr
+    unfused = _manifest(_ns_dir(again.rig.store, "0.6.17", "unfused"))
+    w1, w2 = unfused["warms"]
+    assert w1["argv_key"] == w2["argv_key"] == plan_key(PLAN, "unfused")
+    assert w1["files"][0]["entries"] == w2["files"][0]["entries"] == ENTRIES
+    assert w2["started"] > w1["started"]
+    # The fused namespace is exactly as the first warm left it.
+    for name in ("manifest.json", "flashinfer/autotune_configs.json"):
+        before = _ns_dir(first.rig.store, "0.6.17", "fused") / name
+        after = _ns_dir(again.rig.store, "0.6.17", "fused") / name
+        assert after.read_bytes() == before.read_bytes(), name
+
+
+@pytest.fixture
+def vllm_also_warmed(warms: Warms) -> VllmAlsoWarmed:
+    warms.get("0.6.17")
+    assert warms.vllm_also is not None
+    assert warms.vllm_also.warm.returncode == 0, warms.vllm_also.warm.stderr
+    return warms.vllm_also
+
+
+@pytest.mark.flashinfer
+def test_doctor_splits_stale_gemm2_ids_with_the_recorded_tactic_counts(
+    vllm_also_warmed: VllmAlsoWarmed,
+) -> None:
+    """The ids past the unfused list (g1 + g2 unfused = 45 + 36) crash start-up; doctor counts
+    them exactly, from the tactic counts the flashinfer warm recorded in the manifest."""
+    w = vllm_also_warmed
+    ids = [v[1] for k, v in json.loads(w.fused_file.read_text()).items() if "gemm2" in k]
+    crash = sum(t >= 45 + 36 for t in ids)
+    assert 0 < crash < len(ids)  # the stand-in's timings pick some of each, deterministically
+    assert w.doctor.returncode == 1, w.doctor.stdout + w.doctor.stderr
+    [finding] = w.findings("vllm")
+    assert finding["severity"] == "error"
+    assert (
+        f"{crash} are beyond the unfused list (ids < 81) and crash start-up, "
+        f"{len(ids) - crash} silently pick another kernel" in finding["message"]
+    )
+
+
+@pytest.mark.flashinfer
+def test_doctor_trusts_the_unfused_file_flashinfer_tuned_next_to_a_vllm_warm(
+    vllm_also_warmed: VllmAlsoWarmed,
+) -> None:
+    """The flashinfer/ file was tuned by FlashInfer told `use_fused_finalize=False` (its GEMM2
+    ids are all below 81); the vLLM warm wrote only under vllm/."""
+    assert vllm_also_warmed.findings("flashinfer") == []
+
+
+@pytest.mark.flashinfer
+def test_no_gpu_the_real_child_refuses_and_no_namespace_is_made(warms: Warms) -> None:
+    flashinfer_dir("0.6.18")
+    warm = warms.no_gpu
+    assert warm is not None
+    p = warm.result
+    assert p.returncode == 2, p.stderr[-3000:]
+    last = p.stderr.splitlines()[-1]
+    assert last.startswith("fi-cache: torch has no CUDA"), p.stderr[-3000:]
+    assert "Traceback" not in p.stderr
+    assert not (warm.rig.store / NAMESPACES_DIR).exists()
