@@ -326,7 +326,7 @@ class _Child:
         raise WarmFailed(message, list(self.tail))
 
     def _settle(self) -> None:
-        """Let the child exit and its stderr be read to the end, so the report has its last words."""
+        """Let the child exit and its stderr be read to the end: the report shows its last words."""
         assert self.proc is not None
         with contextlib.suppress(subprocess.TimeoutExpired):
             self.proc.wait(5.0)
