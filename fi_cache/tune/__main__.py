@@ -4,14 +4,19 @@ events (JSON lines) on stdout; see fi_cache/tune/driver.py."""
 from __future__ import annotations
 
 import json
+import os
 import sys
 
 from fi_cache.tune.driver import EXIT_REFUSED, Job, run
 
 
 def main() -> int:
-    events = sys.stdout
-    sys.stdout = sys.stderr  # anything FlashInfer prints must not break the event stream
+    # Events get a private copy of fd 1; fd 1 itself becomes stderr, so whatever Python or native
+    # code prints (TensorRT-LLM's C++ logger writes to std::cout) cannot break the event stream.
+    sys.stdout.flush()
+    events = os.fdopen(os.dup(1), "w", encoding="utf-8")
+    os.dup2(2, 1)
+    sys.stdout = sys.stderr
 
     def emit(event: dict[str, object]) -> None:
         events.write(json.dumps(event) + "\n")

@@ -1,8 +1,10 @@
 """The tuning child: import FlashInfer, check every op against this GPU, then run the plan under
 `flashinfer.autotune(True, cache=FILE)` so FlashInfer's own autotuner writes FILE.
 
-Protocol (JSON lines): the parent sends the job; the child imports FlashInfer, checks the GPU and
-every op, and answers `ready` with FlashInfer's own `_metadata`; the parent picks the namespace
+Protocol (JSON lines): first a `stage: "check"` child makes the untuned first call of every op
+and backend (reporting `probe` events, then `checked`) and exits. Then, per finalize mode, a tuning
+child: the parent sends the job; the child imports FlashInfer, checks the GPU and every op, and
+answers `ready` with FlashInfer's own `_metadata`; the parent picks the namespace
 from it, takes its lock and sends `{"cache": PATH}` (or `{"stop": true}`); the child tunes and
 reports `call`/`called`/`counts`/`done`, or `error`. FlashInfer's logs and tqdm bars go to stderr.
 Refusals (no GPU, an op this GPU or FlashInfer cannot run, inputs that do not fit) come before
@@ -11,6 +13,7 @@ the first tuning call and exit 2; a failure while tuning exits 1.
 
 from __future__ import annotations
 
+import os
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
@@ -33,16 +36,21 @@ class Job:
     ops: tuple[Op, ...]
     tune: bool = True  # False: replay (autotune(False, cache=...)) and count cache hits
     device: str = "cuda"
+    # "check": the untuned first call of every op and backend, then `checked` and exit. It runs in
+    # a process of its own because FlashInfer <= 0.7.3 keys GEMMs by the size of a workspace that
+    # the first cuDNN call grows: tuning must start from the sizes a fresh engine starts with.
+    stage: str = "tune"
 
     @classmethod
     def from_json(cls, data: dict[str, Any]) -> Job:
         ops = tuple(op_from_json(o) for o in data["ops"])
         return cls(str(data["mode"]), ops, bool(data.get("tune", True)),
-                   str(data.get("device", "cuda")))  # fmt: skip
+                   str(data.get("device", "cuda")), str(data.get("stage", "tune")))  # fmt: skip
 
     def to_json(self) -> dict[str, Any]:
         ops = [op_to_json(o) for o in self.ops]
-        return {"mode": self.mode, "ops": ops, "tune": self.tune, "device": self.device}
+        return {"mode": self.mode, "ops": ops, "tune": self.tune, "device": self.device,
+                "stage": self.stage}  # fmt: skip
 
 
 class Stop(Exception):
@@ -82,12 +90,15 @@ def _run(job: Job, emit: Emit, receive: Receive, adapters: dict[str, Any] | None
     device = torch.device(job.device)
     cc, name = _device(torch, device)
     _check(job, adapters, cc, torch, device)
-    _probe(job, adapters, device, torch, emit)
     from flashinfer.autotuner import autotuner as fi_autotuner
 
     metadata = fi_autotuner._collect_metadata()  # what FlashInfer stamps into the file
-    emit({"event": "ready", "flashinfer_version": version, "device": name, "cc": cc,
-          "metadata": metadata})  # fmt: skip
+    about = {"flashinfer_version": version, "device": name, "cc": cc, "metadata": metadata}
+    if job.stage == "check":
+        _probe(job, adapters, device, torch, emit)
+        emit({"event": "checked", **about})
+        return
+    emit({"event": "ready", **about})
     answer = receive()
     if "cache" not in answer:
         raise Stop("stopped", "the parent stopped the run before tuning", EXIT_REFUSED)
@@ -97,20 +108,27 @@ def _run(job: Job, emit: Emit, receive: Receive, adapters: dict[str, Any] | None
 
     n = sum(op.n_calls for op in job.ops)
     lookups = _count_lookups() if not job.tune else None
+    parent = os.getppid()
     started = time.perf_counter()
     with flashinfer.autotune(job.tune, cache=cache):
-        for i, call in enumerate(_calls(job, adapters, device), 1):
-            emit({"event": "call", "i": i, "n": n, "op": call.op.label,
-                  "backend": call.backend, "tokens": call.tokens})  # fmt: skip
-            t0 = time.perf_counter()
-            try:
-                call.run()
-                if device.type == "cuda":
-                    torch.cuda.synchronize(device)
-            except Exception as exc:  # a kernel or FlashInfer failure: name the call
-                what = f"{call.label} at {call.tokens} tokens: {_first_line(exc)}"
-                raise Stop("failed", what, EXIT_FAILED) from None
-            emit({"event": "called", "i": i, "seconds": round(time.perf_counter() - t0, 4)})
+        try:
+            for i, call in enumerate(_calls(job, adapters, device), 1):
+                emit({"event": "call", "i": i, "n": n, "op": call.op.label,
+                      "backend": call.backend, "tokens": call.tokens})  # fmt: skip
+                t0 = time.perf_counter()
+                try:
+                    call.run()
+                    if device.type == "cuda":
+                        torch.cuda.synchronize(device)
+                except Exception as exc:  # a kernel or FlashInfer failure: name the call
+                    what = f"{call.label} at {call.tokens} tokens: {_first_line(exc)}"
+                    raise Stop("failed", what, EXIT_FAILED) from None
+                emit({"event": "called", "i": i, "seconds": round(time.perf_counter() - t0, 4)})
+                if os.getppid() != parent:  # fi-cache was killed: nobody holds the lock now
+                    raise Stop("orphaned", "fi-cache went away; stopping", EXIT_FAILED)
+        except BaseException:
+            _discard_unsaved()
+            raise
         calls_done = time.perf_counter()
     finished = time.perf_counter()  # leaving autotune() saved the file (tune mode)
     for op in job.ops:
@@ -192,6 +210,14 @@ def _calls(job: Job, adapters: dict[str, Any], device: Any) -> Iterator[Any]:
     """Every call in plan order; an op's inputs are made when its turn comes, then dropped."""
     for op in job.ops:
         yield from adapters[op.op].calls(op, device, job.mode)
+
+
+def _discard_unsaved() -> None:
+    """A run that did not finish saves nothing: FlashInfer's autotune() saves whatever is new
+    on the way out, even on an exception (autotuner.py: `if cache and tune_mode and _dirty`)."""
+    from flashinfer.autotuner import AutoTuner
+
+    AutoTuner.get()._dirty = False
 
 
 def _count_lookups() -> _Lookups:

@@ -131,12 +131,26 @@ def warm_plan(
 ) -> list[TuneResult]:
     """Tune `plan` into one namespace per mode. Raises Refused, WarmFailed or FiCacheError."""
     progress = progress or TuneProgress()
+    _check_first(plan, modes[0], options, progress)
     results = []
     for mode in modes:
         ops = plan.for_mode(mode)
         progress.note(f"{mode} finalize: {sum(o.n_calls for o in ops)} calls")
         results.append(_one_mode(store, plan, plan_text, env, mode, options, progress))
     return results
+
+
+def _check_first(
+    plan: Plan, mode: FinalizeMode, options: TuneOptions, progress: TuneProgress
+) -> None:
+    """Every op and backend called once, untuned, in a process of its own (driver.py says why):
+    a missing library or a failed kernel build is refused here, and JIT builds happen here."""
+    with _Child(options) as child:
+        child.send(Job(mode, plan.ops, stage="check").to_json())
+        child.close_input()  # it needs nothing more; a child that waits for input ends here
+        for event in child.until("checked"):
+            if event["event"] == "probe":
+                progress.call(event)
 
 
 def _one_mode(
@@ -151,13 +165,16 @@ def _one_mode(
     job = Job(mode, plan.for_mode(mode))
     with _Child(options) as child:
         child.send(job.to_json())
-        ready = child.expect_ready(progress)
+        ready = list(child.until("ready"))[-1]
         fp = with_flashinfer_metadata(env, dict(ready.get("metadata") or {})).fingerprint
         if not fp.flashinfer_version:
             fp = fp.replace(flashinfer_version=str(ready.get("flashinfer_version")))
         ns = Namespace(fp, mode)
         ns_dir = ns.path(store)
-        with storage.namespace_lock(ns_dir, "warm", options.lock_timeout, progress.waiting):
+        child.disarm()  # waiting for the lock is --lock-timeout's business, not --timeout's
+        with storage.namespace_lock(ns_dir, "warm", options.lock_timeout, progress.waiting), \
+                child.stopped_on_error():  # fmt: skip
+            child.arm()
             target = cache_file(ns_dir)
             storage.ensure_dir(target.parent)
             _refuse_foreign(target, fp)
@@ -250,6 +267,8 @@ class _Child:
                 stdout=subprocess.PIPE,
                 stderr=subprocess.PIPE,
                 text=True,
+                encoding="utf-8",
+                errors="replace",  # a native library's bytes must not kill the reader
                 env=env,
                 start_new_session=True,
             )
@@ -257,16 +276,35 @@ class _Child:
             raise Refused(f"cannot run {exc.strerror}", self.options.python) from None
         self.reader = threading.Thread(target=self._drain, args=(self.proc.stderr,), daemon=True)
         self.reader.start()
-        # A watchdog, not a check between lines: a child stuck in a kernel prints nothing.
         self.expired = False
-        self.watchdog = threading.Timer(self.options.timeout, self._expire)
-        self.watchdog.daemon = True
-        self.watchdog.start()
+        self.watchdog: threading.Timer | None = None
+        self.arm()
         return self
 
     def __exit__(self, *exc: object) -> None:
-        self.watchdog.cancel()
+        self.disarm()
         self.stop()
+
+    def arm(self) -> None:
+        """(Re)start the watchdog: a timer, not a check between lines, since a child stuck in a
+        kernel prints nothing."""
+        self.disarm()
+        self.watchdog = threading.Timer(self.options.timeout, self._expire)
+        self.watchdog.daemon = True
+        self.watchdog.start()
+
+    def disarm(self) -> None:
+        if self.watchdog is not None:
+            self.watchdog.cancel()
+
+    @contextlib.contextmanager
+    def stopped_on_error(self) -> Iterator[None]:
+        """Stop the child before leaving the lock's scope when anything goes wrong."""
+        try:
+            yield
+        except BaseException:
+            self.stop()
+            raise
 
     def _expire(self) -> None:
         self.expired = True
@@ -281,8 +319,8 @@ class _Child:
         try:
             self.proc.stdin.write(json.dumps(message) + "\n")
             self.proc.stdin.flush()
-        except (BrokenPipeError, OSError):
-            pass  # it died; its exit status tells why
+        except (OSError, ValueError):
+            pass  # it died or was stopped; its exit status and the events tell why
 
     def _read(self) -> Iterator[dict[str, Any]]:
         assert self.proc is not None and self.proc.stdout is not None
@@ -295,15 +333,19 @@ class _Child:
             if isinstance(event, dict) and "event" in event:
                 yield event
 
-    def expect_ready(self, progress: TuneProgress) -> dict[str, Any]:
+    def close_input(self) -> None:
+        if self.proc is not None and self.proc.stdin is not None:
+            with contextlib.suppress(OSError):
+                self.proc.stdin.close()
+
+    def until(self, name: str) -> Iterator[dict[str, Any]]:
+        """Events up to and including the one called `name`; raises on `error` or death."""
         for event in self._read():
-            if event["event"] == "ready":
-                return event
             self._fail_on(event)
-            if event["event"] == "probe":
-                progress.call(event)
+            yield event
+            if event["event"] == name:
+                return
         self._died()
-        raise AssertionError  # unreachable: _died raises
 
     def events(self, progress: TuneProgress) -> Iterator[dict[str, Any]]:
         """Events up to and including `done`; raises on `error` or a dead child."""

@@ -243,10 +243,13 @@ def test_options_of_the_other_engine_are_refused(
 
 FAKE_CHILD = """\
 import json, os, sys, time
-sys.stdin.readline()  # the job
+job = json.loads(sys.stdin.readline())
 meta = json.loads(os.environ["FAKE_CHILD_METADATA"])
 ready = {"event": "ready", "flashinfer_version": meta["flashinfer_version"],
          "device": "NVIDIA H200", "cc": 90, "metadata": meta}
+if job.get("stage") == "check":  # the untuned check calls pass; the tuning child then fails
+    print(json.dumps({**ready, "event": "checked"}), flush=True)
+    sys.exit(0)
 print(json.dumps(ready), flush=True)
 sys.stdin.readline()  # {"cache": PATH}
 print("CUDA error: an illegal memory access was encountered", file=sys.stderr, flush=True)

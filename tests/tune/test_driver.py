@@ -165,8 +165,8 @@ def runs(tmp_path_factory: pytest.TempPathFactory) -> Runs:
 
     def probe_fails() -> None:
         op = GemmOp("mm_bf16", 64, 64, (1, 16), ("cudnn", "no-cudnn"), index=1)
-        job = json.dumps(Job("fused", (op,)).to_json())
-        [p] = run_parallel(_cpu_child("0.6.18", [job, '{"cache": "unused"}'], out.stop_dir))
+        job = json.dumps(Job("fused", (op,), stage="check").to_json())
+        [p] = run_parallel(_cpu_child("0.6.18", [job], out.stop_dir))
         out.probe_failed = Run.of(p)
 
     def no_gpu() -> None:
@@ -221,11 +221,9 @@ def _tactics(entries: dict[str, Any], op: str) -> dict[int, int]:
 def test_events_come_in_protocol_order(runs: Runs, version: str, mode: str) -> None:
     run = _get(runs, version).tuned[mode]
     assert run.code == 0, run.stderr[-3000:]
-    # One untuned probe per op and backend, then ready, one call/called pair per call, the MoE
-    # tactic counts, done.
-    assert run.names == ["probe", "probe", "ready", *["call", "called"] * CALLS, "counts", "done"]
-    assert [e["op"] for e in run.events[:2]] == [op.label for op in PLAN.ops]
-    assert run.events[1]["backend"] == f"cutlass, {mode} finalize"
+    # ready (no untuned call first: that is the check stage's, in its own process), one
+    # call/called pair per call, the MoE tactic counts, done.
+    assert run.names == ["ready", *["call", "called"] * CALLS, "counts", "done"]
     ready = run.only("ready")
     assert ready["flashinfer_version"] == version
     assert ready["metadata"] == h200_metadata(version)  # FlashInfer's own, from the H200 file
@@ -234,6 +232,8 @@ def test_events_come_in_protocol_order(runs: Runs, version: str, mode: str) -> N
     assert [(e["i"], e["n"]) for e in calls] == [(i, CALLS) for i in range(1, CALLS + 1)]
     assert [e["i"] for e in called] == [1, 2, 3, 4]
     assert [e["tokens"] for e in calls] == [1, 16, 1, 16]
+    assert [e["op"] for e in calls] == [op.label for op in PLAN.ops for _ in (1, 16)]
+    assert calls[2]["backend"] == f"cutlass, {mode} finalize"
     assert all(e["seconds"] >= 0 for e in called)
     done = run.only("done")
     assert done["seconds"] >= done["save_seconds"] >= 0
@@ -304,14 +304,7 @@ def test_replay_finds_every_lookup_in_the_unfused_file(runs: Runs) -> None:
     replay = v.replay
     assert replay is not None and replay.code == 0, replay and replay.stderr[-3000:]
     assert f"Loaded {3 * len(BUCKETS)} configs from {v.files['unfused']}" in replay.stderr
-    assert replay.names == [
-        "probe",
-        "probe",
-        "ready",
-        *["call", "called"] * CALLS,
-        "counts",
-        "done",
-    ]
+    assert replay.names == ["ready", *["call", "called"] * CALLS, "counts", "done"]
     done = replay.only("done")
     # AutoTuner.search_cache: one lookup per GEMM call, two (GEMM1, GEMM2) per MoE call.
     assert done["misses"] == []
@@ -348,19 +341,20 @@ def test_stop_instead_of_a_cache_path_tunes_nothing(runs: Runs) -> None:
     flashinfer_dir("0.6.18")
     stopped = runs.stopped
     assert stopped is not None and stopped.code == 2, stopped and stopped.stderr[-2000:]
-    assert stopped.names == ["probe", "probe", "ready", "error"]
+    assert stopped.names == ["ready", "error"]
     assert stopped.events[-1]["kind"] == "stopped"
     assert list(runs.stop_dir.iterdir()) == []  # nothing written where it ran
 
 
 @pytest.mark.flashinfer
 def test_an_op_that_cannot_run_here_is_refused_at_its_probe(runs: Runs) -> None:
-    """Each op and backend is called once, untuned, before `ready`: one that fails (here as
-    FlashInfer's cuDNN GEMM does without cuDNN's frontend) is refused before any tuning."""
+    """The check stage calls each op and backend once, untuned, in a process of its own: one
+    that fails (here as FlashInfer's cuDNN GEMM does without cuDNN's frontend) is refused
+    before any tuning process starts."""
     flashinfer_dir("0.6.18")
     run = runs.probe_failed
     assert run is not None and run.code == 2, run and run.stderr[-2000:]
-    assert run.names == ["probe", "probe", "error"]  # no ready: the parent picks no namespace
+    assert run.names == ["probe", "probe", "error"]  # no `checked`: no tuning child follows
     assert [e["backend"] for e in run.events[:2]] == ["cudnn", "no-cudnn"]
     error = run.events[-1]
     assert error["kind"] == "unsupported"
