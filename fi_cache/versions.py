@@ -171,22 +171,26 @@ GEMM_BACKENDS: dict[str, tuple[str, ...]] = {
     "mm_fp8": ("trtllm_low_latency",),
 }
 # Compute capabilities (major*10+minor) a backend runs on: FlashInfer's own
-# `FN.is_backend_supported(backend, cc)`, asked on CPU for cc 80/89/90/100/103/120 with 0.6.17
-# and 0.6.18 (they agree, but for cute-dsl: 0.6.18 only). mm_fp8 has no such method: its only
-# backend loads trtllm-gen cubins built for SM100-family GPUs (jit/gemm/core.py
-# gen_trtllm_low_latency_gemm_module; sm107 variant for Rubin), downloaded on first use.
-# The tuning child asks FlashInfer again at run time; this table lets `warm` refuse early.
+# `FN.is_backend_supported(backend, cc)`, asked on CPU for cc 70-121 (70, 72, 75, 80, 86, 87, 89,
+# 90, 100, 101, 103, 107, 110, 120, 121) with 0.6.17 and 0.6.18; the union of both (they differ
+# only for cute-dsl, which 0.6.17 lacks). mm_fp8 has no such method: its only backend loads
+# trtllm-gen cubins built for SM100-family GPUs (jit/gemm/core.py
+# gen_trtllm_low_latency_gemm_module; sm107 variant for Rubin), downloaded on first use. The
+# tuning child asks FlashInfer again at run time; this table lets `warm` refuse early, so it must
+# never be narrower than FlashInfer.
+GEMM_CCS_ASKED = frozenset({70, 72, 75, 80, 86, 87, 89, 90, 100, 101, 103, 107, 110, 120, 121})
 GEMM_BACKEND_CCS: dict[tuple[str, str], frozenset[int]] = {
-    ("mm_bf16", "cudnn"): frozenset({80, 86, 89, 90, 100, 103, 110, 120, 121}),
-    ("mm_bf16", "cublaslt"): frozenset({80, 86, 89, 90, 100, 103, 110, 120, 121}),
+    ("mm_bf16", "cudnn"): frozenset({80, 86, 87, 89, 90, 100, 103, 110, 120, 121}),
+    ("mm_bf16", "cublaslt"): frozenset({80, 86, 87, 89, 90, 100, 103, 110, 120, 121}),
     ("mm_bf16", "tinygemm"): frozenset({90, 100, 103, 110, 120, 121}),
     ("mm_bf16", "cutile"): frozenset({90, 100, 103, 110, 120, 121}),
-    ("mm_bf16", "cutlass"): frozenset({100, 103}),
+    ("mm_bf16", "cutlass"): frozenset({100, 103, 107}),
     ("mm_bf16", "tgv"): frozenset({100, 103}),
     ("mm_bf16", "cute-dsl"): frozenset({100, 103}),
-    ("bmm_fp8", "cudnn"): frozenset({89, 90, 100, 103, 110, 120, 121}),
-    ("bmm_fp8", "cublas"): frozenset({89, 90, 100, 103, 110, 120, 121}),
-    ("bmm_fp8", "cutlass"): frozenset({100, 103, 120, 121}),
+    ("bmm_fp8", "cudnn"): frozenset({89, 90, 100, 103, 107, 110, 120, 121}),
+    ("bmm_fp8", "cublas"): frozenset({89, 90, 100, 103, 107, 110, 120, 121}),
+    ("bmm_fp8", "cutlass"): frozenset({100, 103, 107, 110, 120, 121}),
+    ("bmm_fp8", "cute-dsl"): frozenset({107}),
     ("mm_fp8", "trtllm_low_latency"): frozenset({100, 103, 107}),
 }
 # cutlass_fused_moe: the device archs `get_cutlass_fused_moe_module(backend)` builds a module
@@ -312,3 +316,8 @@ REMOVED_ENV_EXACT = frozenset(
 REMOVED_ENV_PREFIX = "VLLM_USE_FLASHINFER_MOE_MXFP4"
 # Newest vLLM release checked for VLLM_FLASHINFER_MOE_FUSED_FINALIZE (absent in every one so far).
 VLLM_NEWEST_CHECKED = V("0.33.0")
+
+# MoE keys carry tp_rank and ep_rank (MoERunner.get_cache_key_extras, 20 fields) from 0.6.18rc2
+# until 0.7.4 dropped them ("ranks that tune together must share persisted entries",
+# fused_moe/core.py:1015-1019 in 0.7.4): each rank of a sharded model needs its own entries there.
+MOE_KEY_HAS_RANKS = VersionRange(V("0.6.18rc2"), V("0.7.4"), "fused_moe/core.py extras")

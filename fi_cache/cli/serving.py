@@ -220,11 +220,12 @@ def warm_command(
             raise Refused(f"{misplaced[0]} applies to --engine vllm only")
         from fi_cache.cli.tuning import warm_flashinfer
 
-        return warm_flashinfer(plan_path, finalize, python, timeout or 7200.0, lock_timeout)
+        limit = 7200.0 if timeout is None else timeout
+        return warm_flashinfer(plan_path, finalize, python, limit, lock_timeout)
     if plan_path is not None or python is not None:
         raise Refused("--plan and --python apply to --engine flashinfer only")
     finalize = finalize or "fused"
-    timeout = timeout or 1800.0
+    timeout = 1800.0 if timeout is None else timeout
     ns, env = _resolve("unfused" if finalize == "unfused" else "fused")
     _check_finalize_support(env, finalize, force, "tune")
     result = _run_warm(ns, env, vllm_args, vllm_path, timeout, port, lock_timeout)

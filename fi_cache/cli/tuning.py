@@ -118,6 +118,13 @@ def plan_command(
             "tokens: the token counts each op runs at; FlashInfer tunes every bucket up to them.",
         ],
     )
+    if tp_size * ep_size > 1 and not ctx.quiet:
+        from fi_cache.versions import MOE_KEY_HAS_RANKS
+
+        render.warn(
+            f"{len(plan.ops)} ops, one per rank: FlashInfer {MOE_KEY_HAS_RANKS.describe()} puts "
+            "tp_rank and ep_rank in MoE keys"
+        )
     if output is None:
         click.echo(text, nl=False)
         return 0
@@ -129,7 +136,7 @@ def plan_command(
         raise Refused("no such directory", output.parent)
     storage.atomic_write(output, text.encode(), lock=False)
     if not ctx.quiet:
-        render.warn(f"wrote {output} ({len(plan.ops)} op)")
+        render.warn(f"wrote {output} ({len(plan.ops)} op{'s' if len(plan.ops) > 1 else ''})")
     return 0
 
 

@@ -78,6 +78,13 @@ def load_config(path: Path) -> dict[str, Any]:
     return data
 
 
+# Fields (or model types) whose experts are not FlashInfer's plain SwiGLU without biases.
+_UNLIKE_PLAIN_SWIGLU = {
+    "moe_latent_size": "experts run in a latent width (Nemotron-H), not hidden_size",
+    "gpt_oss": "gpt-oss experts have biases and a clamped SwiGLU; their keys differ",
+}
+
+
 def moe_table(
     config: Mapping[str, Any],
     source: str,
@@ -99,15 +106,22 @@ def moe_table(
             f"a dense model has no {MOE_OP} to tune",
             source,
         )
-    act = fields.get("hidden_act")
-    if act is not None and act != GATED_ACT:
-        raise PlanError(
-            f"{prefix}hidden_act = {act!r}: fi-cache tunes {MOE_OP} with SwiGLU experts "
-            f"(hidden_act = {GATED_ACT!r}) only",
-            source,
-        )
+    for key in ("hidden_act", "mlp_hidden_act"):  # Nemotron-H names its expert activation so
+        act = fields.get(key)
+        if act is not None and act != GATED_ACT:
+            raise PlanError(
+                f"{prefix}{key} = {act!r}: fi-cache tunes {MOE_OP} with SwiGLU experts "
+                f"({key} = {GATED_ACT!r}) only",
+                source,
+            )
+    for key, why in _UNLIKE_PLAIN_SWIGLU.items():
+        if fields.get(key) is not None or config.get("model_type") == key:
+            raise PlanError(f"{prefix}{key}: {why}; fi-cache cannot plan this MoE yet", source)
+    # Quantised weights are refused even with --dtype: an FP8/NVFP4 engine never calls the bf16
+    # kernel, and FlashInfer 0.6.17 keys both alike (no dtype in the key): bf16 tactic ids would
+    # be replayed by the quantised runner.
+    _refuse_quantised(config, fields, prefix, source)
     if dtype is None:
-        _refuse_quantised(config, fields, prefix, source)
         moe_dtype = _config_dtype(config, fields, prefix, source)
     elif dtype in MOE_DTYPES:
         moe_dtype = dtype
@@ -142,6 +156,22 @@ def moe_table(
     return table
 
 
+def rank_tables(table: Mapping[str, Any]) -> list[dict[str, Any]]:
+    """One table per (tp_rank, ep_rank): FlashInfer 0.6.18 - 0.7.3 put both ranks in MoE keys
+    (versions.MOE_KEY_HAS_RANKS), so each rank of a sharded model looks up keys of its own."""
+    tp, ep = int(table.get("tp_size", 1)), int(table.get("ep_size", 1))
+    out = []
+    for tp_rank in range(tp):
+        for ep_rank in range(ep):
+            t = dict(table)
+            if tp > 1:
+                t["tp_rank"] = tp_rank
+            if ep > 1:
+                t["ep_rank"] = ep_rank
+            out.append(t)
+    return out
+
+
 def plan_from_config(
     config: Mapping[str, Any],
     source: str,
@@ -156,7 +186,7 @@ def plan_from_config(
     table = moe_table(
         config, source, dtype=dtype, finalize=finalize, tp_size=tp_size, ep_size=ep_size
     )
-    return from_mapping({"tokens": list(tokens), "ops": [table]}, source)
+    return from_mapping({"tokens": list(tokens), "ops": rank_tables(table)}, source)
 
 
 def describe(config: Mapping[str, Any]) -> str:
@@ -202,8 +232,7 @@ def _refuse_quantised(
         details = f" ({details})"
     raise PlanError(
         f"{where}quantization_config: the model's MoE weights are quantised{details}; "
-        f"fi-cache tunes unquantised {MOE_OP} only; "
-        "pass --dtype bf16 to tune the layer's bf16 shape instead",
+        f"fi-cache tunes unquantised {MOE_OP} only (the quantised kernels need their scales)",
         source,
     )
 

@@ -157,6 +157,15 @@ def from_mapping(data: Mapping[str, Any], source: str = "<plan>") -> Plan:
     if not isinstance(raw_ops, list) or not raw_ops:
         raise PlanError("no operations: add at least one [[ops]] table", source)
     ops = tuple(parse_op(raw, i, default_tokens, source) for i, raw in enumerate(raw_ops, 1))
+    # FlashInfer keeps one MoE bucket list per process (MoERunner.refine_tuning_config is cached
+    # per value and sets it only on a miss): MoE ops with other maxima would get the wrong list.
+    maxima = sorted({op.max_tokens for op in ops if isinstance(op, MoeOp)})
+    if len(maxima) > 1:
+        raise PlanError(
+            f"{MOE_OP} ops need one tune_max_num_tokens (their largest token count) per plan, "
+            f"not {maxima}: FlashInfer keeps one MoE bucket list per process",
+            source,
+        )
     return Plan(ops, source)
 
 

@@ -36,7 +36,7 @@ from fi_cache.model.fingerprint import compare_metadata
 from fi_cache.namespace import FinalizeMode, Namespace
 from fi_cache.tune.driver import Job
 from fi_cache.tune.plan import GemmOp, MoeOp, Plan
-from fi_cache.versions import GEMM_BACKEND_CCS, MOE_ARCH_MODULES
+from fi_cache.versions import GEMM_BACKEND_CCS, GEMM_CCS_ASKED, MOE_ARCH_MODULES
 from fi_cache.warm import WarmFailed
 
 ENGINE = "flashinfer"
@@ -106,7 +106,7 @@ def static_problems(plan: Plan, env: Environment) -> list[str]:
         assert isinstance(op, GemmOp)
         for backend in op.backends:
             ccs = GEMM_BACKEND_CCS.get((op.op, backend))
-            if ccs is not None and cc not in ccs:
+            if ccs is not None and cc in GEMM_CCS_ASKED and cc not in ccs:
                 runs_on = ", ".join(f"SM{c}" for c in sorted(ccs))
                 out.append(
                     f"op {op.index} ({op.op}): the {backend} backend does not run on {gpu} "

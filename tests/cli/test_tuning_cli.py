@@ -313,11 +313,12 @@ def test_plan_from_a_hf_config_is_a_plan_check_accepts(tmp_path: Path) -> None:
     )  # fmt: skip
 
 
-def test_plan_from_a_quantised_model_needs_dtype(tmp_path: Path) -> None:
-    p = Rig.make(tmp_path).run("plan", "--from-hf-config", HF / "deepseek-v3.json")
+@pytest.mark.parametrize("dtype", [[], ["--dtype", "bf16"]])
+def test_plan_from_a_quantised_model_is_refused(tmp_path: Path, dtype: list[str]) -> None:
+    p = Rig.make(tmp_path).run("plan", "--from-hf-config", HF / "deepseek-v3.json", *dtype)
     assert p.returncode == 2 and p.stdout == ""
     line = _one_line(p)
-    assert "fp8" in line and "--dtype" in line
+    assert "fp8" in line and "quantised" in line and "deepseek-v3.json" in line
 
 
 @pytest.mark.parametrize("both", [False, True])

@@ -77,18 +77,39 @@ def test_deepseek_v2_lite_ignores_shared_experts() -> None:
     assert _shape(op) == ("bf16", 2048, 1408, 64, 6)  # not 64 + 2 experts, not 10944
 
 
-def test_deepseek_v3_fp8_is_refused_with_the_way_out() -> None:
+def test_deepseek_v3_fp8_is_refused() -> None:
     config = load_config(DSV3)
-    with pytest.raises(PlanError, match=r"quantised.*'fp8'.*\[128, 128\].*--dtype bf16") as exc:
+    with pytest.raises(PlanError, match=r"quantised.*'fp8'.*\[128, 128\].*unquantised") as exc:
         plan_from_config(config, str(DSV3))
     assert exc.value.exit_code == EXIT_REFUSED
     assert str(exc.value).startswith(f"{DSV3}: quantization_config")
     assert "\n" not in str(exc.value)
 
 
-def test_deepseek_v3_with_a_forced_dtype_gives_the_bf16_layer() -> None:
-    assert _shape(_one_op(DSV3, dtype="bf16")) == ("bf16", 7168, 2048, 256, 8)
-    assert _shape(_one_op(DSV3, dtype="fp16")) == ("fp16", 7168, 2048, 256, 8)
+def test_deepseek_v3_stays_refused_with_a_forced_dtype() -> None:
+    """An FP8 engine never calls the bf16 kernel, and FlashInfer 0.6.17's MoE keys carry no
+    dtype: bf16 tactic ids in its cache would be replayed by the FP8 runner."""
+    for dtype in ("bf16", "fp16"):
+        with pytest.raises(PlanError, match=r"quantised"):
+            plan_from_config(load_config(DSV3), str(DSV3), dtype=dtype)
+
+
+def test_models_whose_experts_are_not_plain_swiglu_are_refused() -> None:
+    base = load_config(MIXTRAL)
+    with pytest.raises(PlanError, match=r"mlp_hidden_act = 'relu2'"):
+        plan_from_config({**base, "mlp_hidden_act": "relu2"}, "nemotron-h.json")
+    with pytest.raises(PlanError, match=r"moe_latent_size: experts run in a latent width"):
+        plan_from_config({**base, "moe_latent_size": 1024}, "nemotron-h.json")
+    with pytest.raises(PlanError, match=r"gpt_oss: gpt-oss experts have biases"):
+        plan_from_config({**base, "model_type": "gpt_oss"}, "gpt-oss.json")
+
+
+def test_a_sharded_model_gets_one_op_per_rank() -> None:
+    """FlashInfer 0.6.18 - 0.7.3 keys MoE entries by tp_rank and ep_rank."""
+    p = plan_from_config(load_config(MIXTRAL), str(MIXTRAL), tp_size=2, ep_size=2)
+    ranks = [(op.tp_rank, op.ep_rank) for op in p.ops]  # type: ignore[union-attr]
+    assert ranks == [(0, 0), (0, 1), (1, 0), (1, 1)]
+    assert {(op.tp_size, op.ep_size) for op in p.ops} == {(2, 2)}  # type: ignore[union-attr]
 
 
 def test_dense_llama_is_refused() -> None:
@@ -157,8 +178,8 @@ def test_tp_ep_split_errors_come_from_plan_py() -> None:
         plan_from_config(config, str(MIXTRAL), ep_size=3)
     with pytest.raises(PlanError, match=r"intermediate_size = 768 does not split over tp_size = 5"):
         plan_from_config(load_config(QWEN3), str(QWEN3), tp_size=5)
-    op = _one_op(MIXTRAL, tp_size=2, ep_size=4)
-    assert (op.local_intermediate, op.local_experts) == (7168, 2)
+    ops = plan_from_config(config, str(MIXTRAL), tp_size=2, ep_size=4).ops
+    assert {(op.local_intermediate, op.local_experts) for op in ops} == {(7168, 2)}  # type: ignore[union-attr]
 
 
 def test_bad_finalize_and_tokens_come_from_plan_py() -> None:
@@ -255,13 +276,13 @@ def test_a_null_expert_field_counts_as_absent() -> None:
         ({"bits": 4}, r"\(no quant_method\)"),
     ],
 )
-def test_any_quantization_config_is_refused_without_a_dtype(
+def test_any_quantization_config_is_refused_even_with_a_dtype(
     quant: dict[str, Any], match: str
 ) -> None:
     config = _qwen3(quantization_config=quant)
-    with pytest.raises(PlanError, match=match):
-        moe_table(config, "x")
-    assert moe_table(config, "x", dtype="bf16")["dtype"] == "bf16"
+    for dtype in (None, "bf16"):
+        with pytest.raises(PlanError, match=match):
+            moe_table(config, "x", dtype=dtype)
 
 
 def test_quantization_config_under_text_config_is_refused_too() -> None:

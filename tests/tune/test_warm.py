@@ -60,7 +60,7 @@ def test_a_plan_the_h200_runs_has_no_problem() -> None:
     "gpu, op, words",
     [
         (H200, 'op = "mm_bf16"\nn = 64\nk = 64\nbackends = ["cutlass"]',
-         "the cutlass backend does not run on NVIDIA H200 (SM90) (runs on SM100, SM103)"),
+         "the cutlass backend does not run on NVIDIA H200 (SM90) (runs on SM100, SM103, SM107)"),
         (H200, 'op = "mm_fp8"\nn = 128\nk = 128',
          "the trtllm_low_latency backend does not run on NVIDIA H200 (SM90)"),
         # FP8 needs SM89 or newer.
