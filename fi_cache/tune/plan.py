@@ -143,6 +143,8 @@ def loads(text: str, source: str = "<plan>") -> Plan:
         data = tomllib.loads(text)
     except tomllib.TOMLDecodeError as exc:
         raise PlanError(f"not valid TOML ({exc})", source) from None
+    except RecursionError:
+        raise PlanError("TOML nested too deeply to be a plan", source) from None
     return from_mapping(data, source)
 
 
@@ -173,7 +175,7 @@ def parse_op(raw: Any, index: int, default_tokens: tuple[int, ...], source: str)
     if not isinstance(raw, dict):
         raise PlanError(f"op {index}: each [[ops]] entry must be a table", source)
     name = raw.get("op")
-    where = f"op {index} ({name})" if isinstance(name, str) else f"op {index}"
+    where = f"op {index} ({name})" if name in KNOWN_OPS else f"op {index}"
     if name not in KNOWN_OPS:
         what = "has no `op = ...`" if name is None else f"unknown op {name!r}"
         raise PlanError(f"{where}: {what}; known: {', '.join(KNOWN_OPS)}", source)

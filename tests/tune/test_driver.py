@@ -127,6 +127,7 @@ class Runs:
     stop_dir: Path
     stopped: Run | None = None  # 0.6.18, answered `{"stop": true}`
     probe_failed: Run | None = None  # 0.6.18, a backend that raises on every call
+    tune_failed: Run | None = None  # 0.6.18, the same backend met while tuning, after a good one
     no_gpu: Run | None = None  # the real child, 0.6.18, on this CPU-only torch
 
 
@@ -169,6 +170,13 @@ def runs(tmp_path_factory: pytest.TempPathFactory) -> Runs:
         [p] = run_parallel(_cpu_child("0.6.18", [job], out.stop_dir))
         out.probe_failed = Run.of(p)
 
+    def tune_fails() -> None:
+        op = GemmOp("mm_bf16", 64, 64, (1, 16), ("cudnn", "no-cudnn"), index=1)
+        job = json.dumps(Job("fused", (op,)).to_json())
+        cache = json.dumps({"cache": str(out.stop_dir / "failed.json")})
+        [p] = run_parallel(_cpu_child("0.6.18", [job, cache], out.stop_dir))
+        out.tune_failed = Run.of(p)
+
     def no_gpu() -> None:
         [p] = run_parallel(_real_child(_job("fused"), FLASHINFER_INSTALLS["0.6.18"]))
         out.no_gpu = Run.of(p)
@@ -178,7 +186,7 @@ def runs(tmp_path_factory: pytest.TempPathFactory) -> Runs:
         base = tmp_path_factory.mktemp(f"driver-{v}")
         tasks += [partial(tune_then_load, v, mode, base) for mode in MODES]
     if "0.6.18" in versions:
-        tasks += [stop, probe_fails, no_gpu]
+        tasks += [stop, probe_fails, tune_fails, no_gpu]
     with ThreadPoolExecutor(max(1, len(tasks))) as pool:
         for future in [pool.submit(task) for task in tasks]:
             future.result()
@@ -400,3 +408,16 @@ def test_real_child_without_cuda_refuses_before_any_tuning(runs: Runs) -> None:
     assert run.names == ["error"]  # no probe, no ready, no call
     assert run.events[0]["kind"] == "no-gpu"
     assert "torch has no CUDA" in run.events[0]["message"]
+
+
+@pytest.mark.flashinfer
+def test_a_failed_tuning_saves_nothing(runs: Runs) -> None:
+    """FlashInfer's autotune() saves whatever is new on any exit; the driver discards it when a
+    call fails, so no half-tuned file lands in the namespace."""
+    flashinfer_dir("0.6.18")
+    run = runs.tune_failed
+    assert run is not None and run.code == 1, run and run.stderr[-2000:]
+    assert run.names == ["ready", "call", "called", "call", "error"]  # the cudnn call tuned first
+    assert run.events[-1]["kind"] == "failed"
+    assert "Saved" not in run.stderr
+    assert not (runs.stop_dir / "failed.json").exists()
