@@ -98,6 +98,23 @@ __all__ = ["cli"]
 ROOT = Path(__file__).parent.parent
 FI_VERSIONS = ("0.6.17", "0.6.18")
 H200_ROW = "0, GPU-1234, NVIDIA H200, 9.0"  # what `nvidia-smi --query-gpu=...` prints on an H200
+# The plan the CPU tuning tests run: one GEMM and one MoE op, both finalize modes, 2 token counts.
+SMALL_PLAN = """\
+tokens = [1, 16]
+
+[[ops]]
+op = "mm_bf16"
+n = 64
+k = 64
+
+[[ops]]
+op = "cutlass_fused_moe"
+hidden_size = 256
+intermediate_size = 128
+num_experts = 8
+top_k = 2
+finalize = ["fused", "unfused"]
+"""
 
 
 def _flashinfer_installs() -> dict[str, Path]:

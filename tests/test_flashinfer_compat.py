@@ -18,28 +18,18 @@ import pytest
 
 from fi_cache import storage
 from fi_cache.model import v1
-from tests.conftest import FIXTURES, GEMM_617, GEMM_618, MOE_617_FUSED, MOE_618_FUSED
-
-
-def _installs() -> dict[str, Path]:
-    out = {}
-    for d in os.environ.get("FI_CACHE_FLASHINFER_DIRS", "").split():
-        meta = next(Path(d).glob("flashinfer_python-*.dist-info"), None)
-        if meta is not None:
-            out[meta.name.removeprefix("flashinfer_python-").removesuffix(".dist-info")] = Path(d)
-    return out
-
-
-INSTALLS = _installs()
+from tests.conftest import (
+    FIXTURES,
+    GEMM_617,
+    GEMM_618,
+    MOE_617_FUSED,
+    MOE_618_FUSED,
+    flashinfer_dir,
+)
 
 
 def _load_with_flashinfer(version: str, path: Path) -> dict:  # type: ignore[type-arg]
-    if version not in INSTALLS:
-        # scripts/test.sh sets this: CI never skips
-        if os.environ.get("FI_CACHE_REQUIRE_FLASHINFER"):
-            pytest.fail(f"FlashInfer {version} not found in FI_CACHE_FLASHINFER_DIRS")
-        pytest.skip(f"FlashInfer {version} not installed (run scripts/test.sh)")
-    env = {**os.environ, "PYTHONPATH": str(INSTALLS[version])}
+    env = {**os.environ, "PYTHONPATH": str(flashinfer_dir(version))}  # skips, or fails in CI
     p = subprocess.run(
         [sys.executable, str(FIXTURES / "fi_load.py"), str(path)],
         env=env,

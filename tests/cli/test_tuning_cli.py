@@ -33,6 +33,7 @@ from tests.conftest import (
     FLASHINFER_INSTALLS,
     H200_ROW,
     ROOT,
+    SMALL_PLAN,
     fake_gpu_bin,
     flashinfer_dir,
     h200_metadata,
@@ -43,22 +44,7 @@ from tests.conftest import (
 CPU_CHILD = ROOT / "tests" / "tune" / "cpu_tune_child.py"
 FAKE_VLLM = ROOT / "tests" / "fake_vllm.py"
 HF = ROOT / "tests" / "fixtures" / "hf"
-PLAN = """\
-tokens = [1, 16]
-
-[[ops]]
-op = "mm_bf16"
-n = 64
-k = 64
-
-[[ops]]
-op = "cutlass_fused_moe"
-hidden_size = 256
-intermediate_size = 128
-num_experts = 8
-top_k = 2
-finalize = ["fused", "unfused"]
-"""
+PLAN = SMALL_PLAN
 COUNTS = {"gemm1": 45, "gemm2": {"fused": 81, "unfused": 36}}  # the fake MoE module's
 ENTRIES = 15  # 5 buckets (1..16) x (the GEMM, MoE GEMM1, MoE GEMM2)
 MODES = ("fused", "unfused")

@@ -29,6 +29,7 @@ from tests.conftest import (
     FI_VERSIONS,
     FLASHINFER_INSTALLS,
     ROOT,
+    SMALL_PLAN,
     fi_load_argv,
     fi_load_result,
     flashinfer_dir,
@@ -38,22 +39,7 @@ from tests.conftest import (
 
 CHILD = Path(__file__).with_name("cpu_tune_child.py")
 PLAN = plans.loads(
-    """
-tokens = [1, 16]
-
-[[ops]]
-op = "mm_bf16"
-n = 64
-k = 64
-
-[[ops]]
-op = "cutlass_fused_moe"
-hidden_size = 256
-intermediate_size = 128
-num_experts = 8
-top_k = 2
-finalize = ["fused", "unfused"]
-""",
+    SMALL_PLAN,
     "test-plan.toml",
 )
 MODES = ("fused", "unfused")
