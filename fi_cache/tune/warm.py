@@ -33,7 +33,8 @@ from fi_cache.errors import FiCacheError, Refused
 from fi_cache.inventory import read
 from fi_cache.manifest import CacheFileRecord, Manifest, WarmRecord
 from fi_cache.model.fingerprint import compare_metadata
-from fi_cache.namespace import FinalizeMode, Namespace
+from fi_cache.namespace import FinalizeMode, Namespace, slug
+from fi_cache.store import state_dir
 from fi_cache.tune.driver import Job
 from fi_cache.tune.plan import GemmOp, MoeOp, Plan
 from fi_cache.versions import GEMM_BACKEND_CCS, GEMM_CCS_ASKED, MOE_ARCH_MODULES
@@ -131,13 +132,35 @@ def warm_plan(
 ) -> list[TuneResult]:
     """Tune `plan` into one namespace per mode. Raises Refused, WarmFailed or FiCacheError."""
     progress = progress or TuneProgress()
-    _check_first(plan, modes[0], options, progress)
-    results = []
-    for mode in modes:
-        ops = plan.for_mode(mode)
-        progress.note(f"{mode} finalize: {sum(o.n_calls for o in ops)} calls")
-        results.append(_one_mode(store, plan, plan_text, env, mode, options, progress))
+    with _gpu_lock(store, env, options, progress):
+        _check_first(plan, modes[0], options, progress)
+        results = []
+        for mode in modes:
+            ops = plan.for_mode(mode)
+            progress.note(f"{mode} finalize: {sum(o.n_calls for o in ops)} calls")
+            results.append(_one_mode(store, plan, plan_text, env, mode, options, progress))
     return results
+
+
+@contextlib.contextmanager
+def _gpu_lock(
+    store: Path, env: Environment, options: TuneOptions, progress: TuneProgress
+) -> Iterator[None]:
+    """One tuning at a time on a GPU (for warms sharing this store): a warm measuring kernels
+    while another runs on the same GPU would record the other's load. Taken before any namespace
+    lock, always in that order. Without a GPU UUID from nvidia-smi there is nothing to key on."""
+    uuid = env.gpus[0].uuid if env.gpus else ""
+    if not uuid:
+        yield
+        return
+    gpu_dir = state_dir(store) / "gpus" / slug(uuid)
+
+    def waiting(holder: storage.Holder | None) -> None:
+        who = holder.describe() if holder else "another fi-cache process"
+        progress.note(f"waiting for the GPU: {who} is tuning on it")
+
+    with storage.namespace_lock(gpu_dir, "tune", options.lock_timeout, waiting):
+        yield
 
 
 def _check_first(

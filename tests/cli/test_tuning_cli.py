@@ -10,6 +10,7 @@ file, to show the child never started.
 
 from __future__ import annotations
 
+import itertools
 import json
 import os
 import shutil
@@ -587,3 +588,62 @@ def test_no_gpu_the_real_child_refuses_and_no_namespace_is_made(warms: Warms) ->
     assert last.startswith("fi-cache: torch has no CUDA"), p.stderr[-3000:]
     assert "Traceback" not in p.stderr
     assert not (warm.rig.store / NAMESPACES_DIR).exists()
+
+
+SLOW_CHILD = """\
+import json, os, shutil, sys, time
+job = json.loads(sys.stdin.readline())
+meta = json.loads(os.environ["FAKE_CHILD_METADATA"])
+about = {"flashinfer_version": meta["flashinfer_version"], "device": "NVIDIA H200", "cc": 90,
+         "metadata": meta}
+record = os.environ["FAKE_CHILD_RECORD"]
+def note(what):
+    with open(record, "a") as f:
+        f.write(f"{job.get('stage', 'tune')} {what} {os.getpid()} {time.time()}\\n")
+note("start")
+time.sleep(0.5)  # "using the GPU"
+if job.get("stage") == "check":
+    note("end")
+    print(json.dumps({"event": "checked", **about}), flush=True)
+    sys.exit(0)
+print(json.dumps({"event": "ready", **about}), flush=True)
+cache = json.loads(sys.stdin.readline())["cache"]
+shutil.copyfile(os.environ["FAKE_CHILD_CACHE"], cache)
+note("end")
+print(json.dumps({"event": "done", "seconds": 0.5, "save_seconds": 0.0}), flush=True)
+"""
+
+
+def test_two_warms_on_one_gpu_take_turns(tmp_path: Path) -> None:
+    """Tuning measures kernel times: two warms sharing a GPU (and a store) must not overlap,
+    even into different namespaces (here: one fused, one unfused)."""
+    child = tmp_path / "slow_child.py"
+    child.write_text(SLOW_CHILD)
+    python = _script(tmp_path / "python", f'#!/bin/sh\nexec "{sys.executable}" "{child}"\n')
+    rig = Rig.make(tmp_path, python=python)
+    record = tmp_path / "record.txt"
+    env = {
+        "FAKE_CHILD_METADATA": json.dumps(h200_metadata("0.6.18")),
+        "FAKE_CHILD_RECORD": str(record),
+        "FAKE_CHILD_CACHE": str(
+            ROOT / "tests/fixtures/h200-tuned/fi-0.6.18/flashinfer/autotune_configs.json"
+        ),
+    }
+    fused = rig.job(
+        "warm", "--engine", "flashinfer", "--finalize", "fused", "--plan", rig.plan(), **env
+    )
+    unfused = rig.job(
+        "warm", "--engine", "flashinfer", "--finalize", "unfused", "--plan", rig.plan(), **env
+    )
+    a, b = run_parallel(fused, unfused)
+    assert a.returncode == 0 and b.returncode == 0, a.stderr + b.stderr
+    assert "waiting for the GPU: " in a.stderr + b.stderr
+    spans: dict[str, list[float]] = {}
+    for line in record.read_text().splitlines():
+        _stage, _what, pid, t = line.split()
+        spans.setdefault(pid, []).append(float(t))
+    windows = sorted((min(ts), max(ts)) for ts in spans.values())
+    assert len(windows) == 4  # a check child and a tuning child per warm
+    # No child starts before the previous one (of either warm) has ended.
+    for first, second in itertools.pairwise(windows):
+        assert first[1] <= second[0], windows
