@@ -20,7 +20,7 @@ import sys
 import threading
 import time
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import IO, Any
 
@@ -74,7 +74,6 @@ class TuneResult:
     device: str
     calls: int
     seconds: float  # the tuning calls and FlashInfer's save, not imports or compilation checks
-    events: list[dict[str, Any]] = field(default_factory=list)
 
     @property
     def cache_path(self) -> Path:
@@ -171,9 +170,8 @@ def _check_first(
     with _Child(options) as child:
         child.send(Job(mode, plan.ops, stage="check").to_json())
         child.close_input()  # it needs nothing more; a child that waits for input ends here
-        for event in child.until("checked"):
-            if event["event"] == "probe":
-                progress.call(event)
+        for _event in child.until("checked", progress):
+            pass
 
 
 def _one_mode(
@@ -203,7 +201,7 @@ def _one_mode(
             _refuse_foreign(target, fp)
             started = time.time()
             child.send({"cache": str(target)})
-            events = list(child.events(progress))
+            events = list(child.until("done", progress))
             done = events[-1]
             counts = _counts(events)
             record = WarmRecord(
@@ -222,7 +220,7 @@ def _one_mode(
     return TuneResult(
         mode, ns_dir, record, counts, str(ready.get("flashinfer_version")),
         str(ready.get("device")), sum(1 for e in events if e["event"] == "called"),
-        float(done.get("seconds", 0.0)), events,
+        float(done.get("seconds", 0.0)),
     )  # fmt: skip
 
 
@@ -361,23 +359,15 @@ class _Child:
             with contextlib.suppress(OSError):
                 self.proc.stdin.close()
 
-    def until(self, name: str) -> Iterator[dict[str, Any]]:
-        """Events up to and including the one called `name`; raises on `error` or death."""
+    def until(self, name: str, progress: TuneProgress | None = None) -> Iterator[dict[str, Any]]:
+        """Events up to and including the one called `name` (probe and call events also go to
+        `progress`); raises on `error` or death."""
         for event in self._read():
             self._fail_on(event)
-            yield event
-            if event["event"] == name:
-                return
-        self._died()
-
-    def events(self, progress: TuneProgress) -> Iterator[dict[str, Any]]:
-        """Events up to and including `done`; raises on `error` or a dead child."""
-        for event in self._read():
-            self._fail_on(event)
-            if event["event"] in ("call", "called"):
+            if progress is not None and event["event"] in ("probe", "call", "called"):
                 progress.call(event)
             yield event
-            if event["event"] == "done":
+            if event["event"] == name:
                 return
         self._died()
 
