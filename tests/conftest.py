@@ -7,7 +7,8 @@ import os
 import shutil
 import subprocess
 import sys
-from concurrent.futures import ThreadPoolExecutor
+from collections.abc import Callable, Iterator
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -154,6 +155,24 @@ def fi_load_result(p: subprocess.CompletedProcess[str]) -> dict[str, Any]:
     lines = p.stdout.strip().splitlines()
     assert lines, p.stderr[-2000:]
     return json.loads(lines[-1])  # type: ignore[no-any-return]
+
+
+def start_if_needed(
+    request: pytest.FixtureRequest, fixture: str, work: Callable[..., Any], *args: Any
+) -> Iterator[Future[Any] | None]:
+    """For a module-scoped autouse fixture: start `work(*args)` in the background as the module
+    starts when a selected test of the module uses `fixture`, so the module's short tests run
+    meanwhile; yields its Future (None when no selected test needs it)."""
+    wanted = any(
+        fixture in getattr(item, "fixturenames", ())
+        for item in request.session.items
+        if getattr(item, "module", None) is request.module
+    )
+    if not wanted:
+        yield None
+        return
+    with ThreadPoolExecutor(1) as pool:
+        yield pool.submit(work, *args)
 
 
 def run_parallel(

@@ -10,7 +10,7 @@ import shutil
 import subprocess
 import sys
 from collections.abc import Iterator
-from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import Future
 from pathlib import Path
 from typing import Any
 
@@ -29,6 +29,7 @@ from tests.conftest import (
     flashinfer_dir,
     run_parallel,
     seed_flashinfer_probe,
+    start_if_needed,
 )
 
 TUNED = FIXTURES / "h200-tuned"
@@ -78,16 +79,7 @@ def _load_all() -> dict[str, subprocess.CompletedProcess[str]]:
 def _loading(request: pytest.FixtureRequest) -> Iterator[Future[Any] | None]:
     """Start FlashInfer's loads when the module starts (if a selected test needs them): the
     other tests run meanwhile."""
-    wanted = any(
-        "loaded" in getattr(item, "fixturenames", ())
-        for item in request.session.items
-        if getattr(item, "module", None) is request.module
-    )
-    if not wanted:
-        yield None
-        return
-    with ThreadPoolExecutor(1) as pool:
-        yield pool.submit(_load_all)
+    yield from start_if_needed(request, "loaded", _load_all)
 
 
 @pytest.fixture(scope="module")

@@ -40,6 +40,7 @@ from tests.conftest import (
     h200_metadata,
     run_parallel,
     seed_flashinfer_probe,
+    start_if_needed,
 )
 
 CPU_CHILD = ROOT / "tests" / "tune" / "cpu_tune_child.py"
@@ -439,16 +440,11 @@ def _warming(
 ) -> Iterator[Future[Warms] | None]:
     """Start the shared warms when the module starts (if a selected test needs them), so that
     the tests before them, each a short `fi-cache` process, run meanwhile."""
-    wanted = any(
-        "warms" in getattr(item, "fixturenames", ())
-        for item in request.session.items
-        if getattr(item, "module", None) is request.module
-    )
-    if not wanted:
-        yield None
-        return
-    with ThreadPoolExecutor(1) as pool:
-        yield pool.submit(_warm_all, tmp_path_factory.mktemp("tuning-cli"))
+
+    def warm_all() -> Warms:
+        return _warm_all(tmp_path_factory.mktemp("tuning-cli"))  # only when a test needs it
+
+    yield from start_if_needed(request, "warms", warm_all)
 
 
 @pytest.fixture(scope="module")
