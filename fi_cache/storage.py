@@ -8,6 +8,7 @@ directory is fsynced so the rename survives a crash.
 from __future__ import annotations
 
 import contextlib
+import errno
 import hashlib
 import json
 import os
@@ -198,12 +199,38 @@ def filesystem_type(path: Path) -> str | None:
 
 def _flock_honoured(directory: Path) -> bool:
     """Two open file descriptions must exclude each other; some network filesystems let both in."""
+    for attempt in range(3):
+        try:
+            # A name of its own: probes of one dir by two processes must not lock each other.
+            a, probe = tempfile.mkstemp(dir=directory, prefix=f"{TMP_PREFIX}flock-")
+        except FileNotFoundError:  # an import or prune moved the dir away just now
+            if attempt == 2:
+                return False
+            with contextlib.suppress(OSError):
+                directory.mkdir(parents=True, exist_ok=True)
+            continue
+        except OSError:
+            return False
+        try:
+            verdict = _excludes(a, probe)
+        finally:
+            os.close(a)
+            with contextlib.suppress(OSError):
+                os.unlink(probe)
+        if verdict is not None:
+            return verdict
+    return False
+
+
+def _excludes(a: int, probe: str) -> bool | None:
+    """Does a second open of `probe` fail to flock while `a` holds it? None: the dir was moved
+    before the second open, so ask again."""
     import fcntl
 
-    probe = directory / f"{TMP_PREFIX}flock-probe"
     try:
-        a = os.open(probe, os.O_CREAT | os.O_RDWR, 0o644)
         b = os.open(probe, os.O_RDWR)
+    except FileNotFoundError:
+        return None
     except OSError:
         return False
     try:
@@ -216,10 +243,7 @@ def _flock_honoured(directory: Path) -> bool:
     except OSError:
         return False
     finally:
-        os.close(a)
         os.close(b)
-        with contextlib.suppress(OSError):
-            os.unlink(probe)
 
 
 def lock_strategy(directory: Path) -> tuple[str, str]:
@@ -286,10 +310,16 @@ def _flock_acquired(
     import fcntl  # POSIX only; lock_strategy picks "lockfile" elsewhere
 
     waited = False
+    vanished = 0
     while True:
         try:
             lock_file.parent.mkdir(parents=True, exist_ok=True)
             fd = os.open(lock_file, os.O_CREAT | os.O_RDWR, 0o644)
+        except FileNotFoundError:  # the dir was moved between the mkdir and the open
+            vanished += 1
+            if vanished < 10:
+                continue
+            raise Refused("cannot lock: the directory keeps disappearing", lock_file) from None
         except OSError as exc:
             raise Refused(f"cannot lock: {exc.strerror}", lock_file) from None
         while True:
@@ -342,6 +372,7 @@ def _acquire_lockfile(
 ) -> Iterator[None]:
     deadline = time.monotonic() + timeout
     waited = False
+    vanished = 0
     while True:
         try:
             fd = os.open(lock_file, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644)
@@ -355,6 +386,12 @@ def _acquire_lockfile(
             if time.monotonic() >= deadline:
                 raise _timeout_error(holder, timeout, lock_file) from None
             time.sleep(0.1)
+            continue
+        except FileNotFoundError:  # an import or prune moved the dir away just now
+            vanished += 1
+            if vanished >= 10:
+                raise Refused("cannot lock: the directory keeps disappearing", lock_file) from None
+            _ensure_dir(lock_file.parent)
             continue
         except OSError as exc:
             raise Refused(f"cannot lock: {exc.strerror}", lock_file) from None
@@ -513,7 +550,9 @@ def try_namespace_lock(directory: Path, purpose: str, strategy: str) -> Iterator
         except BlockingIOError:
             raise NamespaceBusy(directory, _read_holder(directory / HOLDER_NAME)) from None
         try:
-            if in_use(directory):
+            if in_use(directory) or not _same_file(fd, lock_file):
+                # A server holds it, or an import replaced the dir since our open: what the
+                # caller judged is no longer there, so leave it for next time.
                 raise NamespaceBusy(directory, None)
             yield me
         finally:
@@ -558,7 +597,12 @@ def remove_tree(path: Path, store: Path) -> None:
 
 
 def _delete_tree(path: Path) -> None:
-    shutil.rmtree(path, ignore_errors=True)
+    for _ in range(5):
+        shutil.rmtree(path, ignore_errors=True)
+        if not os.path.lexists(path):
+            return
+        # A create that looked the dir up just before it was moved lands in it afterwards.
+        time.sleep(0.05)
     if os.path.lexists(path):
         raise FiCacheError("moved to the trash but could not delete all of it", path)
 
@@ -623,6 +667,9 @@ def write_member(path: Path, src: IO[bytes], size: int) -> str:
     return digest.hexdigest()
 
 
+_INSTALL_ATTEMPTS = 20  # each retry waits for a newcomer's lock: only a storm of them exhausts it
+
+
 def install_dir(
     new: Path, target: Path, store: Path, timeout: float = DEFAULT_LOCK_TIMEOUT
 ) -> None:
@@ -630,18 +677,29 @@ def install_dir(
     if not new.is_dir():  # never move the old one aside without a replacement in hand
         raise Refused("staged namespace is missing", new)
     _ensure_dir(target.parent)
-    old: Path | None = None
-    with namespace_lock(target, "import", timeout):
-        if any(p.name not in (LOCK_NAME, HOLDER_NAME) for p in target.iterdir()):
-            old = store / TRASH_DIR / f"{time.time_ns()}-{os.getpid()}-{target.name}"
-            _ensure_dir(old.parent)
-            os.replace(target, old)
-        else:
-            shutil.rmtree(target, ignore_errors=True)  # only our fresh lock files were in it
-        os.replace(new, target)
-        _fsync_dir(target.parent)
-    if old is not None:
-        _delete_tree(old)
+    trashed: list[Path] = []
+    for _ in range(_INSTALL_ATTEMPTS):
+        with namespace_lock(target, "import", timeout):
+            # Moved whole, lock file included: a waiter on it sees the file gone and relocks.
+            aside = store / TRASH_DIR / f"{time.time_ns()}-{os.getpid()}-{target.name}"
+            _ensure_dir(aside.parent)
+            os.replace(target, aside)
+            try:
+                os.replace(new, target)
+            except OSError as exc:
+                if exc.errno in (errno.ENOTEMPTY, errno.EEXIST):
+                    # A newcomer made a fresh `target` (and may hold its lock) while it was
+                    # absent: take that lock too and go again, never moving it from under them.
+                    trashed.append(aside)
+                    continue
+                with contextlib.suppress(OSError):
+                    os.replace(aside, target)  # put the old one back: never lose it
+                raise
+            _fsync_dir(target.parent)
+        for old in [*trashed, aside]:
+            _delete_tree(old)
+        return
+    raise FiCacheError("kept being recreated by other processes; try again", target)
 
 
 # --- Namespaces in use by a running server (serve) ---------------------------------------------

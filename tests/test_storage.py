@@ -114,3 +114,129 @@ def test_waiters_on_a_dead_holders_lockfile_take_it_one_at_a_time(tmp_path: Path
     ]
     assert [p.wait(60) for p in procs] == [0] * 6
     assert not (tmp_path / storage.LOCK_NAME).exists()
+
+
+# --- Races with a namespace being replaced (import) ----------------------------------------------
+
+
+def test_concurrent_lock_strategy_probes_agree(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A probe must not take another process's probe lock for a filesystem that ignores flock."""
+    import fcntl
+
+    monkeypatch.delenv("FI_CACHE_LOCK", raising=False)
+    other = os.open(tmp_path / f"{storage.TMP_PREFIX}flock-probe", os.O_CREAT | os.O_RDWR)
+    fcntl.flock(other, fcntl.LOCK_EX)  # what a concurrent probe under the old fixed name held
+    try:
+        assert storage.lock_strategy(tmp_path)[0] == "flock"
+    finally:
+        os.close(other)
+
+
+def _staged(tmp_path: Path, text: str) -> Path:
+    new = tmp_path / "stage" / "ns"
+    new.mkdir(parents=True)
+    (new / "autotune_configs.json").write_text(text)
+    return new
+
+
+def test_install_retries_when_a_newcomer_recreates_the_namespace(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    store, target = tmp_path / "s", tmp_path / "s" / "namespaces" / "ns"
+    target.mkdir(parents=True)
+    (target / "autotune_configs.json").write_text("old")
+    new = _staged(tmp_path, "new")
+    real_replace, newcomers = os.replace, []
+
+    def replace(src: object, dst: object) -> None:
+        if Path(str(src)) == new and not newcomers:  # a warm arrives while target is absent
+            target.mkdir()
+            (target / storage.LOCK_NAME).touch()
+            newcomers.append(target)
+        real_replace(src, dst)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(os, "replace", replace)
+    storage.install_dir(new, target, store)
+    assert newcomers and (target / "autotune_configs.json").read_text() == "new"
+    assert list((store / storage.TRASH_DIR).iterdir()) == []
+
+
+def test_failed_install_puts_the_old_namespace_back(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    store, target = tmp_path / "s", tmp_path / "s" / "namespaces" / "ns"
+    target.mkdir(parents=True)
+    (target / "autotune_configs.json").write_text("old")
+    new = _staged(tmp_path, "new")
+    real_replace = os.replace
+
+    def replace(src: object, dst: object) -> None:
+        if Path(str(src)) == new:
+            raise OSError(18, "Invalid cross-device link")
+        real_replace(src, dst)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(os, "replace", replace)
+    with pytest.raises(OSError):
+        storage.install_dir(new, target, store)
+    assert (target / "autotune_configs.json").read_text() == "old"
+
+
+def test_lock_retries_when_its_dir_is_moved_before_the_open(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    d = tmp_path / "ns"
+    real_open, moved = os.open, []
+
+    def open_(path: object, *a: object, **k: object) -> int:
+        if str(path).endswith(storage.LOCK_NAME) and not moved:
+            moved.append(d.rename(tmp_path / "aside"))  # an import swaps the dir just now
+        return real_open(path, *a, **k)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(os, "open", open_)
+    with storage.namespace_lock(d, "warm", timeout=2, strategy="flock"):
+        assert moved and (d / storage.LOCK_NAME).exists()
+
+
+def test_trash_deletion_outlasts_a_late_create(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A create that looked the dir up before it was moved lands in the trash afterwards."""
+    import shutil
+
+    doomed = tmp_path / "doomed"
+    doomed.mkdir()
+    real_rmtree, late = shutil.rmtree, []
+
+    def rmtree(path: object, ignore_errors: bool = False) -> None:
+        real_rmtree(path, ignore_errors=ignore_errors)  # type: ignore[arg-type]
+        if not late:
+            doomed.mkdir()
+            late.append((doomed / ".fi-cache-late.tmp").touch())
+
+    monkeypatch.setattr(shutil, "rmtree", rmtree)
+    storage._delete_tree(doomed)
+    assert late and not doomed.exists()
+
+
+def test_prune_lock_refuses_a_namespace_replaced_since_its_open(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    d = tmp_path / "ns"
+    d.mkdir()
+    real_open = os.open
+
+    def open_(path: object, *a: object, **k: object) -> int:
+        fd = real_open(path, *a, **k)  # type: ignore[arg-type]
+        if str(path).endswith(storage.LOCK_NAME):
+            d.rename(tmp_path / "old")  # an import installs a new namespace just now
+            d.mkdir()
+        return fd
+
+    monkeypatch.setattr(os, "open", open_)
+    with (
+        pytest.raises(storage.NamespaceBusy),
+        storage.try_namespace_lock(d, "prune", "flock"),
+    ):
+        pass
