@@ -261,6 +261,13 @@ def warm_flashinfer(
     sigterm_as_interrupt()
     try:
         results = tune_warm.warm_plan(ctx.store, plan, text, env, modes, options, progress)
+    except tune_warm.TuneInterrupted as exc:
+        for mode, ns_dir in exc.recorded:
+            status.note(f"{mode} finalize was tuned and recorded before the interrupt: {ns_dir}")
+        if exc.recorded and exc.not_recorded:
+            rest = " and ".join(exc.not_recorded)
+            status.note(f"{rest} finalize not tuned: run again with --finalize {rest}")
+        raise
     except WarmFailed as exc:
         status.note("tuning failed")
         if exc.lines:

@@ -131,14 +131,42 @@ def warm_plan(
 ) -> list[TuneResult]:
     """Tune `plan` into one namespace per mode. Raises Refused, WarmFailed or FiCacheError."""
     progress = progress or TuneProgress()
-    with _gpu_lock(store, env, options, progress):
-        _check_first(plan, modes[0], options, progress)
-        results = []
-        for mode in modes:
-            ops = plan.for_mode(mode)
-            progress.note(f"{mode} finalize: {sum(o.n_calls for o in ops)} calls")
-            results.append(_one_mode(store, plan, plan_text, env, mode, options, progress))
+    attempts: list[tuple[FinalizeMode, Path, float]] = []
+    try:
+        with _gpu_lock(store, env, options, progress):
+            _check_first(plan, modes[0], options, progress)
+            results = []
+            for mode in modes:
+                ops = plan.for_mode(mode)
+                progress.note(f"{mode} finalize: {sum(o.n_calls for o in ops)} calls")
+                results.append(
+                    _one_mode(store, plan, plan_text, env, mode, options, progress, attempts)
+                )
+    except KeyboardInterrupt:
+        raise TuneInterrupted(_recorded(attempts), modes) from None
     return results
+
+
+class TuneInterrupted(KeyboardInterrupt):
+    """Ctrl-C or SIGTERM during a plan: `recorded` are the modes whose warm the manifests hold
+    (read back from disk, so an interrupt just after a save still counts it)."""
+
+    def __init__(self, recorded: list[tuple[FinalizeMode, Path]], modes: tuple[str, ...]):
+        super().__init__()
+        self.recorded = recorded
+        self.not_recorded = [m for m in modes if m not in {r[0] for r in recorded}]
+
+
+def _recorded(
+    attempts: list[tuple[FinalizeMode, Path, float]],
+) -> list[tuple[FinalizeMode, Path]]:
+    out = []
+    for mode, ns_dir, started in attempts:
+        with contextlib.suppress(FiCacheError):
+            m = manifests.load(ns_dir)
+            if m and any(w.started == started for w in m.warms):
+                out.append((mode, ns_dir))
+    return out
 
 
 @contextlib.contextmanager
@@ -182,6 +210,7 @@ def _one_mode(
     mode: FinalizeMode,
     options: TuneOptions,
     progress: TuneProgress,
+    attempts: list[tuple[FinalizeMode, Path, float]],
 ) -> TuneResult:
     job = Job(mode, plan.for_mode(mode))
     with _Child(options) as child:
@@ -200,6 +229,7 @@ def _one_mode(
             storage.ensure_dir(target.parent)
             _refuse_foreign(target, fp)
             started = time.time()
+            attempts.append((mode, ns_dir, started))
             child.send({"cache": str(target)})
             events = list(child.until("done", progress))
             done = events[-1]

@@ -643,3 +643,46 @@ def test_two_warms_on_one_gpu_take_turns(tmp_path: Path) -> None:
     # No child starts before the previous one (of either warm) has ended.
     for first, second in itertools.pairwise(windows):
         assert first[1] <= second[0], windows
+
+
+def test_an_interrupt_says_which_modes_were_recorded(tmp_path: Path) -> None:
+    """SIGTERM (or Ctrl-C) while the second mode tunes: the first mode's warm is on disk and
+    the user is told so, and which mode to run again."""
+    import signal
+    import time
+
+    # The unfused child hangs once it has the cache path: "tuning" until it is stopped.
+    child = tmp_path / "hanging_child.py"
+    child.write_text(
+        SLOW_CHILD.replace(
+            'cache = json.loads(sys.stdin.readline())["cache"]\n',
+            'cache = json.loads(sys.stdin.readline())["cache"]\n'
+            'if job["mode"] == "unfused":\n    note("hang"); time.sleep(300)\n',
+        )
+    )
+    python = _script(tmp_path / "python", f'#!/bin/sh\nexec "{sys.executable}" "{child}"\n')
+    rig = Rig.make(tmp_path, python=python)
+    record = tmp_path / "record.txt"
+    env = {
+        "FAKE_CHILD_METADATA": json.dumps(h200_metadata("0.6.18")),
+        "FAKE_CHILD_RECORD": str(record),
+        "FAKE_CHILD_CACHE": str(
+            ROOT / "tests/fixtures/h200-tuned/fi-0.6.18/flashinfer/autotune_configs.json"
+        ),
+        "FI_CACHE_STOP_GRACE": "2",
+    }
+    job = rig.job("warm", "--engine", "flashinfer", "--plan", rig.plan(), **env)
+    proc = subprocess.Popen(**job, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    deadline = time.monotonic() + 120
+    while " hang " not in (record.read_text() if record.exists() else ""):
+        assert proc.poll() is None and time.monotonic() < deadline, proc.communicate()
+        time.sleep(0.1)
+    proc.send_signal(signal.SIGTERM)
+    _out, err = proc.communicate(timeout=60)
+    assert proc.returncode == 130, err
+    fused, unfused = (_ns_dir(rig.store, "0.6.18", m) for m in MODES)
+    assert f"fused finalize was tuned and recorded before the interrupt: {fused}" in err
+    assert "unfused finalize not tuned: run again with --finalize unfused" in err
+    assert err.splitlines()[-1] == "fi-cache: interrupted" and "Traceback" not in err
+    assert [w["engine"] for w in _manifest(fused)["warms"]] == ["flashinfer"]
+    assert not (unfused / "manifest.json").exists()
