@@ -18,7 +18,7 @@ import torch
 from fi_cache.tune.plan import GemmOp, MoeOp, Op
 from fi_cache.versions import GEMM_BACKEND_CCS, MOE_ARCH_MODULES, moe_init_flags
 
-_DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}
+_DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}  # plan names (MoE dtype, out_dtype)
 _FP8 = torch.float8_e4m3fn
 _SCALE = 0.05  # small weights keep bf16 sums finite; tuning times do not depend on values
 
@@ -104,7 +104,8 @@ class MmBf16(_Gemm):
         for m in op.tokens:
             a = _randn(m, op.k, dtype=torch.bfloat16, device=device)
             for backend in op.backends:
-                yield Call(op, m, backend, partial(fn, a, b, backend=backend))
+                call = partial(fn, a, b, out_dtype=_DTYPES[op.out_dtype], backend=backend)
+                yield Call(op, m, backend, call)
 
 
 class BmmFp8(_Gemm):
@@ -114,11 +115,15 @@ class BmmFp8(_Gemm):
     def calls(self, op: GemmOp, device: torch.device, mode: str) -> Iterator[Call]:
         fn = self.function()
         b = _randn(op.batch, op.n, op.k, dtype=_FP8, device=device).transpose(-2, -1)
-        one = torch.tensor(1.0, dtype=torch.float32, device=device)
+        # Scale shapes and the output dtype are part of FlashInfer's key: the plan's, not ours.
+        a_scale, b_scale = (
+            torch.ones(shape, dtype=torch.float32, device=device)
+            for shape in (op.a_scale_shape, op.b_scale_shape)
+        )
         for m in op.tokens:
             a = _randn(op.batch, m, op.k, dtype=_FP8, device=device)
             for backend in op.backends:
-                call = partial(fn, a, b, one, one, torch.bfloat16, backend=backend)
+                call = partial(fn, a, b, a_scale, b_scale, _DTYPES[op.out_dtype], backend=backend)
                 yield Call(op, m, backend, call)
 
 

@@ -61,11 +61,21 @@ class GemmOp:
     backends: tuple[str, ...]
     batch: int = 1  # bmm_fp8 only
     index: int = 0  # 1-based position in the plan, for messages
+    # How the engine calls the op: FlashInfer keys entries by every input's shape and dtype, so a
+    # cache hits only calls made the same way (vLLM's dynamic FP8 activation scale is shape (1,)).
+    out_dtype: str = "bf16"  # mm_bf16, bmm_fp8
+    a_scale_shape: tuple[int, ...] = ()  # bmm_fp8: () is a 0-d tensor
+    b_scale_shape: tuple[int, ...] = ()
 
     @property
     def label(self) -> str:
         batch = f" batch={self.batch}" if self.op == "bmm_fp8" else ""
-        return f"{self.op}{batch} n={self.n} k={self.k}"
+        call = (f" out={self.out_dtype}" if self.out_dtype != "bf16" else "") + "".join(
+            f" {name}={list(shape)}"
+            for name, shape in (("a_scale", self.a_scale_shape), ("b_scale", self.b_scale_shape))
+            if shape
+        )
+        return f"{self.op}{batch} n={self.n} k={self.k}{call}"
 
     @property
     def n_calls(self) -> int:
@@ -180,9 +190,7 @@ def parse_op(raw: Any, index: int, default_tokens: tuple[int, ...], source: str)
         what = "has no `op = ...`" if name is None else f"unknown op {name!r}"
         raise PlanError(f"{where}: {what}; known: {', '.join(KNOWN_OPS)}", source)
     fields_ = _Fields(raw, where, source)
-    allowed = (
-        _MOE_KEYS if name == MOE_OP else _GEMM_KEYS | ({"batch"} if name == "bmm_fp8" else set())
-    )
+    allowed = _MOE_KEYS if name == MOE_OP else _GEMM_KEYS | _GEMM_EXTRA_KEYS.get(name, set())
     if extra := sorted(set(raw) - allowed):  # first, so a typo is named as itself
         fields_.fail(f"unknown key {extra[0]!r} (known: {', '.join(sorted(allowed - {'op'}))})")
     tokens = fields_.tokens(default_tokens)
@@ -192,6 +200,11 @@ def parse_op(raw: Any, index: int, default_tokens: tuple[int, ...], source: str)
 
 
 _GEMM_KEYS = {"op", "n", "k", "tokens", "backends"}
+_GEMM_EXTRA_KEYS = {
+    "mm_bf16": {"out_dtype"},
+    "bmm_fp8": {"batch", "out_dtype", "a_scale_shape", "b_scale_shape"},
+}
+OUT_DTYPES = ("bf16", "fp16")  # what mm_bf16 and bmm_fp8 write on every backend
 _MOE_KEYS = {
     "op", "dtype", "hidden_size", "intermediate_size", "num_experts", "top_k", "finalize",
     "tokens", "tune_max_num_tokens", "tp_size", "tp_rank", "ep_size", "ep_rank",
@@ -213,7 +226,11 @@ def _gemm(f: _Fields, name: str, tokens: tuple[int, ...], index: int) -> GemmOp:
                 f.fail(f"{dim} = {value}: FP8 GEMMs need a multiple of 16")
     if name == "mm_fp8" and k % 128:
         f.fail(f"k = {k}: the trtllm_low_latency FP8 GEMM needs a multiple of 128 (block size)")
-    return GemmOp(name, n, k, tokens, backends, batch, index)
+    out_dtype = f.string("out_dtype", "bf16")
+    if out_dtype not in OUT_DTYPES:
+        f.fail(f"out_dtype {out_dtype!r}: expected {' or '.join(OUT_DTYPES)}")
+    scales = (f.scale_shape("a_scale_shape"), f.scale_shape("b_scale_shape"))
+    return GemmOp(name, n, k, tokens, backends, batch, index, out_dtype, *scales)
 
 
 def _moe(f: _Fields, tokens: tuple[int, ...], index: int) -> MoeOp:
@@ -292,6 +309,13 @@ class _Fields:
         if not isinstance(value, list) or not value or not all(isinstance(v, str) for v in value):
             self.fail(f"{key} = {value!r}: expected a non-empty list of strings")
         return tuple(dict.fromkeys(value))  # order kept, duplicates dropped
+
+    def scale_shape(self, key: str) -> tuple[int, ...]:
+        """A per-tensor FP8 scale: a 0-d tensor ([]) or one element ([1]), as engines pass it."""
+        value = self._get(key, [])
+        if not isinstance(value, list) or not all(map(_is_int, value)) or value not in ([], [1]):
+            self.fail(f"{key} = {value!r}: expected [] (a 0-d tensor) or [1] (per-tensor scale)")
+        return tuple(value)
 
     def tokens(self, default: tuple[int, ...]) -> tuple[int, ...]:
         if "tokens" not in self.raw:

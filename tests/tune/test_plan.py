@@ -229,16 +229,20 @@ def test_op_json_round_trip() -> None:
 
 _tokens = st.lists(st.integers(1, MAX_TOKENS), min_size=1, max_size=6)
 _gemm = st.builds(
-    lambda name, n, k, batch, tokens: (
+    lambda name, n, k, batch, tokens, out, scales: (
         {"op": name, "n": n * 128, "k": k * 128, "tokens": tokens}
-        | ({"batch": batch} if name == "bmm_fp8" else {})
+        | ({"out_dtype": out} if name != "mm_fp8" else {})
+        | ({"batch": batch, "a_scale_shape": scales[0], "b_scale_shape": scales[1]}
+           if name == "bmm_fp8" else {})
     ),
     st.sampled_from(["mm_bf16", "bmm_fp8", "mm_fp8"]),
     st.integers(1, MAX_DIM // 128),
     st.integers(1, MAX_DIM // 128),
     st.integers(1, 64),
     _tokens,
-)
+    st.sampled_from(["bf16", "fp16"]),
+    st.tuples(st.sampled_from([[], [1]]), st.sampled_from([[], [1]])),
+)  # fmt: skip
 _moe = st.builds(
     lambda tp, ep, k, fin, tokens, extra: {
         **MOE,
@@ -278,6 +282,42 @@ def test_a_header_cannot_inject_toml() -> None:
     p = from_mapping({"ops": [GEMM]})
     text = plan.dumps(p, header=["model x\n[[ops]]\nop = 'mm_bf16'\nn = 9\nk = 9"])
     assert loads(text) == p
+
+
+def test_call_style_defaults_are_flashinfers_own() -> None:
+    """Without call-style keys fi-cache calls as FlashInfer's docs do: bf16 out, 0-d scales."""
+    op = _one(op="bmm_fp8", n=64, k=64)
+    assert isinstance(op, GemmOp)
+    assert (op.out_dtype, op.a_scale_shape, op.b_scale_shape) == ("bf16", (), ())
+    assert "out_dtype" not in plan.dumps(Plan((op,)))
+
+
+def test_call_style_as_vllm_calls_bmm_fp8() -> None:
+    """vLLM's dynamic per-tensor activation scale is a (1,) tensor: a plan can say so."""
+    op = _one(op="bmm_fp8", n=64, k=64, out_dtype="fp16", a_scale_shape=[1])
+    assert isinstance(op, GemmOp)
+    assert (op.out_dtype, op.a_scale_shape, op.b_scale_shape) == ("fp16", (1,), ())
+    assert op.label == "bmm_fp8 batch=1 n=64 k=64 out=fp16 a_scale=[1]"
+    assert loads(plan.dumps(Plan((op,)))).ops == (op,)
+
+
+@pytest.mark.parametrize(
+    "key, value, match",
+    [
+        ("out_dtype", "fp32", r"out_dtype 'fp32': expected bf16 or fp16"),
+        ("a_scale_shape", [2], r"a_scale_shape = \[2\]: expected \[\] \(a 0-d tensor\) or \[1\]"),
+        ("b_scale_shape", [1, 1], r"b_scale_shape = \[1, 1\]: expected"),
+        ("a_scale_shape", [True], r"a_scale_shape = \[True\]: expected"),
+        ("a_scale_shape", "1", r"a_scale_shape = '1': expected"),
+    ],
+)  # fmt: skip
+def test_bad_call_style(key: str, value: Any, match: str) -> None:
+    _op_refused({"op": "bmm_fp8", "n": 64, "k": 64, key: value}, match)
+
+
+@pytest.mark.parametrize("name, key", [("mm_bf16", "a_scale_shape"), ("mm_fp8", "out_dtype")])
+def test_call_style_keys_only_where_the_op_takes_them(name: str, key: str) -> None:
+    _op_refused({"op": name, "n": 128, "k": 128, key: "bf16"}, f"unknown key '{key}'")
 
 
 # --- refusals -----------------------------------------------------------------------------------
