@@ -146,3 +146,19 @@ def test_flashinfer_of_the_same_version_loads_every_entry(
     saved = json.loads(_cache(version).read_text())
     assert result["keys"] == sorted(k for k in saved if not k.startswith("_"))
     assert result["values"] == {k: saved[k][:2] for k in result["keys"]}
+
+
+def test_a_plans_scale_shape_reached_flashinfers_keys_on_the_h200() -> None:
+    """call-style/: one plan, bmm_fp8 called with 0-d scales and with a (1,) activation scale
+    (vLLM's dynamic quantisation): FlashInfer tuned each style under its own keys, bucket by
+    bucket, so a cache tuned one way is not looked up by a caller of the other."""
+    p = _fi_cache("--format", "json", "show", TUNED / "call-style" / "autotune_configs.json")
+    assert p.returncode == 0, p.stderr
+    by_style: dict[str, list[int]] = {}
+    for e in json.loads(p.stdout)["entries"]:
+        a, _b, a_scale, b_scale, _out, _ws = e["profile"]
+        assert e["op"] == "fp8_gemm" and b_scale == []
+        by_style.setdefault(json.dumps(a_scale), []).append(a[1])
+    assert {k: sorted(v) for k, v in by_style.items()} == {
+        "[]": [1, 2, 4, 8, 16], "[1]": [1, 2, 4, 8, 16],
+    }  # fmt: skip
