@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import sys
+import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -164,14 +166,19 @@ def _show_plan(plan: Any, as_json: bool) -> None:
 
 
 class _TuneStatus:
-    """One live line per call on a terminal ("[tune 3/12] op [backend] 128 tokens"); plain
-    lines otherwise, one per finished call, so CI logs show where the time went."""
+    """One live line per call on a terminal ("[tune 3/12] op [backend] 128 tokens", then the
+    bucket FlashInfer is profiling); plain lines otherwise, one per finished call, so CI logs show
+    where the time went, and a bucket line when a call has been quiet for QUIET_S seconds."""
 
-    def __init__(self, quiet: bool) -> None:
+    QUIET_S = 10.0  # a MoE call tunes every bucket in one call: minutes without a finished call
+
+    def __init__(self, quiet: bool, clock: Callable[[], float] = time.monotonic) -> None:
         self.quiet = quiet
         self.tty = sys.stderr.isatty()
         self.current: dict[str, Any] = {}
         self.live = False
+        self.clock = clock
+        self.last_line = clock()
 
     def waiting(self, holder: Any) -> None:
         self.note(f"waiting for {holder.describe() if holder else 'another fi-cache process'}")
@@ -184,18 +191,31 @@ class _TuneStatus:
             return
         if event["event"] == "call":
             self.current = event
+            self.last_line = self.clock()  # quiet counts from the call's start
             if self.tty:
-                line = self._line(event, "…")
-                width = render.terminal_width_stderr()
-                click.echo(f"\r\x1b[K{line[: width - 1]}", err=True, nl=False)
-                self.live = True
+                self._live(self._line(event, "…"))
+            return
+        if event["event"] == "bucket":
+            where = f"bucket {event.get('bucket')} ({event.get('step')}/{event.get('total')})"
+            if self.tty:
+                self._live(self._line(self.current, f"{where} …"))
+            elif self.clock() - self.last_line >= self.QUIET_S:
+                self._plain(self._line(self.current, f"{where} …"))
             return
         line = self._line(self.current, f"{event['seconds']:.2f}s")
         if self.tty:
-            width = render.terminal_width_stderr()
-            click.echo(f"\r\x1b[K{line[: width - 1]}", err=True, nl=False)
+            self._live(line)
         else:
-            click.echo(line, err=True)
+            self._plain(line)
+
+    def _live(self, line: str) -> None:
+        width = render.terminal_width_stderr()
+        click.echo(f"\r\x1b[K{line[: width - 1]}", err=True, nl=False)
+        self.live = True
+
+    def _plain(self, line: str) -> None:
+        click.echo(line, err=True)
+        self.last_line = self.clock()
 
     def _line(self, event: dict[str, Any], took: str) -> str:
         i, n = int(event.get("i") or 0), int(event.get("n") or 0)

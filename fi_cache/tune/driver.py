@@ -6,7 +6,8 @@ and backend (reporting `probe` events, then `checked`) and exits. Then, per fina
 child: the parent sends the job; the child imports FlashInfer, checks the GPU and every op, and
 answers `ready` with FlashInfer's own `_metadata`; the parent picks the namespace
 from it, takes its lock and sends `{"cache": PATH}` (or `{"stop": true}`); the child tunes and
-reports `call`/`called`/`counts`/`done`, or `error`. FlashInfer's logs and tqdm bars go to stderr.
+reports `call`/`bucket`/`called`/`counts`/`done`, or `error`. FlashInfer's logs and tqdm bars
+go to stderr.
 Refusals (no GPU, an op this GPU or FlashInfer cannot run, inputs that do not fit) come before
 the first tuning call and exit 2; a failure while tuning exits 1.
 """
@@ -108,11 +109,15 @@ def _run(job: Job, emit: Emit, receive: Receive, adapters: dict[str, Any] | None
 
     n = sum(op.n_calls for op in job.ops)
     lookups = _count_lookups() if not job.tune else None
+    current = {"i": 0}
+    if job.tune:
+        _report_buckets(emit, lambda: current["i"])
     parent = os.getppid()
     started = time.perf_counter()
     with flashinfer.autotune(job.tune, cache=cache):
         try:
             for i, call in enumerate(_calls(job, adapters, device), 1):
+                current["i"] = i
                 emit({"event": "call", "i": i, "n": n, "op": call.op.label,
                       "backend": call.backend, "tokens": call.tokens})  # fmt: skip
                 t0 = time.perf_counter()
@@ -238,3 +243,50 @@ def _count_lookups() -> _Lookups:
 
     tuner.search_cache = counting
     return seen
+
+
+def _report_buckets(emit: Emit, call_index: Callable[[], int]) -> None:
+    """A `bucket` event as FlashInfer starts profiling each bucket inside a call: one MoE call
+    tunes every bucket up to tune_max_num_tokens, minutes with no other sign of life. Wraps two
+    private AutoTuner methods (0.6.17 - 0.7.4); without them, calls still report, buckets not."""
+    from flashinfer.autotuner import AutoTuner
+
+    tuner = AutoTuner.get()
+    generate = getattr(tuner, "_generate_optimization_profiles", None)
+    prepare = getattr(tuner, "_prepare_input_tensors", None)
+    if not callable(generate) or not callable(prepare):
+        return
+    state: dict[str, Any] = {"profiles": [], "where": None}
+
+    def generating(tuning_config: Any, inputs: Any) -> Any:
+        profiles = generate(tuning_config, inputs)
+        state.update(profiles=list(profiles), where=_tuned_dim(tuning_config))
+        return profiles
+
+    def preparing(profile: Any, inputs: Any) -> Any:
+        step = next((k for k, q in enumerate(state["profiles"], 1) if q is profile), None)
+        bucket = _bucket(profile, state["where"])
+        total = len(state["profiles"])
+        emit({"event": "bucket", "i": call_index(), "step": step, "total": total, "bucket": bucket})
+        return prepare(profile, inputs)
+
+    tuner._generate_optimization_profiles = generating
+    tuner._prepare_input_tensors = preparing
+
+
+def _tuned_dim(tuning_config: Any) -> tuple[int, int] | None:
+    """(input, dim) of the first dimension FlashInfer buckets (the token count)."""
+    try:
+        spec = tuning_config.dynamic_tensor_specs[0]
+        return int(spec.input_idx[0]), int(spec.dim_idx[0])
+    except (AttributeError, IndexError, TypeError, ValueError):
+        return None
+
+
+def _bucket(profile: Any, where: tuple[int, int] | None) -> int | None:
+    if where is None:
+        return None
+    try:
+        return int(profile.get_opt_shapes()[where[0]][where[1]])
+    except (AttributeError, IndexError, TypeError, ValueError):
+        return None

@@ -390,11 +390,11 @@ class _Child:
                 self.proc.stdin.close()
 
     def until(self, name: str, progress: TuneProgress | None = None) -> Iterator[dict[str, Any]]:
-        """Events up to and including the one called `name` (probe and call events also go to
-        `progress`); raises on `error` or death."""
+        """Events up to and including the one called `name` (probe, call and bucket events also
+        go to `progress`); raises on `error` or death."""
         for event in self._read():
             self._fail_on(event)
-            if progress is not None and event["event"] in ("probe", "call", "called"):
+            if progress is not None and event["event"] in ("probe", "call", "bucket", "called"):
                 progress.call(event)
             yield event
             if event["event"] == name:

@@ -89,7 +89,8 @@ class Run:
 
     @property
     def names(self) -> list[str]:
-        return [e["event"] for e in self.events]
+        """Event names, progress inside a call (`bucket`) left out."""
+        return [e["event"] for e in self.events if e["event"] != "bucket"]
 
     def only(self, name: str) -> dict[str, Any]:
         [event] = [e for e in self.events if e["event"] == name]
@@ -232,6 +233,33 @@ def test_events_come_in_protocol_order(runs: Runs, version: str, mode: str) -> N
     done = run.only("done")
     assert done["seconds"] >= done["save_seconds"] >= 0
     assert "hits" not in done  # only a replay counts lookups
+
+
+@pytest.mark.flashinfer
+@pytest.mark.parametrize("version", FI_VERSIONS)
+@pytest.mark.parametrize("mode", MODES)
+def test_buckets_report_what_flashinfer_profiles_inside_each_call(
+    runs: Runs, version: str, mode: str
+) -> None:
+    """A call tunes every bucket up to its size that the cache lacks; a MoE call tunes GEMM1's
+    and GEMM2's buckets up to tune_max_num_tokens at once. Each gets a `bucket` event, between
+    its call's `call` and `called`."""
+    run = _get(runs, version).tuned[mode]
+    seen: dict[int, list[tuple[int, int, int]]] = {}
+    open_call = 0
+    for e in run.events:
+        if e["event"] == "call":
+            open_call = e["i"]
+        elif e["event"] == "called":
+            open_call = 0
+        elif e["event"] == "bucket":
+            assert e["i"] == open_call != 0
+            seen.setdefault(e["i"], []).append((e["bucket"], e["step"], e["total"]))
+    assert seen == {
+        1: [(1, 1, 1)],  # mm_bf16 at 1 token
+        2: [(2, 2, 5), (4, 3, 5), (8, 4, 5), (16, 5, 5)],  # at 16: bucket 1 is cached already
+        3: [(b, k, 5) for k, b in enumerate(BUCKETS, 1)] * 2,  # MoE: GEMM1, then GEMM2
+    }  # call 4 (MoE at 16 tokens): everything cached, no bucket
 
 
 @pytest.mark.flashinfer
