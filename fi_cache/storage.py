@@ -199,15 +199,13 @@ def filesystem_type(path: Path) -> str | None:
 
 def _flock_honoured(directory: Path) -> bool:
     """Two open file descriptions must exclude each other; some network filesystems let both in."""
-    for attempt in range(3):
+    where = directory
+    for _ in range(5):
         try:
             # A name of its own: probes of one dir by two processes must not lock each other.
-            a, probe = tempfile.mkstemp(dir=directory, prefix=f"{TMP_PREFIX}flock-")
+            a, probe = tempfile.mkstemp(dir=where, prefix=f"{TMP_PREFIX}flock-")
         except FileNotFoundError:  # an import or prune moved the dir away just now
-            if attempt == 2:
-                return False
-            with contextlib.suppress(OSError):
-                directory.mkdir(parents=True, exist_ok=True)
+            where = _existing_parent(where)  # the same filesystem answers as well
             continue
         except OSError:
             return False
@@ -219,7 +217,15 @@ def _flock_honoured(directory: Path) -> bool:
                 os.unlink(probe)
         if verdict is not None:
             return verdict
+        where = _existing_parent(where)
     return False
+
+
+def _existing_parent(path: Path) -> Path:
+    parent = path.parent
+    while not parent.is_dir() and parent != parent.parent:
+        parent = parent.parent
+    return parent
 
 
 def _excludes(a: int, probe: str) -> bool | None:
@@ -351,12 +357,14 @@ def _acquire_flock(
 
     fd = _flock_acquired(lock_file, holder_file, time.monotonic() + timeout, timeout, on_wait)
     try:
+        mine: os.stat_result | None = None
         try:
             _replace(holder_file, _holder_bytes(me), 0o644)
+            mine = os.stat(holder_file)
             yield
         finally:
-            with contextlib.suppress(OSError):
-                holder_file.unlink()
+            if mine is not None:  # the dir may have been replaced: never remove another's
+                _unlink_if_same(holder_file, mine)
             fcntl.flock(fd, fcntl.LOCK_UN)
     finally:
         os.close(fd)  # the kernel drops the lock with the last descriptor, even on SIGKILL
@@ -423,8 +431,10 @@ def _break_stale(lock_file: Path, holder: Holder | None, me: Holder) -> bool:
     aside = lock_file.with_name(f"{lock_file.name}.stale-{me.pid}-{time.time_ns()}")
     try:
         os.rename(lock_file, aside)
-    except OSError:
+    except FileNotFoundError:
         return True  # someone else moved it first: try to create ours again
+    except OSError:
+        return False  # we may not move it (another user's, in a sticky dir): wait, with timeout
     if _read_holder(aside) == holder:
         with contextlib.suppress(OSError):
             aside.unlink()
@@ -673,33 +683,93 @@ _INSTALL_ATTEMPTS = 20  # each retry waits for a newcomer's lock: only a storm o
 def install_dir(
     new: Path, target: Path, store: Path, timeout: float = DEFAULT_LOCK_TIMEOUT
 ) -> None:
-    """Replace `target` with the staged dir `new` (old one to the trash) under target's lock."""
+    """Replace `target` with the staged dir `new` (old one to the trash) under target's lock.
+
+    Where the filesystem can exchange two paths in one step (Linux renameat2), `target` never
+    stops existing: a process arriving mid-import finds the old namespace or the new one. Elsewhere
+    (NFS) it is two renames, and a process that creates `target` in between is waited for."""
     if not new.is_dir():  # never move the old one aside without a replacement in hand
         raise Refused("staged namespace is missing", new)
     _ensure_dir(target.parent)
-    trashed: list[Path] = []
-    for _ in range(_INSTALL_ATTEMPTS):
-        with namespace_lock(target, "import", timeout):
-            # Moved whole, lock file included: a waiter on it sees the file gone and relocks.
-            aside = store / TRASH_DIR / f"{time.time_ns()}-{os.getpid()}-{target.name}"
-            _ensure_dir(aside.parent)
-            os.replace(target, aside)
-            try:
-                os.replace(new, target)
-            except OSError as exc:
-                if exc.errno in (errno.ENOTEMPTY, errno.EEXIST):
-                    # A newcomer made a fresh `target` (and may hold its lock) while it was
-                    # absent: take that lock too and go again, never moving it from under them.
-                    trashed.append(aside)
-                    continue
-                with contextlib.suppress(OSError):
-                    os.replace(aside, target)  # put the old one back: never lose it
-                raise
+    with namespace_lock(target, "import", timeout):
+        swapped = _exchange(new, target)
+        if swapped:
             _fsync_dir(target.parent)
-        for old in [*trashed, aside]:
-            _delete_tree(old)
+            old = _to_trash(new, store, target.name)  # `new` now holds the old namespace
+    if swapped:
+        _delete_tree(old)
         return
-    raise FiCacheError("kept being recreated by other processes; try again", target)
+    _install_in_two_renames(new, target, store, timeout)
+
+
+def _to_trash(path: Path, store: Path, name: str) -> Path:
+    aside = store / TRASH_DIR / f"{time.time_ns()}-{os.getpid()}-{name}"
+    _ensure_dir(aside.parent)
+    os.replace(path, aside)
+    return aside
+
+
+def _exchange(a: Path, b: Path) -> bool:
+    """Swap two existing paths atomically (renameat2 RENAME_EXCHANGE). False where this
+    platform or filesystem cannot (not Linux, old libc, NFS): nothing was changed then."""
+    import ctypes
+
+    try:
+        renameat2 = ctypes.CDLL(None, use_errno=True).renameat2
+    except (AttributeError, OSError):
+        return False
+    at_fdcwd, rename_exchange = -100, 2
+    rc = renameat2(at_fdcwd, os.fsencode(a), at_fdcwd, os.fsencode(b), rename_exchange)
+    if rc == 0:
+        return True
+    err = ctypes.get_errno()
+    if err in (errno.EINVAL, errno.ENOSYS, errno.EOPNOTSUPP, errno.ENOTSUP):
+        return False
+    raise OSError(err, os.strerror(err), str(b))
+
+
+def _install_in_two_renames(new: Path, target: Path, store: Path, timeout: float) -> None:
+    """install_dir without an exchange: old aside, then new in place. A newcomer (a warm) that
+    recreates `target` in between holds its lock: wait for it, then move its dir aside too."""
+    trashed: list[Path] = []
+    try:
+        for _ in range(_INSTALL_ATTEMPTS):
+            with namespace_lock(target, "import", timeout):
+                aside = _to_trash(target, store, target.name)
+                trashed.append(aside)
+                if _put_in_place(new, target):
+                    _fsync_dir(target.parent)
+                    break
+        else:
+            raise FiCacheError("kept being recreated by other processes; try again", target)
+    except BaseException as exc:
+        if trashed and not os.path.lexists(target):
+            with contextlib.suppress(OSError):
+                os.replace(trashed[0], target)  # put the old one back: never lose it
+                trashed.pop(0)
+        if trashed and isinstance(exc, Exception):  # the first is the namespace as it was
+            raise FiCacheError(
+                f"import did not finish ({exc}); the namespace as it was is in {trashed[0]}",
+                target,
+            ) from None
+        raise
+    for old in trashed:
+        _delete_tree(old)
+
+
+def _put_in_place(new: Path, target: Path) -> bool:
+    """os.replace(new, target); False when a newcomer recreated `target` meanwhile."""
+    for _ in range(3):
+        try:
+            os.replace(new, target)
+            return True
+        except OSError as exc:
+            if exc.errno in (errno.ENOTEMPTY, errno.EEXIST):
+                return False
+            if exc.errno != errno.ENOENT or not new.is_dir():
+                raise
+            _ensure_dir(target.parent)  # a prune removed the emptied parents just now
+    raise FiCacheError("its parent directory keeps disappearing", target)
 
 
 # --- Namespaces in use by a running server (serve) ---------------------------------------------

@@ -170,6 +170,10 @@ GEMM_BACKENDS: dict[str, tuple[str, ...]] = {
     "bmm_fp8": ("cudnn", "cublas", "cutlass", "cute-dsl", "auto"),
     "mm_fp8": ("trtllm_low_latency",),
 }
+# mm_bf16 backends that write bf16 only: their requirement checks raise for another out_dtype
+# (flashinfer/gemm/gemm_base.py _tgv_gemm_requirement, _tinygemm_mm_bf16_requirement,
+# _cute_dsl_mm_bf16_requirement in 0.6.17 - 0.7.4; cutlass, cublaslt, cudnn, cutile take fp16).
+MM_BF16_BF16_OUT_ONLY = ("tgv", "tinygemm", "cute-dsl")
 # Compute capabilities (major*10+minor) a backend runs on: FlashInfer's own
 # `FN.is_backend_supported(backend, cc)`, asked on CPU for cc 70-121 (70, 72, 75, 80, 86, 87, 89,
 # 90, 100, 101, 103, 107, 110, 120, 121) with 0.6.17 and 0.6.18; the union of both (they differ

@@ -141,12 +141,52 @@ def _staged(tmp_path: Path, text: str) -> Path:
     return new
 
 
+def _namespace(tmp_path: Path, text: str = "old") -> tuple[Path, Path]:
+    store, target = tmp_path / "s", tmp_path / "s" / "namespaces" / "h200" / "ns"
+    target.mkdir(parents=True)
+    (target / "autotune_configs.json").write_text(text)
+    return store, target
+
+
+@pytest.fixture
+def two_renames(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A filesystem without an atomic exchange (NFS): install_dir's two-rename path."""
+    monkeypatch.setattr(storage, "_exchange", lambda a, b: False)
+
+
+def _exchange_works(tmp_path: Path) -> bool:
+    a, b = tmp_path / "probe-a", tmp_path / "probe-b"
+    a.mkdir()
+    b.mkdir()
+    return storage._exchange(a, b)
+
+
+def test_install_swaps_in_one_step_where_the_filesystem_can(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """With an exchange the namespace never stops existing: whoever arrives mid-import finds
+    the old one or the new one, never a gap in which to create an empty one."""
+    if not _exchange_works(tmp_path):
+        pytest.skip("this filesystem has no renameat2 RENAME_EXCHANGE")
+    store, target = _namespace(tmp_path)
+    new = _staged(tmp_path, "new")
+    real_to_trash, seen = storage._to_trash, []
+
+    def to_trash(path: Path, store_: Path, name: str) -> Path:
+        seen.append((target / "autotune_configs.json").read_text())  # the moment after the swap
+        return real_to_trash(path, store_, name)
+
+    monkeypatch.setattr(storage, "_to_trash", to_trash)
+    storage.install_dir(new, target, store)
+    assert seen == ["new"] and (target / "autotune_configs.json").read_text() == "new"
+    assert not new.exists() and list((store / storage.TRASH_DIR).iterdir()) == []
+
+
+@pytest.mark.usefixtures("two_renames")
 def test_install_retries_when_a_newcomer_recreates_the_namespace(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    store, target = tmp_path / "s", tmp_path / "s" / "namespaces" / "ns"
-    target.mkdir(parents=True)
-    (target / "autotune_configs.json").write_text("old")
+    store, target = _namespace(tmp_path)
     new = _staged(tmp_path, "new")
     real_replace, newcomers = os.replace, []
 
@@ -163,12 +203,62 @@ def test_install_retries_when_a_newcomer_recreates_the_namespace(
     assert list((store / storage.TRASH_DIR).iterdir()) == []
 
 
+@pytest.mark.usefixtures("two_renames")
+def test_install_outwaited_by_a_newcomer_says_where_the_old_namespace_is(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A warm that recreated the namespace in the gap and holds it past the lock timeout: the
+    import fails with one line naming where the namespace it was replacing is kept."""
+    import fcntl
+
+    store, target = _namespace(tmp_path)
+    new = _staged(tmp_path, "new")
+    real_replace, held = os.replace, []
+
+    def replace(src: object, dst: object) -> None:
+        if Path(str(src)) == new and not held:
+            target.mkdir()
+            fd = os.open(target / storage.LOCK_NAME, os.O_CREAT | os.O_RDWR)
+            fcntl.flock(fd, fcntl.LOCK_EX)  # the warm's lock, held throughout
+            held.append(fd)
+        real_replace(src, dst)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(os, "replace", replace)
+    try:
+        with pytest.raises(FiCacheError, match="the namespace as it was is in ") as exc:
+            storage.install_dir(new, target, store, timeout=0.3)
+    finally:
+        os.close(held[0])
+    kept = Path(exc.value.message.rsplit(" is in ", 1)[1])
+    assert kept.parent == store / storage.TRASH_DIR
+    assert (kept / "autotune_configs.json").read_text() == "old"
+
+
+@pytest.mark.usefixtures("two_renames")
+def test_install_survives_a_prune_removing_the_emptied_parents(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Between the two renames a prune of the only sibling removes the empty parent dirs."""
+    store, target = _namespace(tmp_path)
+    new = _staged(tmp_path, "new")
+    real_replace, pruned = os.replace, []
+
+    def replace(src: object, dst: object) -> None:
+        if Path(str(src)) == new and not pruned:
+            target.parent.rmdir()  # what remove_empty_parents does
+            pruned.append(True)
+        real_replace(src, dst)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(os, "replace", replace)
+    storage.install_dir(new, target, store)
+    assert pruned and (target / "autotune_configs.json").read_text() == "new"
+
+
+@pytest.mark.usefixtures("two_renames")
 def test_failed_install_puts_the_old_namespace_back(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    store, target = tmp_path / "s", tmp_path / "s" / "namespaces" / "ns"
-    target.mkdir(parents=True)
-    (target / "autotune_configs.json").write_text("old")
+    store, target = _namespace(tmp_path)
     new = _staged(tmp_path, "new")
     real_replace = os.replace
 
@@ -181,6 +271,38 @@ def test_failed_install_puts_the_old_namespace_back(
     with pytest.raises(OSError):
         storage.install_dir(new, target, store)
     assert (target / "autotune_configs.json").read_text() == "old"
+
+
+def test_a_lock_leaves_a_holder_file_it_did_not_write(tmp_path: Path) -> None:
+    """After an import swapped the dir, the holder file there is the newcomer's: keep it."""
+    with storage.namespace_lock(tmp_path, "import", strategy="flock"):
+        theirs = tmp_path / "theirs"
+        theirs.write_text('{"pid": 1, "host": "h", "since": 0, "purpose": "warm"}')
+        os.replace(theirs, tmp_path / storage.HOLDER_NAME)
+    assert (tmp_path / storage.HOLDER_NAME).exists()
+    with storage.namespace_lock(tmp_path, "warm", strategy="flock"):
+        pass
+    assert not (tmp_path / storage.HOLDER_NAME).exists()  # its own is removed
+
+
+def test_a_dead_holders_lock_that_cannot_be_moved_times_out(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Another user's lock file in a sticky dir: waiting ends at the timeout, no busy loop."""
+    dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"],
+                          capture_output=True, text=True, check=True)  # fmt: skip
+    holder = {"pid": int(dead.stdout), "host": os.uname().nodename, "since": 0.0, "purpose": "warm"}
+    (tmp_path / storage.LOCK_NAME).write_text(json.dumps(holder))
+
+    def rename(*a: object) -> None:
+        raise PermissionError(1, "Operation not permitted")
+
+    monkeypatch.setattr(os, "rename", rename)
+    with (
+        pytest.raises(FiCacheError, match="timed out after 0s"),
+        storage.namespace_lock(tmp_path, "warm", timeout=0.3, strategy="lockfile"),
+    ):
+        pass
 
 
 def test_lock_retries_when_its_dir_is_moved_before_the_open(

@@ -31,7 +31,7 @@ from typing import Any
 
 from fi_cache.errors import Refused
 from fi_cache.namespace import FINALIZE_MODES, FinalizeMode
-from fi_cache.versions import GEMM_BACKENDS, MOE_DTYPES
+from fi_cache.versions import GEMM_BACKENDS, MM_BF16_BF16_OUT_ONLY, MOE_DTYPES
 
 if sys.version_info >= (3, 11):
     import tomllib
@@ -204,7 +204,7 @@ _GEMM_EXTRA_KEYS = {
     "mm_bf16": {"out_dtype"},
     "bmm_fp8": {"batch", "out_dtype", "a_scale_shape", "b_scale_shape"},
 }
-OUT_DTYPES = ("bf16", "fp16")  # what mm_bf16 and bmm_fp8 write on every backend
+OUT_DTYPES = ("bf16", "fp16")  # what mm_bf16 and bmm_fp8 can write (mm_bf16: not every backend)
 _MOE_KEYS = {
     "op", "dtype", "hidden_size", "intermediate_size", "num_experts", "top_k", "finalize",
     "tokens", "tune_max_num_tokens", "tp_size", "tp_rank", "ep_size", "ep_rank",
@@ -229,6 +229,10 @@ def _gemm(f: _Fields, name: str, tokens: tuple[int, ...], index: int) -> GemmOp:
     out_dtype = f.string("out_dtype", "bf16")
     if out_dtype not in OUT_DTYPES:
         f.fail(f"out_dtype {out_dtype!r}: expected {' or '.join(OUT_DTYPES)}")
+    if name == "mm_bf16" and out_dtype != "bf16":
+        for b in backends:
+            if b in MM_BF16_BF16_OUT_ONLY:
+                f.fail(f"the {b} backend writes bf16 only, not out_dtype {out_dtype!r}")
     scales = (f.scale_shape("a_scale_shape"), f.scale_shape("b_scale_shape"))
     return GemmOp(name, n, k, tokens, backends, batch, index, out_dtype, *scales)
 

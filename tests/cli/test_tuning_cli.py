@@ -647,9 +647,29 @@ def test_two_warms_on_one_gpu_take_turns(tmp_path: Path) -> None:
         assert first[1] <= second[0], windows
 
 
-def test_an_interrupt_says_which_modes_were_recorded(tmp_path: Path) -> None:
+FUSED_ONLY_MOE = """
+[[ops]]
+op = "cutlass_fused_moe"
+hidden_size = 512
+intermediate_size = 128
+num_experts = 8
+top_k = 2
+finalize = ["fused"]
+"""
+
+
+@pytest.mark.parametrize(
+    "extra, advice",
+    [("", "--finalize unfused"),
+     # --finalize unfused would be refused: an op lists fused only.
+     (FUSED_ONLY_MOE, "the same plan (tuned shapes are cached)")],
+    ids=["both-modes", "an-op-fused-only"],
+)  # fmt: skip
+def test_an_interrupt_says_which_modes_were_recorded(
+    tmp_path: Path, extra: str, advice: str
+) -> None:
     """SIGTERM (or Ctrl-C) while the second mode tunes: the first mode's warm is on disk and
-    the user is told so, and which mode to run again."""
+    the user is told so, and how to tune the other."""
     import signal
     import time
 
@@ -673,7 +693,7 @@ def test_an_interrupt_says_which_modes_were_recorded(tmp_path: Path) -> None:
         ),
         "FI_CACHE_STOP_GRACE": "2",
     }
-    job = rig.job("warm", "--engine", "flashinfer", "--plan", rig.plan(), **env)
+    job = rig.job("warm", "--engine", "flashinfer", "--plan", rig.plan(PLAN + extra), **env)
     proc = subprocess.Popen(**job, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     deadline = time.monotonic() + 120
     while " hang " not in (record.read_text() if record.exists() else ""):
@@ -684,7 +704,7 @@ def test_an_interrupt_says_which_modes_were_recorded(tmp_path: Path) -> None:
     assert proc.returncode == 130, err
     fused, unfused = (_ns_dir(rig.store, "0.6.18", m) for m in MODES)
     assert f"fused finalize was tuned and recorded before the interrupt: {fused}" in err
-    assert "unfused finalize not tuned: run again with --finalize unfused" in err
+    assert f"unfused finalize not tuned: run again with {advice}" in err
     assert err.splitlines()[-1] == "fi-cache: interrupted" and "Traceback" not in err
     assert [w["engine"] for w in _manifest(fused)["warms"]] == ["flashinfer"]
     assert not (unfused / "manifest.json").exists()

@@ -315,6 +315,19 @@ def test_bad_call_style(key: str, value: Any, match: str) -> None:
     _op_refused({"op": "bmm_fp8", "n": 64, "k": 64, key: value}, match)
 
 
+@pytest.mark.parametrize("backend", ["tgv", "tinygemm", "cute-dsl"])
+def test_fp16_output_on_a_bf16_only_mm_bf16_backend(backend: str) -> None:
+    """FlashInfer's requirement check for these backends raises for any other out_dtype."""
+    op = {"op": "mm_bf16", "n": 64, "k": 64, "backends": ["cublaslt", backend], "out_dtype": "fp16"}
+    _op_refused(op, f"the {backend} backend writes bf16 only, not out_dtype 'fp16'")
+
+
+def test_fp16_output_on_backends_that_write_it() -> None:
+    backends = ["cudnn", "cublaslt", "cutlass", "cutile", "auto"]
+    op = _one(op="mm_bf16", n=64, k=64, backends=backends, out_dtype="fp16")
+    assert isinstance(op, GemmOp) and op.out_dtype == "fp16"
+
+
 @pytest.mark.parametrize("name, key", [("mm_bf16", "a_scale_shape"), ("mm_fp8", "out_dtype")])
 def test_call_style_keys_only_where_the_op_takes_them(name: str, key: str) -> None:
     _op_refused({"op": name, "n": 128, "k": 128, key: "bf16"}, f"unknown key '{key}'")
