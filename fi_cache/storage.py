@@ -552,6 +552,8 @@ def try_namespace_lock(directory: Path, purpose: str, strategy: str) -> Iterator
 
     try:
         fd = os.open(lock_file, os.O_CREAT | os.O_RDWR, 0o644)
+    except FileNotFoundError:  # moved away just now (an import or another prune): not ours
+        raise NamespaceBusy(directory, None) from None
     except OSError as exc:
         raise Refused(f"cannot lock: {exc.strerror}", lock_file) from None
     try:
@@ -582,6 +584,8 @@ def _try_lockfile(lock_file: Path, me: Holder) -> Iterator[None]:
             if _break_stale(lock_file, holder, me):
                 continue
             raise NamespaceBusy(lock_file.parent, holder) from None
+        except FileNotFoundError:  # moved away just now (an import or another prune)
+            raise NamespaceBusy(lock_file.parent, None) from None
         except OSError as exc:
             raise Refused(f"cannot lock: {exc.strerror}", lock_file) from None
     else:

@@ -362,3 +362,15 @@ def test_prune_lock_refuses_a_namespace_replaced_since_its_open(
         storage.try_namespace_lock(d, "prune", "flock"),
     ):
         pass
+
+
+@pytest.mark.parametrize("strategy", ["flock", "lockfile"])
+def test_prune_lock_on_a_namespace_moved_away_is_busy_not_an_error(
+    tmp_path: Path, strategy: str
+) -> None:
+    """Between prune's look and its lock an import (two renames) moved the dir: skip it."""
+    with (
+        pytest.raises(storage.NamespaceBusy),
+        storage.try_namespace_lock(tmp_path / "gone", "prune", strategy),
+    ):
+        pass
