@@ -88,6 +88,7 @@ class NamespaceInfo:
     holder: storage.Holder | None = None
     fingerprint: Fingerprint | None = None  # from the manifest, when there is one
     problem: str | None = None  # e.g. an unreadable manifest (the namespace still counts)
+    ident: tuple[int, int] | None = None  # (st_dev, st_ino) of the dir as scanned
 
     def relpath(self, store: Path) -> str:
         try:
@@ -179,6 +180,11 @@ def read_namespace(directory: Path, strategy: str) -> NamespaceInfo:
     except CorruptCache as exc:
         m, problem = None, exc.message
     locked, holder = storage.probe_namespace_lock(directory, strategy)
+    try:
+        st = directory.stat()
+        ident: tuple[int, int] | None = (st.st_dev, st.st_ino)
+    except OSError:
+        ident = None
     return NamespaceInfo(
         dir=directory,
         flashinfer_version=fi,
@@ -192,6 +198,7 @@ def read_namespace(directory: Path, strategy: str) -> NamespaceInfo:
         holder=holder if locked else None,
         fingerprint=m.fingerprint if m else None,
         problem=problem,
+        ident=ident,
     )
 
 
@@ -345,7 +352,8 @@ def plan(
     return Plan(
         namespaces=planned,
         tmp=old_tmp,
-        trash=list(trash),
+        # An install's old dir stays a while: the install puts it back if it fails.
+        trash=[t for t in trash if not storage.trash_entry_in_use(t.path, now)],
         skipped_locked=skipped,
         kept_bytes=sum(ns.size for ns in namespaces if ns.dir not in gone),
         selection=criteria,
@@ -384,6 +392,16 @@ class Outcome:
         )
 
 
+def _replaced(ns: NamespaceInfo) -> bool:
+    """Is the dir at ns.dir another one than the plan judged? (An import swaps in a new dir,
+    whose lock a prune can take at once.) Checked under the lock."""
+    try:
+        st = ns.dir.stat()
+    except OSError:
+        return True
+    return ns.ident is not None and (st.st_dev, st.st_ino) != ns.ident
+
+
 def _used_since(ns: NamespaceInfo) -> bool:
     """Did anyone record a use of `ns` after it was planned? (Checked under its lock.)"""
     try:
@@ -413,6 +431,9 @@ def apply(p: Plan, store: Path, strategy: str | None = None) -> Outcome:
             continue
         try:
             with storage.try_namespace_lock(ns.dir, "prune", kind):
+                if _replaced(ns):
+                    out.skipped.append(Skip(ns, "replaced since the plan was made (an import)"))
+                    continue
                 if _used_since(ns):
                     out.skipped.append(Skip(ns, "used since the plan was made"))
                     continue

@@ -695,41 +695,57 @@ def install_dir(
     if not new.is_dir():  # never move the old one aside without a replacement in hand
         raise Refused("staged namespace is missing", new)
     _ensure_dir(target.parent)
+    _ensure_dir(store / TRASH_DIR)  # before anything moves: a store we cannot trash in is refused
     with namespace_lock(target, "import", timeout):
+        if in_use(target):  # its in-use mark would go with the old dir, and prune ignore it
+            raise FiCacheError(
+                "in use by a running `fi-cache serve`: import after it stops", target
+            )
         swapped = _exchange(new, target)
         if swapped:
             _fsync_dir(target.parent)
-            old = _to_trash(new, store, target.name)  # `new` now holds the old namespace
-    if swapped:
-        _delete_tree(old)
+    if swapped:  # `new` now holds the old namespace: the import is done, whatever happens next
+        with contextlib.suppress(OSError, FiCacheError):
+            _delete_tree(_to_trash(new, store, target.name))
         return
     _install_in_two_renames(new, target, store, timeout)
 
 
 def _to_trash(path: Path, store: Path, name: str) -> Path:
-    aside = store / TRASH_DIR / f"{time.time_ns()}-{os.getpid()}-{name}"
+    """Move an install's old dir into the trash under a name prune leaves alone for a while."""
+    aside = store / TRASH_DIR / f"{INSTALLING_PREFIX}{time.time_ns()}-{os.getpid()}-{name}"
     _ensure_dir(aside.parent)
     os.replace(path, aside)
     return aside
 
 
+INSTALLING_PREFIX = "installing-"
+INSTALLING_KEEP_S = 3600.0  # an install moves its old dir back on failure: prune waits this long
+
+
+def trash_entry_in_use(path: Path, now: float) -> bool:
+    """Is this trash entry an install's, young enough that the install may still need it?"""
+    if not path.name.startswith(INSTALLING_PREFIX):
+        return False  # a killed prune's leftover: nobody comes back for it
+    stamp = path.name[len(INSTALLING_PREFIX) :].partition("-")[0]
+    try:
+        return now - int(stamp) / 1e9 < INSTALLING_KEEP_S
+    except ValueError:
+        return False
+
+
 def _exchange(a: Path, b: Path) -> bool:
     """Swap two existing paths atomically (renameat2 RENAME_EXCHANGE). False where this
-    platform or filesystem cannot (not Linux, old libc, NFS): nothing was changed then."""
-    import ctypes
-
+    platform or filesystem cannot (not Linux, old libc, NFS, a seccomp filter): a failed
+    renameat2 changes nothing, so the caller's fallback runs and reports any real problem."""
     try:
+        import ctypes
+
         renameat2 = ctypes.CDLL(None, use_errno=True).renameat2
-    except (AttributeError, OSError):
+    except (ImportError, AttributeError, OSError, TypeError):
         return False
     at_fdcwd, rename_exchange = -100, 2
-    rc = renameat2(at_fdcwd, os.fsencode(a), at_fdcwd, os.fsencode(b), rename_exchange)
-    if rc == 0:
-        return True
-    err = ctypes.get_errno()
-    if err in (errno.EINVAL, errno.ENOSYS, errno.EOPNOTSUPP, errno.ENOTSUP):
-        return False
-    raise OSError(err, os.strerror(err), str(b))
+    return bool(renameat2(at_fdcwd, os.fsencode(a), at_fdcwd, os.fsencode(b), rename_exchange) == 0)
 
 
 def _install_in_two_renames(new: Path, target: Path, store: Path, timeout: float) -> None:
@@ -747,15 +763,20 @@ def _install_in_two_renames(new: Path, target: Path, store: Path, timeout: float
         else:
             raise FiCacheError("kept being recreated by other processes; try again", target)
     except BaseException as exc:
+        restored = False
         if trashed and not os.path.lexists(target):
             with contextlib.suppress(OSError):
                 os.replace(trashed[0], target)  # put the old one back: never lose it
-                trashed.pop(0)
-        if trashed and isinstance(exc, Exception):  # the first is the namespace as it was
+                restored = True
+        if not restored and trashed and isinstance(exc, Exception):
             raise FiCacheError(
-                f"import did not finish ({exc}); the namespace as it was is in {trashed[0]}",
+                f"import did not finish ({exc}); the namespace as it was is in {trashed[0]} "
+                f"(kept {INSTALLING_KEEP_S / 3600:.0f} h from prune)",
                 target,
             ) from None
+        for other in trashed[1:] if restored else []:  # newcomers' dirs, replaced as planned
+            with contextlib.suppress(FiCacheError):
+                _delete_tree(other)
         raise
     for old in trashed:
         _delete_tree(old)

@@ -315,6 +315,36 @@ def test_apply_empties_the_trash_of_an_interrupted_prune(store: Path) -> None:
     assert out.emptied_trash and not half.exists() and len(prune.scan_store(store)) == 1
 
 
+def test_an_installs_young_trash_entry_is_left_alone(store: Path) -> None:
+    """An import moves the old namespace into the trash and puts it back if it fails: a prune
+    meanwhile must not empty it. After an hour it is a leftover like any other."""
+    now = time.time()
+    trash = store / storage.TRASH_DIR
+    young = trash / f"{storage.INSTALLING_PREFIX}{int((now - 60) * 1e9)}-42-fused-abc"
+    old = trash / f"{storage.INSTALLING_PREFIX}{int((now - 7200) * 1e9)}-42-fused-def"
+    for d in (young, old):
+        d.mkdir(parents=True)
+    p = prune.plan(
+        prune.scan_store(store), prune.Selection(), now, trash=prune.scan_leftovers(store)[1]
+    )
+    assert [t.path for t in p.trash] == [old]
+
+
+def test_a_namespace_replaced_after_the_plan_is_not_removed(store: Path) -> None:
+    """An import swapped a new dir in after the plan judged the old one: its lock is free at
+    once, but it is not the namespace the plan chose."""
+    ns = make_namespace(store)
+    p = prune.plan_store(store, prune.Selection(older_than=0))
+    assert [n.dir for n, _ in p.namespaces] == [ns]
+    staged = store / "staged"
+    shutil.copytree(ns, staged)
+    shutil.rmtree(ns)
+    staged.rename(ns)  # the same path, another dir
+    out = prune.apply(p, store)
+    assert out.removed == [] and ns.is_dir()
+    assert [s.why for s in out.skipped] == ["replaced since the plan was made (an import)"]
+
+
 def test_remove_tree_moves_then_deletes(store: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     ns = make_namespace(store)
     seen: list[Path] = []

@@ -6,12 +6,13 @@ import json
 import os
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
 
 from fi_cache import storage
-from fi_cache.errors import FiCacheError
+from fi_cache.errors import FiCacheError, Refused
 
 
 def test_atomic_write_replaces_and_leaves_no_temp(tmp_path: Path) -> None:
@@ -150,15 +151,18 @@ def _namespace(tmp_path: Path, text: str = "old") -> tuple[Path, Path]:
 
 @pytest.fixture
 def two_renames(monkeypatch: pytest.MonkeyPatch) -> None:
-    """A filesystem without an atomic exchange (NFS): install_dir's two-rename path."""
+    """A filesystem without an atomic exchange (NFS): install_dir's two-rename path (with flock,
+    which these tests' lock holders use, whatever filesystem the tests run on)."""
     monkeypatch.setattr(storage, "_exchange", lambda a, b: False)
+    monkeypatch.setenv("FI_CACHE_LOCK", "flock")
 
 
-def _exchange_works(tmp_path: Path) -> bool:
-    a, b = tmp_path / "probe-a", tmp_path / "probe-b"
-    a.mkdir()
-    b.mkdir()
-    return storage._exchange(a, b)
+# Linux filesystems whose rename supports RENAME_EXCHANGE: there, fi-cache must use it.
+_EXCHANGING_FS = ("ext4", "ext3", "ext2", "xfs", "btrfs", "tmpfs", "overlay", "f2fs")
+
+
+def _exchange_expected(tmp_path: Path) -> bool:
+    return sys.platform == "linux" and storage.filesystem_type(tmp_path) in _EXCHANGING_FS
 
 
 def test_install_swaps_in_one_step_where_the_filesystem_can(
@@ -166,8 +170,8 @@ def test_install_swaps_in_one_step_where_the_filesystem_can(
 ) -> None:
     """With an exchange the namespace never stops existing: whoever arrives mid-import finds
     the old one or the new one, never a gap in which to create an empty one."""
-    if not _exchange_works(tmp_path):
-        pytest.skip("this filesystem has no renameat2 RENAME_EXCHANGE")
+    if not _exchange_expected(tmp_path):
+        pytest.skip(f"{storage.filesystem_type(tmp_path)}: no renameat2 RENAME_EXCHANGE known")
     store, target = _namespace(tmp_path)
     new = _staged(tmp_path, "new")
     real_to_trash, seen = storage._to_trash, []
@@ -229,9 +233,14 @@ def test_install_outwaited_by_a_newcomer_says_where_the_old_namespace_is(
             storage.install_dir(new, target, store, timeout=0.3)
     finally:
         os.close(held[0])
-    kept = Path(exc.value.message.rsplit(" is in ", 1)[1])
+    import re
+
+    found = re.search(r" is in (\S+) \(kept 1 h from prune\)$", exc.value.message)
+    assert found, exc.value.message
+    kept = Path(found.group(1))
     assert kept.parent == store / storage.TRASH_DIR
     assert (kept / "autotune_configs.json").read_text() == "old"
+    assert storage.trash_entry_in_use(kept, time.time())  # prune leaves it alone for now
 
 
 @pytest.mark.usefixtures("two_renames")
@@ -298,11 +307,48 @@ def test_a_dead_holders_lock_that_cannot_be_moved_times_out(
         raise PermissionError(1, "Operation not permitted")
 
     monkeypatch.setattr(os, "rename", rename)
-    with (
-        pytest.raises(FiCacheError, match="timed out after 0s"),
-        storage.namespace_lock(tmp_path, "warm", timeout=0.3, strategy="lockfile"),
-    ):
-        pass
+    import threading
+
+    seen: list[BaseException] = []
+
+    def take() -> None:
+        try:
+            with storage.namespace_lock(tmp_path, "warm", timeout=0.3, strategy="lockfile"):
+                pass
+        except BaseException as exc:  # the test looks at it
+            seen.append(exc)
+
+    waiter = threading.Thread(target=take, daemon=True)
+    waiter.start()
+    waiter.join(10)
+    assert not waiter.is_alive(), "still trying to take the lock after 10 s"
+    assert len(seen) == 1 and isinstance(seen[0], FiCacheError)
+    assert "timed out after 0s" in str(seen[0])
+
+
+def test_install_into_a_served_namespace_is_refused(tmp_path: Path) -> None:
+    """A running `fi-cache serve` marks its namespace in use; swapping the dir would carry the
+    mark away (and let prune delete what the server uses)."""
+    store, target = _namespace(tmp_path)
+    new = _staged(tmp_path, "new")
+    fd = storage.hold_in_use(target)
+    assert fd is not None
+    try:
+        with pytest.raises(FiCacheError, match="in use by a running `fi-cache serve`"):
+            storage.install_dir(new, target, store)
+    finally:
+        os.close(fd)
+    assert (target / "autotune_configs.json").read_text() == "old" and new.is_dir()
+
+
+def test_install_refuses_a_store_whose_trash_it_cannot_use(tmp_path: Path) -> None:
+    """Checked before anything moves (here `.trash` is a file; a read-only one is the same)."""
+    store, target = _namespace(tmp_path)
+    new = _staged(tmp_path, "new")
+    (store / storage.TRASH_DIR).write_text("not a dir")
+    with pytest.raises(Refused, match="cannot create directory"):
+        storage.install_dir(new, target, store)
+    assert (target / "autotune_configs.json").read_text() == "old" and new.is_dir()
 
 
 def test_lock_retries_when_its_dir_is_moved_before_the_open(

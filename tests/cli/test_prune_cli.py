@@ -322,6 +322,8 @@ def test_sigkill_at_random_moments_leaves_each_namespace_whole_or_gone(
             if trials == 0:
                 full = time.monotonic() - t0
                 assert status == 0, status
+            elif not os.WIFSIGNALED(status):
+                full *= 0.8  # it finished before the kill: trial 0 ran slow (a loaded machine)
             killed += os.WIFSIGNALED(status)
             gone = _check_whole_or_gone(store, made)
             partial += 0 < gone < len(made)
