@@ -695,7 +695,8 @@ def install_dir(
     if not new.is_dir():  # never move the old one aside without a replacement in hand
         raise Refused("staged namespace is missing", new)
     _ensure_dir(target.parent)
-    _ensure_dir(store / TRASH_DIR)  # before anything moves: a store we cannot trash in is refused
+    _ensure_dir(store / TRASH_DIR)
+    _check_writable(store / TRASH_DIR)  # before anything moves: the old dir must have a place
     with namespace_lock(target, "import", timeout):
         if in_use(target):  # its in-use mark would go with the old dir, and prune ignore it
             raise FiCacheError(

@@ -8,6 +8,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -341,12 +342,29 @@ def test_install_into_a_served_namespace_is_refused(tmp_path: Path) -> None:
     assert (target / "autotune_configs.json").read_text() == "old" and new.is_dir()
 
 
-def test_install_refuses_a_store_whose_trash_it_cannot_use(tmp_path: Path) -> None:
-    """Checked before anything moves (here `.trash` is a file; a read-only one is the same)."""
+@pytest.mark.parametrize("trash", ["a-file", "read-only"])
+def test_install_refuses_a_store_whose_trash_it_cannot_use(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, trash: str
+) -> None:
+    """Checked before anything moves: the old namespace must have somewhere to go."""
+    import tempfile
+
     store, target = _namespace(tmp_path)
     new = _staged(tmp_path, "new")
-    (store / storage.TRASH_DIR).write_text("not a dir")
-    with pytest.raises(Refused, match="cannot create directory"):
+    if trash == "a-file":
+        (store / storage.TRASH_DIR).write_text("not a dir")
+    else:  # another user's 0755 `.trash` in a shared store (root, running this, writes anyway)
+        (store / storage.TRASH_DIR).mkdir()
+        real_mkstemp = tempfile.mkstemp
+
+        def mkstemp(*a: Any, **k: Any) -> Any:
+            if Path(str(k.get("dir"))) == store / storage.TRASH_DIR:
+                raise PermissionError(13, "Permission denied")
+            return real_mkstemp(*a, **k)
+
+        monkeypatch.setattr(tempfile, "mkstemp", mkstemp)
+    words = {"a-file": "cannot create directory", "read-only": "store is not writable"}[trash]
+    with pytest.raises(Refused, match=words):
         storage.install_dir(new, target, store)
     assert (target / "autotune_configs.json").read_text() == "old" and new.is_dir()
 
