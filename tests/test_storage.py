@@ -7,8 +7,9 @@ import os
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import pytest
 
@@ -187,24 +188,37 @@ def test_install_swaps_in_one_step_where_the_filesystem_can(
     assert not new.exists() and list((store / storage.TRASH_DIR).iterdir()) == []
 
 
+T = TypeVar("T")
+
+
+def _in_the_gap(monkeypatch: pytest.MonkeyPatch, new: Path, what: Callable[[], T]) -> list[T]:
+    """Run `what` once, just as install_dir moves `new` into place (between its two renames,
+    the old namespace already aside); returns [what's result] once it has run."""
+    real_replace, ran = os.replace, list[T]()
+
+    def replace(src: object, dst: object) -> None:
+        if Path(str(src)) == new and not ran:
+            ran.append(what())
+        real_replace(src, dst)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(os, "replace", replace)
+    return ran
+
+
 @pytest.mark.usefixtures("two_renames")
 def test_install_retries_when_a_newcomer_recreates_the_namespace(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     store, target = _namespace(tmp_path)
     new = _staged(tmp_path, "new")
-    real_replace, newcomers = os.replace, []
 
-    def replace(src: object, dst: object) -> None:
-        if Path(str(src)) == new and not newcomers:  # a warm arrives while target is absent
-            target.mkdir()
-            (target / storage.LOCK_NAME).touch()
-            newcomers.append(target)
-        real_replace(src, dst)  # type: ignore[arg-type]
+    def newcomer() -> None:  # a warm arrives while target is absent
+        target.mkdir()
+        (target / storage.LOCK_NAME).touch()
 
-    monkeypatch.setattr(os, "replace", replace)
+    ran = _in_the_gap(monkeypatch, new, newcomer)
     storage.install_dir(new, target, store)
-    assert newcomers and (target / "autotune_configs.json").read_text() == "new"
+    assert ran and (target / "autotune_configs.json").read_text() == "new"
     assert list((store / storage.TRASH_DIR).iterdir()) == []
 
 
@@ -215,27 +229,23 @@ def test_install_outwaited_by_a_newcomer_says_where_the_old_namespace_is(
     """A warm that recreated the namespace in the gap and holds it past the lock timeout: the
     import fails with one line naming where the namespace it was replacing is kept."""
     import fcntl
+    import re
 
     store, target = _namespace(tmp_path)
     new = _staged(tmp_path, "new")
-    real_replace, held = os.replace, []
 
-    def replace(src: object, dst: object) -> None:
-        if Path(str(src)) == new and not held:
-            target.mkdir()
-            fd = os.open(target / storage.LOCK_NAME, os.O_CREAT | os.O_RDWR)
-            fcntl.flock(fd, fcntl.LOCK_EX)  # the warm's lock, held throughout
-            held.append(fd)
-        real_replace(src, dst)  # type: ignore[arg-type]
+    def newcomer() -> int:
+        target.mkdir()
+        fd = os.open(target / storage.LOCK_NAME, os.O_CREAT | os.O_RDWR)
+        fcntl.flock(fd, fcntl.LOCK_EX)  # the warm's lock, held throughout
+        return fd
 
-    monkeypatch.setattr(os, "replace", replace)
+    held = _in_the_gap(monkeypatch, new, newcomer)
     try:
         with pytest.raises(FiCacheError, match="the namespace as it was is in ") as exc:
             storage.install_dir(new, target, store, timeout=0.3)
     finally:
         os.close(held[0])
-    import re
-
     found = re.search(r" is in (\S+) \(kept 1 h from prune\)$", exc.value.message)
     assert found, exc.value.message
     kept = Path(found.group(1))
@@ -251,15 +261,7 @@ def test_install_survives_a_prune_removing_the_emptied_parents(
     """Between the two renames a prune of the only sibling removes the empty parent dirs."""
     store, target = _namespace(tmp_path)
     new = _staged(tmp_path, "new")
-    real_replace, pruned = os.replace, []
-
-    def replace(src: object, dst: object) -> None:
-        if Path(str(src)) == new and not pruned:
-            target.parent.rmdir()  # what remove_empty_parents does
-            pruned.append(True)
-        real_replace(src, dst)  # type: ignore[arg-type]
-
-    monkeypatch.setattr(os, "replace", replace)
+    pruned = _in_the_gap(monkeypatch, new, target.parent.rmdir)  # what remove_empty_parents does
     storage.install_dir(new, target, store)
     assert pruned and (target / "autotune_configs.json").read_text() == "new"
 
@@ -270,14 +272,11 @@ def test_failed_install_puts_the_old_namespace_back(
 ) -> None:
     store, target = _namespace(tmp_path)
     new = _staged(tmp_path, "new")
-    real_replace = os.replace
 
-    def replace(src: object, dst: object) -> None:
-        if Path(str(src)) == new:
-            raise OSError(18, "Invalid cross-device link")
-        real_replace(src, dst)  # type: ignore[arg-type]
+    def cross_device() -> None:
+        raise OSError(18, "Invalid cross-device link")
 
-    monkeypatch.setattr(os, "replace", replace)
+    _in_the_gap(monkeypatch, new, cross_device)
     with pytest.raises(OSError):
         storage.install_dir(new, target, store)
     assert (target / "autotune_configs.json").read_text() == "old"
