@@ -612,13 +612,13 @@ print(json.dumps({"event": "done", "seconds": 0.5, "save_seconds": 0.0}), flush=
 """
 
 
-def test_two_warms_on_one_gpu_take_turns(tmp_path: Path) -> None:
-    """Tuning measures kernel times: two warms sharing a GPU (and a store) must not overlap,
-    even into different namespaces (here: one fused, one unfused)."""
-    child = tmp_path / "slow_child.py"
-    child.write_text(SLOW_CHILD)
+def _fake_child_rig(tmp_path: Path, source: str) -> tuple[Rig, Path, dict[str, str]]:
+    """A rig whose tuning child is `source` (SLOW_CHILD or a variant); the file where the child
+    records its stages; the environment that stamps the H200's metadata and copies the real
+    H200 file as "what it tuned"."""
+    child = tmp_path / "fake_child.py"
+    child.write_text(source)
     python = _script(tmp_path / "python", f'#!/bin/sh\nexec "{sys.executable}" "{child}"\n')
-    rig = Rig.make(tmp_path, python=python)
     record = tmp_path / "record.txt"
     env = {
         "FAKE_CHILD_METADATA": json.dumps(h200_metadata("0.6.18")),
@@ -627,6 +627,13 @@ def test_two_warms_on_one_gpu_take_turns(tmp_path: Path) -> None:
             ROOT / "tests/fixtures/h200-tuned/fi-0.6.18/flashinfer/autotune_configs.json"
         ),
     }
+    return Rig.make(tmp_path, python=python), record, env
+
+
+def test_two_warms_on_one_gpu_take_turns(tmp_path: Path) -> None:
+    """Tuning measures kernel times: two warms sharing a GPU (and a store) must not overlap,
+    even into different namespaces (here: one fused, one unfused)."""
+    rig, record, env = _fake_child_rig(tmp_path, SLOW_CHILD)
     fused = rig.job(
         "warm", "--engine", "flashinfer", "--finalize", "fused", "--plan", rig.plan(), **env
     )
@@ -674,25 +681,13 @@ def test_an_interrupt_says_which_modes_were_recorded(
     import time
 
     # The unfused child hangs once it has the cache path: "tuning" until it is stopped.
-    child = tmp_path / "hanging_child.py"
-    child.write_text(
-        SLOW_CHILD.replace(
-            'cache = json.loads(sys.stdin.readline())["cache"]\n',
-            'cache = json.loads(sys.stdin.readline())["cache"]\n'
-            'if job["mode"] == "unfused":\n    note("hang"); time.sleep(300)\n',
-        )
+    hanging = SLOW_CHILD.replace(
+        'cache = json.loads(sys.stdin.readline())["cache"]\n',
+        'cache = json.loads(sys.stdin.readline())["cache"]\n'
+        'if job["mode"] == "unfused":\n    note("hang"); time.sleep(300)\n',
     )
-    python = _script(tmp_path / "python", f'#!/bin/sh\nexec "{sys.executable}" "{child}"\n')
-    rig = Rig.make(tmp_path, python=python)
-    record = tmp_path / "record.txt"
-    env = {
-        "FAKE_CHILD_METADATA": json.dumps(h200_metadata("0.6.18")),
-        "FAKE_CHILD_RECORD": str(record),
-        "FAKE_CHILD_CACHE": str(
-            ROOT / "tests/fixtures/h200-tuned/fi-0.6.18/flashinfer/autotune_configs.json"
-        ),
-        "FI_CACHE_STOP_GRACE": "2",
-    }
+    rig, record, env = _fake_child_rig(tmp_path, hanging)
+    env["FI_CACHE_STOP_GRACE"] = "2"
     job = rig.job("warm", "--engine", "flashinfer", "--plan", rig.plan(PLAN + extra), **env)
     proc = subprocess.Popen(**job, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     deadline = time.monotonic() + 120
