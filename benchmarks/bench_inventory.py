@@ -313,8 +313,8 @@ def bench_ls(tmp: Path, factory: EntryFactory, runs: int, do_profile: bool) -> l
     if do_profile:
         # What `ls` does per cache (scan = discover + read, then one summary row each), over
         # PROFILE_DIRS of the hash dirs: cProfile slows this code down about 3.5x.
-        from fi_cache.cli.inventory import summary
-        from fi_cache.inventory import scan
+        from fi_cache.caches.inventory import scan
+        from fi_cache.cli.ls import summary
 
         dirs = sorted((root / "0.6.18" / "90a").iterdir())[:PROFILE_DIRS]
 
@@ -325,8 +325,8 @@ def bench_ls(tmp: Path, factory: EntryFactory, runs: int, do_profile: bool) -> l
         title = f"in-process ls (scan + summary) of {len(dirs)} of the {LS_DIRS} dirs"
         profile(title, scan_and_summaries)
 
-        from fi_cache import inventory
-        from fi_cache.discover import discover
+        from fi_cache.caches import inventory
+        from fi_cache.caches.discover import discover
 
         found = [f for d in dirs for f in discover(d)[0]]
         caches = [inventory.read(f) for f in found]
@@ -346,8 +346,8 @@ def bench_ls(tmp: Path, factory: EntryFactory, runs: int, do_profile: bool) -> l
 
 def bench_verify(tmp: Path, factory: EntryFactory, runs: int, do_profile: bool) -> list[Stats]:
     print(f"\n[2] verify of one {VERIFY_ENTRIES:,}-entry file", flush=True)
-    from fi_cache import inventory
-    from fi_cache.discover import discover
+    from fi_cache.caches import inventory
+    from fi_cache.caches.discover import discover
     from fi_cache.model import v1
 
     t0 = time.perf_counter()

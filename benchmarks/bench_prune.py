@@ -7,13 +7,13 @@
 
 The store is built under a tempfile.TemporaryDirectory (removed afterwards) the way warm leaves
 it: `namespaces/<fi>/<arch>/<gpu>/<finalize>-<hash>/` with `manifest.json` (last use spread over
-120 days, written by `fi_cache.manifest.save`) and one small cache file, a real FlashInfer file
-from tests/fixtures/, under `vllm/<64-hex>/`; a fifth of the namespaces hold a released lock.
+120 days, written by `fi_cache.store.manifest.save`) and one small cache file, a real FlashInfer
+file from tests/fixtures/, under `vllm/<64-hex>/`; a fifth of the namespaces hold a released lock.
 Measured: `fi-cache prune --dry-run --older-than 30d --max-size 1GB` as a subprocess (wall time,
 interpreter start-up included; median/min/max), then the in-process scan and plan for reference,
 and once, for information, the in-process apply of that plan.
 The prune command is registered the way fi_cache/cli/__init__.py will (until it is there, a
-one-line wrapper registers fi_cache.cli.maintenance.COMMANDS).
+one-line wrapper registers fi_cache.cli.prune.COMMANDS).
 """
 
 from __future__ import annotations
@@ -41,15 +41,15 @@ NAMESPACES = 1000
 GOAL_S = 1.0
 ARGS = ["prune", "--dry-run", "--older-than", "30d", "--max-size", "1GB"]
 _WRAPPER = (
-    "from fi_cache.cli import cli, main; from fi_cache.cli.maintenance import COMMANDS; "
+    "from fi_cache.cli import cli, main; from fi_cache.cli.prune import COMMANDS; "
     "[cli.add_command(c) for c in COMMANDS if c.name not in cli.commands]; main()"
 )
 
 
 def build_store(store: Path, n: int) -> None:
-    from fi_cache import manifest, storage
     from fi_cache.model.fingerprint import Fingerprint
-    from fi_cache.namespace import Namespace
+    from fi_cache.store import locks, manifest
+    from fi_cache.store.namespace import Namespace
 
     rng = random.Random(1000)
     now = time.time()
@@ -72,7 +72,7 @@ def build_store(store: Path, n: int) -> None:
         used = now - rng.uniform(0, 120) * 86400
         manifest.save(d, manifest.Manifest.new(ns, now=used))
         if i % 5 == 0:
-            with storage.namespace_lock(d, "warm", strategy="flock"):
+            with locks.namespace_lock(d, "warm", strategy="flock"):
                 pass  # leaves the lock file, as every warmed namespace has
 
 
@@ -109,7 +109,7 @@ def main() -> int:
     runs = args.runs
 
     import fi_cache
-    from fi_cache import prune
+    from fi_cache.maintenance import prune
 
     print(f"fi-cache {fi_cache.__version__}, python {sys.version.split()[0]}, {args.runs} runs")
     with tempfile.TemporaryDirectory(prefix="fi-cache-bench-prune-") as tmp:

@@ -45,7 +45,7 @@ BUCKET = "fi-cache-bench"
 ENTRIES_PER_FILE = 100_000
 # The console entry point with push/pull registered whether or not fi_cache.cli does it yet.
 ENTRY = (
-    "import sys; from fi_cache.cli import cli, main; from fi_cache.cli.transfer import COMMANDS\n"
+    "import sys; from fi_cache.cli import cli, main; from fi_cache.cli.push_pull import COMMANDS\n"
     "[cli.add_command(c) for c in COMMANDS if c.name not in cli.commands]\n"
     "main(sys.argv[1:])"
 )
@@ -87,9 +87,9 @@ def start_s3() -> tuple[Any, dict[str, str]]:
 def build_store(store: Path, target_mb: float) -> tuple[Any, int]:
     """This machine's fused namespace with ~target_mb of cache files; (fingerprint, bytes)."""
     from fi_cache import environment
-    from fi_cache import manifest as manifests
-    from fi_cache.namespace import Namespace
-    from fi_cache.store import state_dir
+    from fi_cache.store import manifest as manifests
+    from fi_cache.store.namespace import Namespace
+    from fi_cache.store.paths import state_dir
 
     fp = environment.detect(state_dir(store)).fingerprint
     ns = Namespace(fp, "fused")
@@ -134,7 +134,7 @@ def stats_line(name: str, times: list[float]) -> str:
 
 
 def bench_pull(tmp: Path, env: dict[str, str], target_mb: float, runs: int) -> float:
-    from fi_cache.bundle import remote_key
+    from fi_cache.fleet.bundle import remote_key
 
     store = tmp / "store-a"
     t0 = time.perf_counter()
@@ -160,7 +160,7 @@ def bench_raw_download(tmp: Path, mb: float, runs: int) -> None:
     """pull's download path alone, for an object that is `mb` MB on the wire."""
     import fsspec
 
-    from fi_cache import transfer
+    from fi_cache.fleet import transfer
 
     data = os.urandom(int(mb * 1e6))
     key = "raw/0/0/0.tar.gz"

@@ -14,8 +14,8 @@ import sys
 import time
 from pathlib import Path
 
-from fi_cache.tune import plan as plans
-from fi_cache.tune.driver import Job, run
+from fi_cache.engines.flashinfer import plan as plans
+from fi_cache.engines.flashinfer.driver import Job, run
 
 
 def main() -> int:

@@ -298,10 +298,10 @@ def detect(
             (*env.notes, f"{exc}; using the cheap probe's values"),
         )
     if cache is not None:
-        from fi_cache import storage
         from fi_cache.errors import FiCacheError
+        from fi_cache.store import files
 
         # A read-only store only costs the probe again next time.
         with contextlib.suppress(FiCacheError, OSError):
-            storage.atomic_write(cache, json.dumps(meta, indent=2).encode())
+            files.atomic_write(cache, json.dumps(meta, indent=2).encode())
     return with_flashinfer_metadata(env, meta)

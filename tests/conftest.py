@@ -17,7 +17,7 @@ import pytest
 from click.testing import CliRunner
 
 from fi_cache.cli import cli
-from fi_cache.store import state_dir
+from fi_cache.store.paths import state_dir
 
 FIXTURES = Path(__file__).parent / "fixtures"
 H200 = FIXTURES / "h200"

@@ -12,12 +12,13 @@ from pathlib import Path
 
 import pytest
 
-from fi_cache import bundle, environment
-from fi_cache import manifest as m
+from fi_cache import environment
 from fi_cache.environment import Environment, VllmInfo
 from fi_cache.errors import Refused
+from fi_cache.fleet import bundle
 from fi_cache.model.fingerprint import Fingerprint
-from fi_cache.namespace import Namespace
+from fi_cache.store import manifest as m
+from fi_cache.store.namespace import Namespace
 from tests.conftest import HASH_A, MOE_618_FUSED
 
 FP = Fingerprint.from_metadata(json.loads(MOE_618_FUSED.read_text())["_metadata"], "90a")
@@ -249,7 +250,8 @@ def test_not_a_bundle(tmp_path: Path, run) -> None:  # type: ignore[no-untyped-d
 # --- reliability --------------------------------------------------------------------------------
 
 _IMPORT = (
-    "import sys; from fi_cache import environment, bundle; from fi_cache.model.fingerprint import "
+    "import sys; from fi_cache import environment; from fi_cache.fleet import bundle; "
+    "from fi_cache.model.fingerprint import "
     "Fingerprint; import json; fp = Fingerprint(**json.loads(sys.argv[3])); "
     "bundle.import_bundle(__import__('pathlib').Path(sys.argv[1]), "
     "__import__('pathlib').Path(sys.argv[2]), fp, False)"

@@ -8,9 +8,9 @@ from pathlib import Path
 
 import pytest
 
-from fi_cache.discover import classify_file, discover, tmp_leftovers
+from fi_cache.caches.discover import classify_file, discover, tmp_leftovers
+from fi_cache.caches.inventory import read, scan
 from fi_cache.errors import Refused
-from fi_cache.inventory import read, scan
 from fi_cache.model import v2
 from tests.conftest import GEMM_618, HASH_A, HASH_B, MOE_618_FUSED
 

@@ -16,8 +16,8 @@ from pathlib import Path
 
 import pytest
 
-from fi_cache import storage
 from fi_cache.model import v1
+from fi_cache.store.files import atomic_write
 from tests.conftest import (
     FIXTURES,
     GEMM_617,
@@ -50,7 +50,7 @@ def _merge_write(sources: list[Path], out: Path) -> v1.CacheFile:
     for f in files:
         entries.update(f.entries)
     merged = v1.CacheFile(files[0].metadata, entries, generation=files[0].generation)
-    storage.atomic_write(out, v1.dumps(merged).encode())
+    atomic_write(out, v1.dumps(merged).encode())
     return merged
 
 

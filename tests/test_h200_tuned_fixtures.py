@@ -16,8 +16,8 @@ from typing import Any
 
 import pytest
 
-from fi_cache import manifest as manifests
-from fi_cache.namespace import Namespace
+from fi_cache.store import manifest as manifests
+from fi_cache.store.namespace import Namespace
 from tests.conftest import (
     FIXTURES,
     FLASHINFER_INSTALLS,

@@ -6,9 +6,9 @@ from pathlib import Path
 
 import pytest
 
-from fi_cache import logs
+from fi_cache.doctor import logs
+from fi_cache.doctor.logs import CacheEvent, LogFacts, ProfileIdError, parse_log, read_log
 from fi_cache.errors import EXIT_REFUSED, Refused
-from fi_cache.logs import CacheEvent, LogFacts, ProfileIdError, parse_log, read_log
 
 H200 = Path(__file__).parent / "fixtures" / "h200"
 

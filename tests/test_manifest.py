@@ -7,10 +7,10 @@ from pathlib import Path
 
 import pytest
 
-from fi_cache import manifest as m
 from fi_cache.errors import CorruptCache
 from fi_cache.model.fingerprint import Fingerprint
-from fi_cache.namespace import Namespace
+from fi_cache.store import manifest as m
+from fi_cache.store.namespace import Namespace
 
 NS = Namespace(Fingerprint(flashinfer_version="0.6.18", gpu="NVIDIA H200", arch="90a"), "unfused")
 

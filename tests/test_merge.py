@@ -17,10 +17,10 @@ from typing import Any
 
 import pytest
 
-from fi_cache import merge as mergemod
-from fi_cache.discover import TMP_PATTERN
+from fi_cache.caches.discover import TMP_PATTERN
 from fi_cache.errors import CorruptCache, FiCacheError, Refused
-from fi_cache.merge import Conflict, merge, merge_into
+from fi_cache.maintenance import merge as mergemod
+from fi_cache.maintenance.merge import Conflict, merge, merge_into
 from fi_cache.model import v1
 from tests.conftest import (
     GEMM_617,
@@ -33,7 +33,7 @@ from tests.conftest import (
 
 PROJECT = Path(__file__).resolve().parent.parent
 ENTRY = (
-    "from fi_cache.cli import cli, main; from fi_cache.cli.merging import COMMANDS; "
+    "from fi_cache.cli import cli, main; from fi_cache.cli.merge import COMMANDS; "
     "[cli.add_command(c) for c in COMMANDS]; main()"
 )
 OUR_TMP = re.compile(r"^\.fi-cache-.*\.tmp$")

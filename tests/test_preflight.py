@@ -6,10 +6,10 @@ import json
 import shutil
 from pathlib import Path
 
-from fi_cache import manifest as m
-from fi_cache import preflight
+from fi_cache.doctor import preflight
 from fi_cache.model.fingerprint import Fingerprint
-from fi_cache.namespace import Namespace
+from fi_cache.store import manifest as m
+from fi_cache.store.namespace import Namespace
 from tests.conftest import GEMM_617, HASH_A, MOE_617_FUSED, MOE_618_FUSED
 
 FP = Fingerprint.from_metadata(json.loads(GEMM_617.read_text())["_metadata"], "90a")

@@ -11,11 +11,12 @@ from pathlib import Path
 
 import pytest
 
-from fi_cache import manifest as manifests
-from fi_cache import prune, storage
 from fi_cache.errors import Refused
+from fi_cache.maintenance import prune
 from fi_cache.model.fingerprint import Fingerprint
-from fi_cache.namespace import NAMESPACES_DIR, Namespace
+from fi_cache.store import locks, trash
+from fi_cache.store import manifest as manifests
+from fi_cache.store.namespace import NAMESPACES_DIR, Namespace
 from tests.conftest import HASH_A, MOE_617_FUSED, MOE_618_FUSED, MOE_618_UNFUSED
 
 NOW = 1_750_000_000.0
@@ -241,10 +242,10 @@ def test_scan_skips_what_is_not_a_namespace(store: Path) -> None:
 def test_a_held_lock_is_seen_and_the_probe_changes_nothing(store: Path, strategy: str) -> None:
     busy = make_namespace(store)
     free = make_namespace(store, cuda="13.0")
-    with storage.namespace_lock(free, "warm", strategy=strategy):
+    with locks.namespace_lock(free, "warm", strategy=strategy):
         pass  # leaves a released lock (a lock file on disk for flock)
     before = sorted(os.listdir(busy)), sorted(os.listdir(free))
-    with storage.namespace_lock(busy, "warm", strategy=strategy) as me:
+    with locks.namespace_lock(busy, "warm", strategy=strategy) as me:
         before = sorted(os.listdir(busy)), sorted(os.listdir(free))
         found = {ns.dir: ns for ns in prune.scan_store(store, strategy)}
         assert (sorted(os.listdir(busy)), sorted(os.listdir(free))) == before
@@ -257,10 +258,10 @@ def test_a_held_lock_is_seen_and_the_probe_changes_nothing(store: Path, strategy
 def test_a_dead_holders_lock_file_is_not_held(store: Path) -> None:
     ns = make_namespace(store)
     holder = {"pid": 2**22 + 12345, "host": socket.gethostname(), "since": 0.0, "purpose": "warm"}
-    (ns / storage.LOCK_NAME).write_text(json.dumps(holder))
+    (ns / locks.LOCK_NAME).write_text(json.dumps(holder))
     assert not prune.scan_store(store, "lockfile")[0].locked
     holder["host"] = "elsewhere"
-    (ns / storage.LOCK_NAME).write_text(json.dumps(holder))
+    (ns / locks.LOCK_NAME).write_text(json.dumps(holder))
     assert prune.scan_store(store, "lockfile")[0].locked
 
 
@@ -279,7 +280,7 @@ def test_apply_removes_the_plan_and_nothing_else(store: Path) -> None:
     assert [ns.dir for ns in out.removed] == [old] and not out.failed and not out.skipped
     assert not old.exists() and not tmp.exists() and kept.is_dir()
     assert not (store / NAMESPACES_DIR / "0.6.17").exists()  # empty parents go too
-    assert list((store / storage.TRASH_DIR).iterdir()) == []
+    assert list((store / trash.TRASH_DIR).iterdir()) == []
     assert out.freed == p.bytes
     again = prune.plan_store(store, prune.Selection(older_than=30 * DAY))
     assert again.empty
@@ -295,7 +296,7 @@ def test_apply_skips_a_namespace_locked_or_used_after_the_plan(store: Path) -> N
     assert m is not None
     manifests.save(used, m.used(time.time()))
     shutil.rmtree(gone)
-    with storage.namespace_lock(locked, "warm"):
+    with locks.namespace_lock(locked, "warm"):
         out = prune.apply(p, store)
     assert out.removed == [] and not out.failed
     why = {s.ns.dir: s for s in out.skipped}
@@ -306,7 +307,7 @@ def test_apply_skips_a_namespace_locked_or_used_after_the_plan(store: Path) -> N
 
 def test_apply_empties_the_trash_of_an_interrupted_prune(store: Path) -> None:
     make_namespace(store)
-    half = store / storage.TRASH_DIR / "123-45-fused-abc"
+    half = store / trash.TRASH_DIR / "123-45-fused-abc"
     (half / "vllm").mkdir(parents=True)
     (half / "vllm" / "x.json").write_text("{}")
     p = prune.plan_store(store, prune.Selection())
@@ -319,9 +320,9 @@ def test_an_installs_young_trash_entry_is_left_alone(store: Path) -> None:
     """An import moves the old namespace into the trash and puts it back if it fails: a prune
     meanwhile must not empty it. After an hour it is a leftover like any other."""
     now = time.time()
-    trash = store / storage.TRASH_DIR
-    young = trash / f"{storage.INSTALLING_PREFIX}{int((now - 60) * 1e9)}-42-fused-abc"
-    old = trash / f"{storage.INSTALLING_PREFIX}{int((now - 7200) * 1e9)}-42-fused-def"
+    trash_dir = store / trash.TRASH_DIR
+    young = trash_dir / f"{trash.INSTALLING_PREFIX}{int((now - 60) * 1e9)}-42-fused-abc"
+    old = trash_dir / f"{trash.INSTALLING_PREFIX}{int((now - 7200) * 1e9)}-42-fused-def"
     for d in (young, old):
         d.mkdir(parents=True)
     p = prune.plan(
@@ -348,16 +349,16 @@ def test_a_namespace_replaced_after_the_plan_is_not_removed(store: Path) -> None
 def test_remove_tree_moves_then_deletes(store: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     ns = make_namespace(store)
     seen: list[Path] = []
-    real = storage._delete_tree
+    real = trash.delete_tree
 
     def spy(path: Path) -> None:
         seen.append(path)
         assert not ns.exists() and path.is_dir()  # gone from namespaces/ before any deletion
         real(path)
 
-    monkeypatch.setattr(storage, "_delete_tree", spy)
-    storage.remove_tree(ns, store)
-    assert seen and seen[0].parent == store / storage.TRASH_DIR and not seen[0].exists()
+    monkeypatch.setattr(trash, "delete_tree", spy)
+    trash.remove_tree(ns, store)
+    assert seen and seen[0].parent == store / trash.TRASH_DIR and not seen[0].exists()
 
 
 def test_remove_tree_that_cannot_move_removes_nothing(
@@ -370,7 +371,7 @@ def test_remove_tree_that_cannot_move_removes_nothing(
 
     monkeypatch.setattr(os, "replace", boom)
     with pytest.raises(Refused, match="cannot remove"):
-        storage.remove_tree(ns, store)
+        trash.remove_tree(ns, store)
     assert (ns / "manifest.json").is_file()
 
 
@@ -378,14 +379,14 @@ def test_apply_reports_a_failure_and_goes_on(store: Path, monkeypatch: pytest.Mo
     a = make_namespace(store, last_used=NOW - 60 * DAY)
     b = make_namespace(store, cuda="13.0", last_used=NOW - 50 * DAY)
     p = prune.plan_store(store, prune.Selection(older_than=30 * DAY))
-    real = storage.remove_tree
+    real = trash.remove_tree
 
     def flaky(path: Path, where: Path) -> None:
         if path == a:
             raise Refused("cannot remove: Permission denied", path)
         real(path, where)
 
-    monkeypatch.setattr(storage, "remove_tree", flaky)
+    monkeypatch.setattr(trash, "remove_tree", flaky)
     out = prune.apply(p, store)
     assert [ns.dir for ns in out.removed] == [b] and [f[0] for f in out.failed] == [a]
     assert a.is_dir()
@@ -394,15 +395,15 @@ def test_apply_reports_a_failure_and_goes_on(store: Path, monkeypatch: pytest.Mo
 @pytest.mark.parametrize("strategy", ["flock", "lockfile"])
 def test_try_lock_does_not_wait_and_names_the_holder(store: Path, strategy: str) -> None:
     ns = make_namespace(store, last_used=NOW - 60 * DAY)
-    with storage.namespace_lock(ns, "warm", strategy=strategy):
+    with locks.namespace_lock(ns, "warm", strategy=strategy):
         t0 = time.monotonic()
         with (
-            pytest.raises(storage.NamespaceBusy, match="locked for warm by pid"),
-            storage.try_namespace_lock(ns, "prune", strategy),
+            pytest.raises(locks.NamespaceBusy, match="locked for warm by pid"),
+            locks.try_namespace_lock(ns, "prune", strategy),
         ):
             pass
         assert time.monotonic() - t0 < 0.1
-    with storage.try_namespace_lock(ns, "prune", strategy) as me:
+    with locks.try_namespace_lock(ns, "prune", strategy) as me:
         assert me.purpose == "prune"
     p = prune.plan_store(store, prune.Selection(older_than=DAY))
     out = prune.apply(p, store, strategy=strategy)

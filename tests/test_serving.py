@@ -16,8 +16,8 @@ from pathlib import Path
 
 import pytest
 
-from fi_cache import storage
-from fi_cache.namespace import NAMESPACES_DIR
+from fi_cache.store import locks
+from fi_cache.store.namespace import NAMESPACES_DIR
 from tests.conftest import MOE_617_FUSED, MOE_618_FUSED
 
 FAKE = Path(__file__).parent / "fake_vllm.py"
@@ -158,7 +158,7 @@ def test_ctrl_c_during_warm_stops_vllm_and_its_workers(rig: Rig) -> None:
     time.sleep(0.5)
     for pid in (server, child):
         assert not _alive(pid), f"pid {pid} survived"
-    [ns] = [p.parent for p in (rig.store / NAMESPACES_DIR).rglob(storage.LOCK_NAME)]
+    [ns] = [p.parent for p in (rig.store / NAMESPACES_DIR).rglob(locks.LOCK_NAME)]
     assert not (ns / "manifest.json").exists()  # nothing recorded, nothing half-written
 
 
@@ -232,7 +232,7 @@ def test_port_in_use_is_refused(rig: Rig) -> None:
 def test_lock_timeout_names_the_holder(rig: Rig) -> None:
     first = rig.run("--format", "json", "warm", "--", MODEL)
     ns = Path(json.loads(first.stdout)["namespace"])
-    with storage.namespace_lock(ns, "test-holder", timeout=5):
+    with locks.namespace_lock(ns, "test-holder", timeout=5):
         p = rig.run("warm", "--lock-timeout", "1", "--", MODEL)
     assert p.returncode == 1
     assert f"waiting for test-holder by pid {os.getpid()}" in p.stderr
@@ -266,7 +266,7 @@ def test_serve_warms_a_cold_namespace_then_runs_vllm_with_its_exit_code(rig: Rig
 
 
 def test_serve_forwards_signals_to_vllm(rig: Rig) -> None:
-    from fi_cache.vllm import free_port
+    from fi_cache.engines.vllm.launch import free_port
 
     port = str(free_port())
     assert rig.run("warm", "--", MODEL, "--port", port).returncode == 0
@@ -366,7 +366,7 @@ def test_options_must_come_before_the_double_dash(rig: Rig) -> None:
 
 
 def test_prune_leaves_the_namespace_of_a_running_server_alone(rig: Rig) -> None:
-    from fi_cache.vllm import free_port
+    from fi_cache.engines.vllm.launch import free_port
 
     port = str(free_port())
     assert rig.run("warm", "--", MODEL, "--port", port).returncode == 0

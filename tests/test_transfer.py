@@ -25,16 +25,19 @@ import fsspec
 import fsspec.config
 import pytest
 
-from fi_cache import environment, storage, transfer
-from fi_cache import manifest as manifests
-from fi_cache.bundle import remote_key
+from fi_cache import environment
 from fi_cache.cli import cli
-from fi_cache.cli.transfer import COMMANDS, LiveProgress
+from fi_cache.cli.push_pull import COMMANDS, LiveProgress
 from fi_cache.environment import Environment, VllmInfo
-from fi_cache.manifest import Manifest
+from fi_cache.fleet import transfer
+from fi_cache.fleet.bundle import remote_key
 from fi_cache.model.fingerprint import Fingerprint
-from fi_cache.namespace import Namespace
-from fi_cache.store import state_dir
+from fi_cache.store import locks
+from fi_cache.store import manifest as manifests
+from fi_cache.store.files import TMP_PREFIX
+from fi_cache.store.manifest import Manifest
+from fi_cache.store.namespace import Namespace
+from fi_cache.store.paths import state_dir
 from tests.conftest import GEMM_618, MOE_618_FUSED, MOE_618_UNFUSED, Result
 
 for _command in COMMANDS:
@@ -80,7 +83,7 @@ def _warm(store: Path, fp: Fingerprint) -> list[Path]:
 
 def _namespace_tree(store: Path) -> dict[str, bytes]:
     root = store / "namespaces"
-    skip = {storage.LOCK_NAME, storage.HOLDER_NAME}
+    skip = {locks.LOCK_NAME, locks.HOLDER_NAME}
     return {
         p.relative_to(store).as_posix(): p.read_bytes()
         for p in sorted(root.rglob("*"))
@@ -152,7 +155,7 @@ def test_push_then_pull_into_an_empty_store_copies_every_namespace(
     assert pulled.json()["namespaces"] == pushed["namespaces"]
     assert pulled.json()["sha256"] == pushed["sha256"]
     assert _namespace_tree(store_b) == _namespace_tree(store)
-    assert not list(state_dir(store_b).glob(f"{storage.TMP_PREFIX}*"))  # temp bundle removed
+    assert not list(state_dir(store_b).glob(f"{TMP_PREFIX}*"))  # temp bundle removed
 
 
 def test_human_output_names_the_remote_and_the_namespaces(
@@ -401,7 +404,7 @@ def test_an_unwritable_remote_fails_with_exit_1(
     _warm(store, H200)
     result = run("push", str(blocker / "fleet"))
     assert result.code == 1 and "upload failed" in result.err and "Traceback" not in result.err
-    assert not list(state_dir(store).glob(f"{storage.TMP_PREFIX}*"))  # local temp removed
+    assert not list(state_dir(store).glob(f"{TMP_PREFIX}*"))  # local temp removed
 
 
 # --- progress -----------------------------------------------------------------------------------
@@ -575,7 +578,7 @@ def test_s3_endpoint_from_the_fsspec_environment_variable(
 
 # The console script with push/pull registered (the lead registers them in fi_cache.cli).
 _ENTRY = (
-    "import sys; from fi_cache.cli import cli, main; from fi_cache.cli.transfer import COMMANDS\n"
+    "import sys; from fi_cache.cli import cli, main; from fi_cache.cli.push_pull import COMMANDS\n"
     "[cli.add_command(c) for c in COMMANDS if c.name not in cli.commands]\n"
     "main(sys.argv[1:])"
 )

@@ -6,7 +6,8 @@ from pathlib import Path
 
 import pytest
 
-from fi_cache import vllm
+from fi_cache.engines.vllm import args as serve_args
+from fi_cache.engines.vllm import launch
 from fi_cache.errors import Refused
 
 
@@ -22,30 +23,30 @@ from fi_cache.errors import Refused
     ],
 )
 def test_parse_serve_args(argv: list[str], model: str | None, port: int | None, ray: bool) -> None:
-    args = vllm.parse_serve_args(argv)
+    args = serve_args.parse_serve_args(argv)
     assert (args.model, args.port, args.uses_ray) == (model, port, ray)
 
 
 def test_warm_identity_ignores_where_the_server_listens() -> None:
-    a = vllm.parse_serve_args(["m", "-tp", "2", "--port", "1", "--host", "0.0.0.0"])
-    b = vllm.parse_serve_args(["m", "-tp", "2", "--port=2"])
-    c = vllm.parse_serve_args(["m", "-tp", "4"])
+    a = serve_args.parse_serve_args(["m", "-tp", "2", "--port", "1", "--host", "0.0.0.0"])
+    b = serve_args.parse_serve_args(["m", "-tp", "2", "--port=2"])
+    c = serve_args.parse_serve_args(["m", "-tp", "4"])
     assert a.key == b.key != c.key
 
 
 def test_bad_port_and_missing_model_are_refused() -> None:
     with pytest.raises(Refused, match="not a number"):
-        vllm.parse_serve_args(["m", "--port", "http"])
+        serve_args.parse_serve_args(["m", "--port", "http"])
     with pytest.raises(Refused, match="no model"):
-        vllm.require_model(vllm.parse_serve_args([]))
+        serve_args.require_model(serve_args.parse_serve_args([]))
 
 
 def test_launch_env(tmp_path: Path) -> None:
-    env = vllm.launch_env({"PATH": "/bin"}, tmp_path, "unfused", uses_ray=False)
+    env = launch.launch_env({"PATH": "/bin"}, tmp_path, "unfused", uses_ray=False)
     assert env["VLLM_FLASHINFER_AUTOTUNE_CACHE_DIR"] == str(tmp_path)
     assert env["VLLM_FLASHINFER_MOE_FUSED_FINALIZE"] == "0" and env["PATH"] == "/bin"
     assert "VLLM_RAY_EXTRA_ENV_VAR_PREFIXES_TO_COPY" not in env
-    ray = vllm.launch_env({}, tmp_path, "fused", uses_ray=True)
+    ray = launch.launch_env({}, tmp_path, "fused", uses_ray=True)
     assert ray["VLLM_FLASHINFER_MOE_FUSED_FINALIZE"] == "1"
     assert ray["VLLM_RAY_EXTRA_ENV_VAR_PREFIXES_TO_COPY"] == "FLASHINFER_"
 
@@ -54,9 +55,9 @@ def test_find_executable(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Non
     exe = tmp_path / "my-vllm"
     exe.write_text("#!/bin/sh\n")
     exe.chmod(0o755)
-    assert vllm.find_executable(str(exe)) == str(exe)
+    assert launch.find_executable(str(exe)) == str(exe)
     monkeypatch.setenv("FI_CACHE_VLLM", str(exe))
-    assert vllm.find_executable(None) == str(exe)
+    assert launch.find_executable(None) == str(exe)
     monkeypatch.setenv("FI_CACHE_VLLM", str(tmp_path / "nope"))
     with pytest.raises(Refused, match="FI_CACHE_VLLM"):
-        vllm.find_executable(None)
+        launch.find_executable(None)

@@ -41,7 +41,7 @@ class Context:
 def cli(ctx: click.Context, store: Path | None, fmt: str, quiet: bool) -> None:
     """Namespace, inspect, verify and diagnose FlashInfer autotune caches for vLLM."""
     if store is None:
-        from fi_cache.store import default_store
+        from fi_cache.store.paths import default_store
 
         store = default_store()
     # Absolute and symlink-free, so paths inside the store compare equal however they were spelled.
@@ -50,18 +50,23 @@ def cli(ctx: click.Context, store: Path | None, fmt: str, quiet: bool) -> None:
 
 def _register() -> None:
     from fi_cache.cli import (
+        bundle,
         doctor,
-        fleet,
-        inventory,
-        maintenance,
-        merging,
-        serving,
-        transfer,
-        tuning,
+        env,
+        ls,
+        merge,
+        plan,
+        prune,
+        push_pull,
+        serve,
+        show,
+        verify,
+        warm,
     )
 
-    groups = [inventory, doctor, serving, tuning, maintenance, merging, fleet, transfer]
-    for command in [c for g in groups for c in g.COMMANDS]:
+    # One module per command (or tight pair), in the order `--help` has always listed them.
+    modules = [env, ls, show, verify, doctor, warm, serve, plan, prune, merge, bundle, push_pull]
+    for command in [c for m in modules for c in m.COMMANDS]:
         cli.add_command(command)
 
 

@@ -70,7 +70,7 @@ def doctor_command(
     from fi_cache import doctor, environment
     from fi_cache.doctor import fix as fixes
     from fi_cache.doctor.gather import Overrides, gather, make_target
-    from fi_cache.store import state_dir
+    from fi_cache.store.paths import state_dir
 
     ctx = click.get_current_context()
     obj = ctx.obj

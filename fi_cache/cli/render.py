@@ -10,9 +10,14 @@ import sys
 import time
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import click
+
+from fi_cache.errors import EXIT_REFUSED
+
+if TYPE_CHECKING:
+    from fi_cache.caches.inventory import Inventory
 
 _HASH = re.compile(r"\b([0-9a-f]{8})[0-9a-f]{56}\b")
 
@@ -94,6 +99,18 @@ def emit_json(document: Any) -> None:
 
 def warn(message: str) -> None:
     click.echo(f"fi-cache: {message}", err=True)
+
+
+def report_scan_problems(inv: Inventory) -> int:
+    """Print each problem a scan met on one line; return the exit code they call for."""
+    code = 0
+    for p in inv.problems:
+        warn(f"{p.path}: {p.message}")
+        code = max(code, p.exit_code)
+    for path in inv.empty:
+        warn(f"{path}: no FlashInfer autotune caches found here")
+        code = EXIT_REFUSED
+    return code
 
 
 def terminal_width_stderr() -> int:

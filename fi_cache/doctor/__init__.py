@@ -10,14 +10,14 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from fi_cache.discover import ScanProblem
-from fi_cache.findings import Finding
-from fi_cache.inventory import Cache
-from fi_cache.logs import LogFacts
-from fi_cache.manifest import Manifest
+from fi_cache.caches.discover import ScanProblem
+from fi_cache.caches.inventory import Cache
+from fi_cache.doctor.findings import Finding
+from fi_cache.doctor.logs import LogFacts
+from fi_cache.engines.vllm.args import ServeArgs
 from fi_cache.model.fingerprint import Fingerprint
 from fi_cache.model.v1 import Defect
-from fi_cache.vllm import ServeArgs
+from fi_cache.store.manifest import Manifest
 
 
 @dataclass(frozen=True)

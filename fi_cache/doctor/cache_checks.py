@@ -6,9 +6,9 @@ import stat
 from collections.abc import Iterator
 from typing import Any
 
-from fi_cache.discover import TMP_MAX_AGE_S
+from fi_cache.caches.discover import TMP_MAX_AGE_S
 from fi_cache.doctor import Check, Inputs
-from fi_cache.findings import Finding
+from fi_cache.doctor.findings import Finding
 from fi_cache.model import v1
 from fi_cache.model.fingerprint import compare_metadata
 from fi_cache.versions import (

@@ -12,10 +12,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
 
-from fi_cache import storage
-from fi_cache.discover import TMP_MAX_AGE_S
+from fi_cache.caches.discover import TMP_MAX_AGE_S
 from fi_cache.doctor import Inputs
-from fi_cache.findings import Finding
+from fi_cache.doctor.findings import Finding
+from fi_cache.store import files, quarantine
 from fi_cache.versions import VLLM_CACHE_FILE_RE
 
 QUARANTINE_DIR = "quarantine"
@@ -66,8 +66,8 @@ def apply(actions: list[Action], store: Path) -> list[tuple[Action, Path | None]
     done: list[tuple[Action, Path | None]] = []
     for action in actions:
         if action.kind == "quarantine":
-            done.append((action, storage.move_aside(action.path, folder, action.why)))
+            done.append((action, quarantine.move_aside(action.path, folder, action.why)))
         else:
-            storage.remove_file(action.path)
+            files.remove_file(action.path)
             done.append((action, None))
     return done

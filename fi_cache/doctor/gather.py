@@ -9,15 +9,16 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from fi_cache import manifest as manifests
-from fi_cache.discover import ScanProblem, tmp_leftovers
+from fi_cache.caches.discover import ScanProblem, tmp_leftovers
+from fi_cache.caches.inventory import Cache, scan
 from fi_cache.doctor import CacheView, Inputs, Target
+from fi_cache.doctor.logs import read_log
+from fi_cache.engines.vllm.args import ServeArgs, parse_serve_args
 from fi_cache.environment import Environment
 from fi_cache.errors import CorruptCache, Refused
-from fi_cache.inventory import Cache, scan
-from fi_cache.logs import read_log
 from fi_cache.model import v1
-from fi_cache.namespace import NAMESPACES_DIR, FinalizeMode, Namespace, namespace_parts
+from fi_cache.store import manifest as manifests
+from fi_cache.store.namespace import NAMESPACES_DIR, FinalizeMode, Namespace, namespace_parts
 from fi_cache.versions import (
     VLLM_CACHE_DIR_ENV,
     VLLM_CACHE_SUBDIR,
@@ -25,7 +26,6 @@ from fi_cache.versions import (
     VLLM_NEWEST_CHECKED,
     parse_version,
 )
-from fi_cache.vllm import ServeArgs, parse_serve_args
 
 
 @dataclass(frozen=True)

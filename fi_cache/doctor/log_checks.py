@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Iterator
 
 from fi_cache.doctor import Check, Inputs
-from fi_cache.findings import Finding
+from fi_cache.doctor.findings import Finding
 
 
 def log_profile_id(inp: Inputs) -> Iterator[Finding]:

@@ -5,7 +5,8 @@ from __future__ import annotations
 from collections.abc import Iterator
 
 from fi_cache.doctor import Check, Inputs
-from fi_cache.findings import Finding
+from fi_cache.doctor.findings import Finding
+from fi_cache.engines.vllm.launch import ALTERNATIVES
 from fi_cache.versions import (
     CACHE_SINGLE_RANK_ONLY,
     DOUBLE_REDUCE,
@@ -19,7 +20,6 @@ from fi_cache.versions import (
     WARM_CACHE_HANG,
     parse_version,
 )
-from fi_cache.vllm import ALTERNATIVES
 
 
 def _vllm(inp: Inputs) -> str:

@@ -6,7 +6,7 @@ import json
 from pathlib import Path
 
 from fi_cache.cli import cli
-from fi_cache.cli.merging import COMMANDS
+from fi_cache.cli.merge import COMMANDS
 from fi_cache.model import v1
 from tests.conftest import GEMM_617, GEMM_618, MOE_617_FUSED, MOE_617_UNFUSED, MOE_618_FUSED
 
@@ -113,7 +113,7 @@ def test_bad_input_is_refused_with_one_line(run, tmp_path: Path) -> None:  # typ
 
 
 def test_the_cli_offers_the_policies_merge_knows() -> None:
-    from fi_cache import merge
-    from fi_cache.cli import merging
+    from fi_cache.cli import merge as merging
+    from fi_cache.maintenance import merge
 
     assert merging.PREFER_CHOICES == merge.PREFER_CHOICES

@@ -16,15 +16,17 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner
 
-from fi_cache import environment, storage
-from fi_cache.cli import cli, maintenance
+from fi_cache import environment
+from fi_cache.cli import cli
+from fi_cache.cli import prune as prune_cli
 from fi_cache.environment import Environment, Gpu, VllmInfo
 from fi_cache.model.fingerprint import Fingerprint
-from fi_cache.namespace import NAMESPACES_DIR
+from fi_cache.store import locks, trash
+from fi_cache.store.namespace import NAMESPACES_DIR
 from tests.conftest import MOE_617_FUSED, MOE_617_UNFUSED, Result
 from tests.test_prune import DAY, make_namespace
 
-cli.add_command(maintenance.prune_command)  # the lead registers it in fi_cache/cli/__init__.py
+cli.add_command(prune_cli.prune_command)  # the lead registers it in fi_cache/cli/__init__.py
 
 NOW = time.time()
 Run = Callable[..., Result]
@@ -142,7 +144,7 @@ def test_no_terminal_and_no_yes_is_refused(run: Run, spaces: dict[str, Path]) ->
 def test_at_a_terminal_it_asks(
     store: Path, spaces: dict[str, Path], monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr(maintenance, "_interactive", lambda: True)
+    monkeypatch.setattr(prune_cli, "_interactive", lambda: True)
     r = ask(store, "n\n", "prune", "--older-than", "30d")
     assert r.code == 1 and "Delete 2 namespaces" in r.err and "nothing deleted" in r.err
     assert "NAMESPACE" in r.out and spaces["ancient"].is_dir()
@@ -203,7 +205,7 @@ def test_a_locked_namespace_is_never_touched(
     run: Run, spaces: dict[str, Path], monkeypatch: pytest.MonkeyPatch, strategy: str
 ) -> None:
     monkeypatch.setenv("FI_CACHE_LOCK", strategy)
-    with storage.namespace_lock(spaces["ancient"], "warm", strategy=strategy):
+    with locks.namespace_lock(spaces["ancient"], "warm", strategy=strategy):
         dry = run("--format", "json", "prune", "--older-than", "30d", "--dry-run").json()
         assert paths(dry) == [str(spaces["month"])]
         [skip] = dry["skipped_locked"]
@@ -218,7 +220,7 @@ def test_a_locked_namespace_is_never_touched(
 # --- SIGKILL at random moments --------------------------------------------------------------------
 
 _REGISTER = (
-    "from fi_cache.cli import cli, main; from fi_cache.cli.maintenance import COMMANDS; "
+    "from fi_cache.cli import cli, main; from fi_cache.cli.prune import COMMANDS; "
     "[cli.add_command(c) for c in COMMANDS]; "
 )
 # Forks a fresh `fi-cache` process per request (argv as a JSON line) and prints its pid; on the
@@ -248,7 +250,7 @@ for line in sys.stdin:
     print(os.waitpid(pid, 0)[1], flush=True)
 """
 )
-_LOCK_FILES = {storage.LOCK_NAME, storage.HOLDER_NAME}
+_LOCK_FILES = {locks.LOCK_NAME, locks.HOLDER_NAME}
 
 
 def _build(store: Path, n: int) -> dict[Path, dict[str, bytes]]:
@@ -310,8 +312,8 @@ def test_sigkill_at_random_moments_leaves_each_namespace_whole_or_gone(
             if trials % 2:
                 time.sleep(rng.uniform(0, full * 1.2))  # anywhere: start, scan, apply
             elif trials:
-                trash = store / storage.TRASH_DIR  # made by the first deletion: aim at apply
-                while not trash.exists() and time.monotonic() - t0 < 5:
+                trash_dir = store / trash.TRASH_DIR  # made by the first deletion: aim at apply
+                while not trash_dir.exists() and time.monotonic() - t0 < 5:
                     time.sleep(0.0002)
                 time.sleep(rng.uniform(0, full / 2))
             if trials:  # trial 0 runs whole, to time the others
@@ -331,7 +333,7 @@ def test_sigkill_at_random_moments_leaves_each_namespace_whole_or_gone(
             if trials % 10 == 0:  # and a later prune finishes the job, trash included
                 r = run("-q", "prune", "--older-than", "0s", "--yes")
                 assert r.code == 0, r.err
-                assert _namespace_dirs(store) == [] and storage.trash_leftovers(store) == []
+                assert _namespace_dirs(store) == [] and trash.trash_leftovers(store) == []
     finally:
         forker.stdin.close()
         forker.wait(timeout=10)

@@ -2,10 +2,10 @@
 in a real process, with a fake `nvidia-smi` reporting an H200 on PATH.
 
 The tuning child is tests/tune/cpu_tune_child.py (FlashInfer's real AutoTuner and fi-cache's real
-driver on CPU; see its docstring) behind `$FI_CACHE_PYTHON`, except where the REAL child
-(`python -m fi_cache.tune`) must refuse on this GPU-less host, and where tiny fake children
-misbehave on purpose. Refused runs point `$FI_CACHE_PYTHON` at a script that leaves a marker
-file, to show the child never started.
+driver on CPU; see its docstring) behind `$FI_CACHE_PYTHON`, except where the REAL child (`python -m
+fi_cache.engines.flashinfer`) must refuse on this GPU-less host, and where tiny fake children
+misbehave on purpose. Refused runs point `$FI_CACHE_PYTHON` at a script that leaves a marker file,
+to show the child never started.
 """
 
 from __future__ import annotations
@@ -25,10 +25,10 @@ from typing import Any
 
 import pytest
 
-from fi_cache import manifest as manifests
+from fi_cache.engines.flashinfer.warm import plan_key
 from fi_cache.model.fingerprint import Fingerprint
-from fi_cache.namespace import NAMESPACES_DIR, Namespace
-from fi_cache.tune.warm import plan_key
+from fi_cache.store import manifest as manifests
+from fi_cache.store.namespace import NAMESPACES_DIR, Namespace
 from tests.conftest import (
     FI_VERSIONS,
     FLASHINFER_INSTALLS,
@@ -713,7 +713,7 @@ def _status_lines(
 ) -> list[str]:
     """What a log (no terminal) shows for `events`, each at its second on a fake clock that
     starts at 0 with fi-cache (the check child and imports come before the first call)."""
-    from fi_cache.cli.tuning import _TuneStatus
+    from fi_cache.cli.warm_flashinfer import _TuneStatus
 
     now = [0.0]
     status = _TuneStatus(quiet=False, clock=lambda: now[0])

@@ -9,15 +9,15 @@ from pathlib import Path
 import pytest
 
 from fi_cache import doctor
-from fi_cache.discover import classify_file
+from fi_cache.caches.discover import classify_file
+from fi_cache.caches.inventory import read
 from fi_cache.doctor import CacheView, Inputs, Target
-from fi_cache.inventory import read
-from fi_cache.logs import CacheEvent, LogFacts, ProfileIdError
-from fi_cache.manifest import Manifest, WarmRecord
+from fi_cache.doctor.logs import CacheEvent, LogFacts, ProfileIdError
+from fi_cache.engines.vllm.args import parse_serve_args
 from fi_cache.model import v1
 from fi_cache.model.fingerprint import Fingerprint
-from fi_cache.namespace import Namespace
-from fi_cache.vllm import parse_serve_args
+from fi_cache.store.manifest import Manifest, WarmRecord
+from fi_cache.store.namespace import Namespace
 from tests.conftest import GEMM_617, GEMM_618, MOE_617_FUSED, MOE_617_UNFUSED, MOE_618_FUSED
 
 H200_617 = json.loads(GEMM_617.read_text())["_metadata"]

@@ -1,12 +1,13 @@
 #!/usr/bin/env python3
-"""A CPU stand-in for `python -m fi_cache.tune` (the tuning child), for tests without a GPU.
+"""A CPU stand-in for `python -m fi_cache.engines.flashinfer` (the tuning child), for tests
+without a GPU.
 
 Run with a real FlashInfer on PYTHONPATH (scripts/test.sh installs 0.6.17 and 0.6.18 beside a CPU
-torch). Everything that decides what lands in the cache file is FlashInfer's own code and
-fi-cache's driver: `fi_cache.tune.driver.run`, `flashinfer.autotune(True, cache=FILE)`,
+torch). Everything that decides what lands in the cache file is FlashInfer's own code and fi-cache's
+driver: `fi_cache.engines.flashinfer.driver.run`, `flashinfer.autotune(True, cache=FILE)`,
 `AutoTuner.choose_one` (buckets, profiles, keys), `save_configs` (layout, `_generation`), and for
-`cutlass_fused_moe` fi-cache's real adapter (fi_cache/tune/ops.py) calling FlashInfer's public
-`cutlass_fused_moe` with its real `MoERunner` (tactic lists, cache-key extras).
+`cutlass_fused_moe` fi-cache's real adapter (fi_cache/engines/flashinfer/ops.py) calling
+FlashInfer's public `cutlass_fused_moe` with its real `MoERunner` (tactic lists, cache-key extras).
 
 What stands in for the GPU (each marked CPU STAND-IN below):
 1. GEMM ops: one CPU runner (`CpuMatmulRunner`, three ways to multiply) tuned through
@@ -43,9 +44,9 @@ from flashinfer.fused_moe import core as fi_moe_core
 from flashinfer.fused_moe.utils import get_hybrid_num_tokens_buckets, make_hybrid_bucket_mapper
 from flashinfer.jit import fused_moe as fi_jit_moe
 
-from fi_cache.tune import __main__ as child_main
-from fi_cache.tune import driver, ops
-from fi_cache.tune.plan import GemmOp
+from fi_cache.engines.flashinfer import __main__ as child_main
+from fi_cache.engines.flashinfer import driver, ops
+from fi_cache.engines.flashinfer.plan import GemmOp
 
 G1, G2_FUSED, G2_UNFUSED = 45, 81, 36  # illustrative counts, as in tests/fixtures
 H200 = Path(__file__).resolve().parents[1] / "fixtures" / "h200"

@@ -1,4 +1,5 @@
-"""The tuning child's protocol (fi_cache/tune/driver.py), driven directly, with real FlashInfer.
+"""The tuning child's protocol (fi_cache/engines/flashinfer/driver.py), driven directly, with real
+FlashInfer.
 
 tests/tune/cpu_tune_child.py runs fi-cache's driver with FlashInfer 0.6.17 / 0.6.18's own AutoTuner
 on CPU (its docstring says what stands in for the GPU). Each child gets its whole input at once:
@@ -21,10 +22,10 @@ from typing import Any
 
 import pytest
 
+from fi_cache.engines.flashinfer import plan as plans
+from fi_cache.engines.flashinfer.driver import Job
+from fi_cache.engines.flashinfer.plan import GemmOp
 from fi_cache.model.keys import parse_key
-from fi_cache.tune import plan as plans
-from fi_cache.tune.driver import Job
-from fi_cache.tune.plan import GemmOp
 from tests.conftest import (
     FI_VERSIONS,
     FLASHINFER_INSTALLS,
@@ -55,7 +56,7 @@ REPLAYED = "0.6.18"
 
 
 def _job(mode: str, tune: bool = True) -> str:
-    """The job line the parent (fi_cache/tune/warm.py) sends for `mode`."""
+    """The job line the parent (fi_cache/engines/flashinfer/warm.py) sends for `mode`."""
     return json.dumps(Job(mode, PLAN.for_mode(mode), tune).to_json())
 
 
@@ -388,10 +389,10 @@ def test_an_op_that_cannot_run_here_is_refused_at_its_probe(runs: Runs) -> None:
 
 
 def _real_child(line: str, flashinfer: Path | None = None) -> dict[str, Any]:
-    """`python -m fi_cache.tune`, as the parent starts it."""
+    """`python -m fi_cache.engines.flashinfer`, as the parent starts it."""
     path = [str(flashinfer)] if flashinfer else []
     return {
-        "args": [sys.executable, "-m", "fi_cache.tune"],
+        "args": [sys.executable, "-m", "fi_cache.engines.flashinfer"],
         "input": line + "\n",
         "env": {**os.environ, "PYTHONPATH": os.pathsep.join([*path, str(ROOT)])},
     }

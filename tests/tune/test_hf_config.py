@@ -9,10 +9,10 @@ from typing import Any
 
 import pytest
 
+from fi_cache.engines.flashinfer import plan
+from fi_cache.engines.flashinfer.hf_config import describe, load_config, moe_table, plan_from_config
+from fi_cache.engines.flashinfer.plan import DEFAULT_TOKENS, MoeOp, PlanError
 from fi_cache.errors import EXIT_REFUSED
-from fi_cache.tune import plan
-from fi_cache.tune.hf_config import describe, load_config, moe_table, plan_from_config
-from fi_cache.tune.plan import DEFAULT_TOKENS, MoeOp, PlanError
 
 HF = Path(__file__).parent.parent / "fixtures" / "hf"
 MIXTRAL = HF / "mixtral-8x7b-v0.1.json"

@@ -1,5 +1,6 @@
-"""fi_cache/tune/ops.py builds each op's call the way the plan describes it: FlashInfer keys an
-entry by every input's shape and dtype, so a call made differently from the engine's misses.
+"""fi_cache/engines/flashinfer/ops.py builds each op's call the way the plan describes it:
+FlashInfer keys an entry by every input's shape and dtype, so a call made differently from the
+engine's misses.
 
 FlashInfer's GEMMs need CUDA, so the calls are built (on CPU, in a child process with a real
 FlashInfer on its path) and inspected, not run.
@@ -18,7 +19,7 @@ from tests.conftest import FI_VERSIONS, ROOT, flashinfer_dir
 
 _INSPECT = """
 import json, sys, torch
-from fi_cache.tune import ops, plan
+from fi_cache.engines.flashinfer import ops, plan
 p = plan.loads(sys.argv[1])
 out = []
 for op in p.ops:

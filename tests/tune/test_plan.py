@@ -10,9 +10,8 @@ import pytest
 from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 
-from fi_cache.errors import EXIT_REFUSED
-from fi_cache.tune import plan
-from fi_cache.tune.plan import (
+from fi_cache.engines.flashinfer import plan
+from fi_cache.engines.flashinfer.plan import (
     DEFAULT_BACKEND,
     DEFAULT_TOKENS,
     KNOWN_OPS,
@@ -27,6 +26,7 @@ from fi_cache.tune.plan import (
     op_from_json,
     op_to_json,
 )
+from fi_cache.errors import EXIT_REFUSED
 
 SRC = "plans/qwen3.toml"
 

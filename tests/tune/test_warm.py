@@ -1,5 +1,5 @@
-"""The pure parts of fi_cache/tune/warm.py: what is refused before a tuning child starts, what
-makes two warms "the same", which MoE tactic counts a namespace's manifest records."""
+"""The pure parts of fi_cache/engines/flashinfer/warm.py: what is refused before a tuning child
+starts, what makes two warms "the same", which MoE tactic counts a namespace's manifest records."""
 
 from __future__ import annotations
 
@@ -7,10 +7,10 @@ from typing import Any
 
 import pytest
 
+from fi_cache.engines.flashinfer import plan as plans
+from fi_cache.engines.flashinfer.warm import _counts, plan_key, static_problems
 from fi_cache.environment import Environment, Gpu, VllmInfo
 from fi_cache.model.fingerprint import Fingerprint
-from fi_cache.tune import plan as plans
-from fi_cache.tune.warm import _counts, plan_key, static_problems
 
 GOOD = """
 tokens = [1, 16]

@@ -1,0 +1,178 @@
+"""Read caches from disk into data: one `Cache` per file (v1) or env dir (v2).
+
+Bad files never abort a scan: `scan` collects them as problems and carries on.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from fi_cache.caches.discover import Found, ScanProblem, discover
+from fi_cache.errors import CorruptCache, FiCacheError, Refused, read_refusal
+from fi_cache.model import moe, v1, v2
+from fi_cache.model.fingerprint import Fingerprint
+
+# Real caches are kilobytes to tens of MB (100,000 entries is about 25 MB). Refuse far
+# bigger files instead of reading gigabytes into memory; FI_CACHE_MAX_FILE_MB raises the cap.
+_DEFAULT_MAX_MB = 512
+
+
+def max_file_bytes() -> int:
+    try:
+        return int(os.environ.get("FI_CACHE_MAX_FILE_MB", _DEFAULT_MAX_MB)) * 1024 * 1024
+    except ValueError:
+        return _DEFAULT_MAX_MB * 1024 * 1024
+
+
+@dataclass(frozen=True)
+class Cache:
+    """One cache as read: its location, content, and defects found while reading (v2)."""
+
+    found: Found
+    file: v1.CacheFile
+    size: int
+    modified: float
+    read_defects: tuple[v1.Defect, ...] = ()
+    manifest: dict[str, Any] | None = None  # v2 only
+
+    @property
+    def path(self) -> Path:
+        return self.found.path
+
+    @property
+    def metadata(self) -> dict[str, Any] | None:
+        return self.file.metadata
+
+    @property
+    def fingerprint(self) -> Fingerprint:
+        return Fingerprint.from_metadata(self.file.metadata, self.found.arch)
+
+    @property
+    def flashinfer_version(self) -> str | None:
+        return self.fingerprint.flashinfer_version or self.found.dir_version
+
+    def finalize(self) -> moe.FileFinalize | None:
+        return self.file.finalize()
+
+
+def _read_bytes(path: Path) -> bytes:
+    try:
+        size = path.stat().st_size
+        if size > max_file_bytes():
+            raise Refused(
+                f"{size / 2**20:.0f} MB is far larger than any autotune cache "
+                f"(limit {max_file_bytes() // 2**20} MB, raise with FI_CACHE_MAX_FILE_MB)",
+                path,
+            )
+        return path.read_bytes()
+    except PermissionError:
+        raise Refused("permission denied (FlashInfer writes its files 0600)", path) from None
+    except OSError as exc:
+        raise read_refusal(exc, path, "cache file") from None
+
+
+def read(found: Found) -> Cache:
+    """Load one cache. Raises CorruptCache (exit 1) or Refused (exit 2)."""
+    if found.format == "v2":
+        return _read_v2(found)
+    data = _read_bytes(found.path)
+    if not data or (len(data) < 64 and not data.strip()):
+        raise CorruptCache("empty file (a writer was killed before writing anything?)", found.path)
+    try:
+        cf = v1.loads(data)
+    except v1.FormatError as exc:
+        raise CorruptCache(str(exc), found.path) from None
+    st = found.path.stat()
+    return Cache(found, cf, st.st_size, st.st_mtime)
+
+
+def _read_v2(found: Found) -> Cache:
+    manifest_path = found.path / v2.MANIFEST
+    try:
+        manifest = json.loads(_read_bytes(manifest_path))
+    except (ValueError, RecursionError) as exc:
+        raise CorruptCache(f"manifest is not valid JSON ({exc})", manifest_path) from None
+    if not isinstance(manifest, dict):
+        raise CorruptCache("manifest is not a JSON object", manifest_path)
+    entries: dict[str, list[Any]] = {}
+    defects: list[v1.Defect] = []
+    size = manifest_path.stat().st_size
+    modified = manifest_path.stat().st_mtime
+    entries_dir = found.path / v2.ENTRIES_DIR
+    try:
+        names = sorted(n for n in os.listdir(entries_dir) if n.endswith(".json"))
+    except FileNotFoundError:
+        names = []
+    except OSError as exc:
+        raise Refused(f"cannot list entries: {exc.strerror}", entries_dir) from None
+    for name in names:
+        path = entries_dir / name
+        try:
+            raw = _read_bytes(path)
+            entry = v2.parse_entry(name, json.loads(raw))
+        except FiCacheError as exc:
+            defects.append(v1.Defect("corrupt-file", f"{name}: {exc.message}"))
+            continue
+        except (ValueError, RecursionError) as exc:
+            defects.append(v1.Defect("corrupt-file", f"{name}: {exc}"))
+            continue
+        entries[entry.key] = entry.value
+        st = path.stat()
+        size += st.st_size
+        modified = max(modified, st.st_mtime)
+    cf = v1.CacheFile(v2.metadata_of(manifest), entries)
+    expected = v2.env_hash(manifest)
+    if expected != found.path.name:
+        defects.append(
+            v1.Defect(
+                "generation-mismatch",
+                f"manifest hashes to {expected}, not to its directory name "
+                "(edited by hand? FlashInfer will never look here)",
+            )
+        )
+    return Cache(found, cf, size, modified, tuple(defects), manifest)
+
+
+@dataclass
+class Inventory:
+    caches: list[Cache] = field(default_factory=list)
+    problems: list[ScanProblem] = field(default_factory=list)
+    # Paths given explicitly that held no cache at all.
+    empty: list[Path] = field(default_factory=list)
+
+
+def scan(paths: Iterable[Path], *, explicit: bool = True) -> Inventory:
+    """Discover and read every cache under `paths`. Missing paths raise Refused when explicit;
+    every unreadable or corrupt cache becomes a problem and the scan goes on."""
+    inv = Inventory()
+    seen: set[Path] = set()
+    for root in paths:
+        try:
+            found, problems = discover(root)
+        except Refused:
+            if explicit:
+                raise
+            continue
+        inv.problems.extend(problems)
+        if not found and not problems and explicit:
+            inv.empty.append(root)
+        for f in found:
+            key = f.path.resolve()
+            if key in seen:
+                continue
+            seen.add(key)
+            try:
+                inv.caches.append(read(f))
+            except CorruptCache as exc:
+                inv.problems.append(
+                    ScanProblem(Path(exc.path or f.path), "corrupt-file", exc.message)
+                )
+            except Refused as exc:
+                check = "unreadable-permissions" if "permission" in exc.message else "corrupt-file"
+                inv.problems.append(ScanProblem(Path(exc.path or f.path), check, exc.message, 2))
+    return inv

@@ -1,0 +1,110 @@
+"""export / import: ship namespaces between machines as verified bundles."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import click
+
+from fi_cache.cli import render
+from fi_cache.errors import Refused
+
+
+def _ctx() -> Any:
+    return click.get_current_context().obj
+
+
+def store_namespaces(store: Path) -> list[Path]:
+    """Every namespace dir of the store that has a manifest."""
+    from fi_cache.store.manifest import MANIFEST_NAME
+    from fi_cache.store.namespace import NAMESPACES_DIR
+
+    root = store / NAMESPACES_DIR
+    return sorted(p.parent for p in root.glob(f"*/*/*/*/{MANIFEST_NAME}")) if root.is_dir() else []
+
+
+def resolve_namespaces(store: Path, which: str | None) -> list[Path]:
+    """None: the whole store; fused/unfused/here: this machine's; else a namespace dir."""
+    from fi_cache import environment
+    from fi_cache.store.namespace import FINALIZE_MODES, NAMESPACES_DIR, Namespace
+    from fi_cache.store.paths import state_dir
+
+    everything = store_namespaces(store)
+    if which is None:
+        return everything
+    if which in ("fused", "unfused", "here"):
+        fp = environment.detect(state_dir(store)).fingerprint
+        modes = FINALIZE_MODES if which == "here" else (which,)
+        wanted = {Namespace(fp, m).path(store) for m in modes}  # type: ignore[arg-type]
+        return [p for p in everything if p in wanted]
+    for candidate in (Path(which), store / which, store / NAMESPACES_DIR / which):
+        if candidate.resolve() in {p.resolve() for p in everything}:
+            return [candidate.resolve()]
+    raise Refused(f"no namespace {which!r} in the store (see `fi-cache ls`)", store)
+
+
+def echo_bundle(
+    verb: str, bm: Any, where: str, bundle_size: int | None = None, list_namespaces: bool = False
+) -> None:
+    """The one line export, import, push and pull print about what they moved."""
+    packed = f", bundle {render.human_size(bundle_size)}" if bundle_size is not None else ""
+    click.echo(
+        f"{verb} {len(bm.namespaces)} namespace(s), {len(bm.files)} files "
+        f"({render.human_size(bm.size)}{packed}) {where}"
+    )
+    for n in bm.namespaces if list_namespaces else ():
+        click.echo(f"  {n.path}")
+
+
+def _summary(bm: Any) -> dict[str, Any]:
+    return {"namespaces": [n.path for n in bm.namespaces], "files": len(bm.files), "size": bm.size}
+
+
+@click.command("export")
+@click.argument("namespace", required=False)
+@click.option(
+    "-o",
+    "--output",
+    type=click.Path(path_type=Path, readable=False),
+    required=True,
+    help="The bundle to write (tar.gz).",
+)
+def export_command(namespace: str | None, output: Path) -> int:
+    """Bundle NAMESPACE (a dir, or fused/unfused/here for this machine's; default: all)."""
+    from fi_cache.fleet import bundle
+
+    ctx = _ctx()
+    if output.is_dir():
+        raise Refused("is a directory; name the bundle file to write", output)
+    if not output.parent.is_dir():  # a typo should not grow a directory tree
+        raise Refused("no such directory", output.parent)
+    dirs = resolve_namespaces(ctx.store, namespace)
+    bm = bundle.export(ctx.store, dirs, output)
+    if ctx.json:
+        render.emit_json({"bundle": str(output), **_summary(bm)})
+    else:
+        echo_bundle("exported", bm, f"to {output}")
+    return 0
+
+
+@click.command("import")
+@click.argument("bundle_path", metavar="BUNDLE", type=click.Path(path_type=Path, readable=False))
+@click.option("--force", is_flag=True, help="Import a bundle made for another environment.")
+def import_command(bundle_path: Path, force: bool) -> int:
+    """Verify BUNDLE completely, then install its namespaces into the store."""
+    from fi_cache import environment
+    from fi_cache.fleet import bundle
+    from fi_cache.store.paths import state_dir
+
+    ctx = _ctx()
+    here = environment.detect(state_dir(ctx.store)).fingerprint
+    bm = bundle.import_bundle(ctx.store, bundle_path, here, force)
+    if ctx.json:
+        render.emit_json({"bundle": str(bundle_path), **_summary(bm)})
+    else:
+        echo_bundle("imported", bm, f"from {bundle_path}", list_namespaces=True)
+    return 0
+
+
+COMMANDS = [export_command, import_command]

@@ -1,0 +1,120 @@
+"""ls: every cache in the store and under the given paths, one row each."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import click
+
+from fi_cache.caches.discover import ScanProblem
+from fi_cache.caches.inventory import Cache, Inventory, scan
+from fi_cache.cli import render
+from fi_cache.store.namespace import FINALIZE_MODES, NAMESPACES_DIR, namespace_parts
+
+_PATHS = click.argument("paths", nargs=-1, type=click.Path(path_type=Path, readable=False))
+
+
+def _ctx() -> Any:
+    return click.get_current_context().obj
+
+
+def _store_roots(store: Path) -> list[Path]:
+    root = store / NAMESPACES_DIR
+    return [root] if root.is_dir() else []
+
+
+def _scan(paths: tuple[Path, ...], include_store: bool) -> Inventory:
+    store = _ctx().store
+    inv = scan(_store_roots(store), explicit=False) if include_store else Inventory()
+    extra = scan(paths)
+    seen = {c.path.resolve() for c in inv.caches}  # a PATH inside the store: list it once
+    inv.caches.extend(c for c in extra.caches if c.path.resolve() not in seen)
+    inv.problems.extend(extra.problems)
+    inv.empty.extend(extra.empty)
+    return inv
+
+
+def summary(cache: Cache, store: Path) -> dict[str, Any]:
+    """One `ls` row as the contract's JSON (plus `layout`, `rank`, `namespace`)."""
+    cf = cache.file
+    ns = namespace_parts(cache.path, store)
+    arch = cache.found.arch or (ns["arch"] if ns and ns["arch"] != "unknown" else None)
+    finalize = cache.finalize()
+    if finalize == "unknown" and ns and ns["finalize"] in FINALIZE_MODES:
+        finalize = ns["finalize"]  # keys cannot say (<= 0.6.17); the namespace can
+    return {
+        "path": str(cache.path),
+        "format": cache.found.format,
+        "flashinfer_version": cache.flashinfer_version,
+        "gpu": cache.fingerprint.gpu,  # a string or null, whatever the file holds
+        "arch": arch,
+        "entries": len(cf.entries),
+        "size": cache.size,
+        "ops": cf.ops(),
+        "finalize": finalize,
+        "modified": render.iso_time(cache.modified),
+        "layout": cache.found.layout,
+        "rank": list(cache.found.rank) if cache.found.rank else None,
+        "namespace": ns["dir"] if ns else None,
+    }
+
+
+def _problem_json(p: ScanProblem) -> dict[str, str]:
+    return {"path": str(p.path), "check": p.check, "message": p.message}
+
+
+@click.command("ls")
+@_PATHS
+@click.option("--no-store", is_flag=True, help="Only the given paths, not the fi-cache store.")
+@click.option("-l", "--long", "long_", is_flag=True, help="Add size, modified time and ops.")
+@click.option("--paths", "paths_only", is_flag=True, help="Print only paths, one per line.")
+def ls_command(paths: tuple[Path, ...], no_store: bool, long_: bool, paths_only: bool) -> int:
+    """List caches in the store and under PATHS (files, vLLM cache roots, v2 stores)."""
+    ctx = _ctx()
+    inv = _scan(paths, include_store=not no_store)
+    rows = [summary(c, ctx.store) for c in inv.caches]
+    code = render.report_scan_problems(inv)
+    if ctx.json:
+        render.emit_json({"caches": rows, "problems": [_problem_json(p) for p in inv.problems]})
+        return code
+    if paths_only:
+        for r in rows:
+            click.echo(r["path"])
+        return code
+    if not rows:
+        if not ctx.quiet and not inv.problems and not inv.empty:
+            render.warn(f"no caches in the store ({ctx.store}); pass paths to look elsewhere")
+        return code
+    # Default columns fit 80 characters; -l adds size, time and ops. Store caches come first,
+    # one group per namespace, their paths relative to it.
+    headers = ["FLASHINFER", "ARCH", "GPU", "ENTRIES", "FINALIZE"]
+    headers += ["SIZE", "MODIFIED", "PATH"] if long_ else ["PATH"]
+    groups: dict[str | None, list[list[str]]] = {}
+    for r in sorted(rows, key=lambda r: (r["namespace"] is None, r["namespace"] or "", r["path"])):
+        row = [
+            r["flashinfer_version"] or "?",
+            r["arch"] or "-",
+            render.short_gpu(r["gpu"]),
+            str(r["entries"]),
+            r["finalize"] or "-",
+        ]
+        if long_:
+            row += [render.human_size(r["size"]), r["modified"][:16].replace("T", " ")]
+        path = Path(r["path"])
+        shown = path.relative_to(r["namespace"]) if r["namespace"] else path
+        groups.setdefault(r["namespace"], []).append([*row, render.display_path(shown)])
+    right = (3, 5) if long_ else (3,)
+    for i, (ns_dir, table_rows) in enumerate(groups.items()):
+        if ns_dir is not None or len(groups) > 1:
+            title = f"namespace {render.display_path(Path(ns_dir))}" if ns_dir else "other caches"
+            click.echo(("\n" if i else "") + title)
+        click.echo(render.table(headers, table_rows, right=right, width=render.terminal_width()))
+    if long_:
+        click.echo()
+        for r in rows:
+            click.echo(f"{render.display_path(Path(r['path']))}: {', '.join(r['ops']) or '-'}")
+    return code
+
+
+COMMANDS = [ls_command]

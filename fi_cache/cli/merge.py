@@ -1,0 +1,111 @@
+"""`fi-cache merge SRC... -o OUT`: join v1 files from one environment (vLLM 0.33 per-rank files)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, cast
+
+import click
+
+from fi_cache.cli import render
+
+if TYPE_CHECKING:  # the merge module loads only when merge runs: --help stays fast
+    from fi_cache.maintenance.merge import Conflict, MergeReport, Prefer
+
+# = fi_cache.maintenance.merge.PREFER_CHOICES (a test keeps them equal)
+PREFER_CHOICES = ("first", "last")
+
+
+def _ctx() -> Any:
+    return click.get_current_context().obj
+
+
+def _conflict_json(c: Conflict) -> dict[str, Any]:
+    return {
+        "key": c.key,
+        "kept": c.kept,
+        "dropped": c.dropped,
+        "kept_from": c.kept_from,
+        "dropped_from": c.dropped_from,
+    }
+
+
+def report_json(report: MergeReport) -> dict[str, Any]:
+    """The contract's JSON for one merge."""
+    return {
+        "output": str(report.output),
+        "sources": report.sources,
+        "entries": report.result.entries,
+        "new": report.new,
+        "conflicts": [_conflict_json(c) for c in report.result.conflicts],
+        "generation": report.generation,
+    }
+
+
+def _compact(value: Any) -> str:
+    return json.dumps(value, separators=(",", ":"))
+
+
+def _conflict_line(c: Conflict) -> str:
+    return (
+        f"conflict {c.key}: kept {_compact(c.kept)} from {c.kept_from}, "
+        f"dropped {_compact(c.dropped)} from {c.dropped_from}"
+    )
+
+
+def _count(n: int, one: str, many: str) -> str:
+    return f"{n} {one if n == 1 else many}"
+
+
+def _summary(report: MergeReport, prefer: str) -> str:
+    out = render.display_path(report.output)
+    conflicts = len(report.result.conflicts)
+    return (
+        f"merged {_count(report.sources, 'file', 'files')} into {out}: "
+        f"{_count(report.result.entries, 'entry', 'entries')} ({report.new} new), "
+        f"{_count(conflicts, 'conflict', 'conflicts')} kept from {prefer}"
+    )
+
+
+@click.command("merge")
+@click.argument(
+    "sources",
+    metavar="SRC...",
+    nargs=-1,
+    required=True,
+    type=click.Path(path_type=Path, readable=False),
+)
+@click.option(
+    "-o",
+    "--output",
+    metavar="OUT",
+    type=click.Path(path_type=Path, readable=False),
+    required=True,
+    help="File to write; when it exists, its entries are kept and merged first.",
+)
+@click.option(
+    "--prefer",
+    type=click.Choice(PREFER_CHOICES),
+    default="first",
+    show_default=True,
+    help="Which file's tactic wins when two disagree (an existing OUT comes first).",
+)
+def merge_command(sources: tuple[Path, ...], output: Path, prefer: str) -> int:
+    """Union of v1 cache files with equal _metadata into OUT; conflicts are reported."""
+    ctx = _ctx()
+    from fi_cache.maintenance.merge import merge_into
+
+    report = merge_into(list(sources), output, cast("Prefer", prefer))
+    if ctx.json:
+        render.emit_json(report_json(report))
+        return 0
+    # Conflicts are printed even with -q: each one is a tactic that was thrown away.
+    for c in report.result.conflicts:
+        click.echo(_conflict_line(c))
+    if not ctx.quiet:
+        click.echo(_summary(report, prefer))
+    return 0
+
+
+COMMANDS = [merge_command]

@@ -1,0 +1,153 @@
+"""plan: write a tuning plan for `warm --engine flashinfer` from a model's config.json, or check
+one."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import click
+
+from fi_cache.cli import render
+from fi_cache.errors import Refused
+
+_TOKENS_HELP = (
+    "Token counts each op is run at, comma-separated (FlashInfer tunes every bucket up to each)."
+)
+
+
+def _ctx() -> Any:
+    return click.get_current_context().obj
+
+
+def _tokens(text: str) -> tuple[int, ...]:
+    try:
+        values = tuple(int(t) for t in text.split(",") if t.strip())
+    except ValueError:
+        raise click.BadParameter(f"{text!r}: expected numbers like 1,16,128,1024") from None
+    if not values:
+        raise click.BadParameter("expected at least one token count")
+    return values
+
+
+@click.command("plan")
+@click.option(
+    "--from-hf-config",
+    "hf_config",
+    type=click.Path(path_type=Path),
+    default=None,
+    help="A Hugging Face config.json (or model dir): write the cutlass_fused_moe part from it.",
+)
+@click.option(
+    "--check",
+    "check_path",
+    type=click.Path(path_type=Path),
+    default=None,
+    help="Read a plan and list what `warm --engine flashinfer` would run (exit 2 if invalid).",
+)
+@click.option("--tokens", default="1,16,128,1024", show_default=True, help=_TOKENS_HELP)
+@click.option(
+    "--finalize",
+    type=click.Choice(["fused", "unfused", "both"]),
+    default="both",
+    show_default=True,
+    help="MoE finalize modes to tune (each fills its own namespace).",
+)
+@click.option(
+    "--dtype",
+    type=click.Choice(["bf16", "fp16"]),
+    default=None,
+    help="MoE dtype (default: the config's; needed for quantised models).",
+)
+@click.option("--tp-size", type=click.IntRange(1), default=1, show_default=True)
+@click.option("--ep-size", type=click.IntRange(1), default=1, show_default=True)
+@click.option(
+    "-o",
+    "--output",
+    type=click.Path(path_type=Path),
+    default=None,
+    help="Write the plan here (default: stdout).",
+)
+def plan_command(
+    hf_config: Path | None,
+    check_path: Path | None,
+    tokens: str,
+    finalize: str,
+    dtype: str | None,
+    tp_size: int,
+    ep_size: int,
+    output: Path | None,
+) -> int:
+    """Write a tuning plan from a model's config.json, or check one."""
+    from fi_cache.engines.flashinfer import hf_config as hf
+    from fi_cache.engines.flashinfer import plan as plans
+
+    ctx = _ctx()
+    if (hf_config is None) == (check_path is None):
+        raise Refused("give one of --from-hf-config CONFIG or --check PLAN")
+    if check_path is not None:
+        from fi_cache.engines import get
+
+        _show_plan(get("flashinfer").read_args([str(check_path)]).plan, ctx.json)
+        return 0
+    assert hf_config is not None
+    config = hf.load_config(hf_config)
+    modes = ("fused", "unfused") if finalize == "both" else (finalize,)
+    plan = hf.plan_from_config(
+        config, str(hf_config), tokens=_tokens(tokens), dtype=dtype, finalize=modes,
+        tp_size=tp_size, ep_size=ep_size,
+    )  # fmt: skip
+    text = plans.dumps(
+        plan,
+        [
+            f"fi-cache tuning plan for {hf.describe(config)}, from {hf_config}",
+            "Run it: fi-cache warm --engine flashinfer --plan THIS_FILE",
+            "tokens: the token counts each op runs at; FlashInfer tunes every bucket up to them.",
+        ],
+    )
+    if tp_size * ep_size > 1 and not ctx.quiet:
+        from fi_cache.versions import MOE_KEY_HAS_RANKS
+
+        render.warn(
+            f"{len(plan.ops)} ops, one per rank: FlashInfer {MOE_KEY_HAS_RANKS.describe()} puts "
+            "tp_rank and ep_rank in MoE keys"
+        )
+    if output is None:
+        click.echo(text, nl=False)
+        return 0
+    from fi_cache.store import files
+
+    if output.is_dir():
+        raise Refused("is a directory; name the plan file to write", output)
+    if not output.parent.is_dir():
+        raise Refused("no such directory", output.parent)
+    files.atomic_write(output, text.encode(), lock=False)
+    if not ctx.quiet:
+        render.warn(f"wrote {output} ({len(plan.ops)} op{'s' if len(plan.ops) > 1 else ''})")
+    return 0
+
+
+def _show_plan(plan: Any, as_json: bool) -> None:
+    from fi_cache.engines.flashinfer.plan import op_to_json
+
+    calls = {m: sum(o.n_calls for o in plan.for_mode(m)) for m in plan.modes}
+    if as_json:
+        render.emit_json(
+            {
+                "plan": plan.source,
+                "modes": list(plan.modes),
+                "calls": calls,
+                "ops": [op_to_json(o) for o in plan.ops],
+            }
+        )
+        return
+    for op in plan.ops:
+        extra = f" finalize={','.join(op.finalize)}" if hasattr(op, "finalize") else ""
+        backends = f" [{', '.join(op.backends)}]" if hasattr(op, "backends") else ""
+        tokens = ",".join(str(t) for t in op.tokens)
+        click.echo(f"op {op.index}: {op.label}{backends}{extra} tokens={tokens}")
+    for mode, n in calls.items():
+        click.echo(f"{mode} namespace: {n} calls")
+
+
+COMMANDS = [plan_command]

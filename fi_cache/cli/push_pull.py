@@ -1,0 +1,129 @@
+"""push / pull: move this machine's bundle to and from object storage (any fsspec URL)."""
+
+from __future__ import annotations
+
+import sys
+import time
+from typing import IO, Any
+
+import click
+
+from fi_cache.cli import render
+
+_SHOW_FROM = 1024 * 1024  # smaller transfers finish before a progress line could help
+_REDRAW_S = 0.1
+
+
+def _ctx() -> Any:
+    return click.get_current_context().obj
+
+
+class LiveProgress:
+    """`(done, total)` callback: one live line on a terminal's stderr, nothing anywhere else."""
+
+    def __init__(self, label: str, quiet: bool, stream: IO[str] | None = None) -> None:
+        self.label = label
+        self.stream = stream if stream is not None else sys.stderr
+        self.enabled = not quiet and self.stream.isatty()
+        self.started = time.monotonic()
+        self.drawn = 0.0
+        self.live = False
+
+    def __call__(self, done: int, total: int) -> None:
+        if not self.enabled or total < _SHOW_FROM:
+            return
+        now = time.monotonic()
+        if done < total and now - self.drawn < _REDRAW_S:
+            return
+        self.drawn = now
+        rate = done / max(now - self.started, 1e-6)
+        line = (
+            f"{self.label} {render.human_size(done)} / {render.human_size(total)} "
+            f"({100 * done // max(total, 1)}%, {render.human_size(int(rate))}/s)"
+        )
+        click.echo(f"\r\x1b[K{line}", file=self.stream, nl=False)
+        self.live = True
+
+    def finish(self) -> None:
+        if self.live:
+            click.echo(file=self.stream)
+            self.live = False
+
+
+def _summary(moved: Any) -> dict[str, Any]:
+    bm = moved.manifest
+    return {
+        "url": moved.url,
+        "key": moved.key,
+        "bundle_size": moved.size,
+        "sha256": moved.sha256,
+        "namespaces": [n.path for n in bm.namespaces],
+        "files": len(bm.files),
+        "size": bm.size,
+    }
+
+
+@click.command("push")
+@click.argument("url")
+@click.option(
+    "--namespace",
+    "which",
+    default="here",
+    show_default=True,
+    help="What to push: here (this machine's namespaces), fused, unfused, or one namespace dir.",
+)
+def push_command(url: str, which: str) -> int:
+    """Upload this machine's namespaces as a bundle to URL (s3://, gs://, file://, a path, ...).
+
+    The bundle lands at URL/<flashinfer>/<arch>/<gpu>/<fingerprint>.tar.gz with a .json sidecar
+    (size, sha256), so machines of every kind share one bucket and `pull` finds its own.
+    """
+    from fi_cache.cli.bundle import echo_bundle, resolve_namespaces
+    from fi_cache.fleet import transfer
+
+    ctx = _ctx()
+    dirs = resolve_namespaces(ctx.store, which)
+    progress = LiveProgress("push", ctx.quiet)
+    try:
+        moved = transfer.push(ctx.store, url, dirs, progress)
+    finally:
+        progress.finish()
+    if ctx.json:
+        render.emit_json(_summary(moved))
+    else:
+        echo_bundle("pushed", moved.manifest, f"to {moved.url}", bundle_size=moved.size)
+    return 0
+
+
+@click.command("pull")
+@click.argument("url")
+@click.option("--force", is_flag=True, help="Import a bundle made for another environment.")
+@click.option(
+    "--key",
+    default=None,
+    metavar="KEY",
+    help="Pull this bundle (<flashinfer>/<arch>/<gpu>/<hash>.tar.gz) instead of this machine's.",
+)
+def pull_command(url: str, force: bool, key: str | None) -> int:
+    """Download this machine's bundle from URL, check its sha256, verify and import it.
+
+    Refuses (exit 2) when URL holds no bundle for this machine's environment, naming the key
+    it looked for and the bundles that are there.
+    """
+    from fi_cache.cli.bundle import echo_bundle
+    from fi_cache.fleet import transfer
+
+    ctx = _ctx()
+    progress = LiveProgress("pull", ctx.quiet)
+    try:
+        moved = transfer.pull(ctx.store, url, force=force, progress=progress, key=key)
+    finally:
+        progress.finish()
+    if ctx.json:
+        render.emit_json(_summary(moved))
+    else:
+        echo_bundle("pulled", moved.manifest, f"from {moved.url}", list_namespaces=True)
+    return 0
+
+
+COMMANDS = [push_command, pull_command]

@@ -1,0 +1,125 @@
+"""serve: pre-flight checks, a warm when the namespace is cold, then `exec vllm serve` on it."""
+
+from __future__ import annotations
+
+import os
+import signal
+import sys
+import time
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import click
+
+from fi_cache.cli import render
+from fi_cache.cli.warm import VLLM_ARGS, VLLM_OPT, check_finalize_support, resolve, run_vllm_warm
+from fi_cache.errors import FiCacheError, Refused
+
+if TYPE_CHECKING:
+    from fi_cache.store.namespace import FinalizeMode
+
+
+def _ctx() -> Any:
+    return click.get_current_context().obj
+
+
+@click.command("serve")
+@click.option(
+    "--deterministic",
+    is_flag=True,
+    help="Unfused (bit-stable) MoE finalize: its own namespace and "
+    "VLLM_FLASHINFER_MOE_FUSED_FINALIZE=0.",
+)
+@click.option(
+    "--warm/--no-warm",
+    "do_warm",
+    default=True,
+    show_default=True,
+    help="Warm a cold namespace before serving.",
+)
+@click.option(
+    "--force", is_flag=True, help="Serve despite pre-flight errors or an unsupported mode."
+)
+@click.option(
+    "--timeout",
+    type=float,
+    default=1800.0,
+    show_default=True,
+    help="Seconds to wait for vLLM's /health while warming.",
+)
+@VLLM_OPT
+@VLLM_ARGS
+def serve_command(
+    deterministic: bool,
+    do_warm: bool,
+    force: bool,
+    timeout: float,
+    vllm_path: str | None,
+    vllm_args: tuple[str, ...],
+) -> int:
+    """Run `vllm serve VLLM_ARGS` on this machine's namespace, warmed first when cold."""
+    from fi_cache.doctor import preflight
+    from fi_cache.engines import get
+    from fi_cache.engines.vllm import launch
+    from fi_cache.store import locks
+    from fi_cache.store import manifest as manifests
+
+    ctx = _ctx()
+    finalize: FinalizeMode = "unfused" if deterministic else "fused"
+    ns, env = resolve(finalize)
+    check_finalize_support(env, finalize, force, "serve")
+    engine = get("vllm")
+    args = engine.read_args(vllm_args)
+    executable = engine.find_executable(vllm_path)
+    ns_dir = ns.path(ctx.store)
+    try:
+        m = manifests.load(ns_dir)
+    except FiCacheError as exc:
+        if not force:
+            raise
+        render.warn(f"{exc} (going on: --force)")
+        m = None
+    findings = preflight.check_namespace(
+        ns, ns_dir, engine.cache_dir(ns_dir), m, env.vllm.version
+    )
+    errors = [f for f in findings if f.severity == "error"]
+    for f in findings:
+        render.warn(f"{f.severity} {f.check}: {f.path}: {f.message}\n    fix: {f.fix}")
+    if errors and not force:
+        raise FiCacheError(f"pre-flight found {len(errors)} error(s); fix them or pass --force")
+    if not engine.is_warm(ns_dir, m, args, finalize):
+        if do_warm:
+            run_vllm_warm(ns, env, vllm_args, vllm_path, timeout, None)
+            signal.signal(signal.SIGTERM, signal.SIG_DFL)
+        elif not ctx.quiet:
+            render.warn("namespace is cold: vLLM tunes at start-up and saves into it")
+    _touch(ns_dir)
+    if ns_dir.is_dir():
+        locks.hold_in_use(ns_dir)  # inherited by vLLM: prune leaves a served namespace alone
+    launch_env = launch.launch_env(
+        dict(os.environ), engine.cache_dir(ns_dir), finalize, args.uses_ray
+    )
+    sys.stdout.flush()
+    sys.stderr.flush()
+    # exec: vLLM takes over this process, so signals reach it directly and its exit code is ours.
+    try:
+        os.execve(executable, [executable, "serve", *vllm_args], launch_env)
+    except OSError as exc:
+        raise Refused(f"cannot run vLLM: {exc.strerror}", executable) from None
+
+
+def _touch(ns_dir: Path) -> None:
+    """Record last use; a read-only or busy store just skips it."""
+    from fi_cache.store import locks
+    from fi_cache.store import manifest as manifests
+
+    try:
+        with locks.namespace_lock(ns_dir, "serve", timeout=2):
+            m = manifests.load(ns_dir)
+            if m is not None:
+                manifests.save(ns_dir, m.used(time.time()))
+    except (FiCacheError, OSError):
+        pass
+
+
+COMMANDS = [serve_command]

@@ -1,0 +1,141 @@
+"""show: one cache decoded (metadata, entries by op with shapes and tactics, MoE extras)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import click
+
+from fi_cache.caches.inventory import Cache, scan
+from fi_cache.cli import render
+from fi_cache.errors import EXIT_REFUSED, CorruptCache, Refused
+from fi_cache.model import keys as keymod
+from fi_cache.model import moe, v1
+
+
+def _ctx() -> Any:
+    return click.get_current_context().obj
+
+
+def _entry_json(raw: str, key: keymod.CacheKey | None, value: Any) -> dict[str, Any]:
+    if not isinstance(value, list):
+        value = [None, value]  # malformed (verify says so); still shown as it is
+    if key is None:
+        return {
+            "op": None,
+            "runner": value[0] if value else None,
+            "profile": None,
+            "extras": None,
+            "tactic": value[1] if len(value) > 1 else None,
+            "raw_key": raw,
+        }
+    extras: Any = keymod.to_json(key.extras) if key.has_extras else None
+    if moe.is_moe(key.op) and (named := moe.named_extras(key)):
+        extras = {name: keymod.to_json(v) for name, v in named.items()}
+    out = {
+        "op": key.op,
+        "runner": key.runner,
+        "profile": keymod.to_json(key.profile),
+        "extras": extras,
+        "tactic": value[1] if isinstance(value, list) and len(value) > 1 else None,
+    }
+    if moe.is_moe(key.op):
+        out["finalize"] = moe.finalize_mode(key)
+    if isinstance(value, list) and len(value) > 2:
+        out["value_extra"] = value[2:]  # 0.7.4 provenance / selection data
+    return out
+
+
+def _load_one(path: Path) -> Cache:
+    inv = scan([path])
+    if inv.problems:
+        p = inv.problems[0]
+        raise (Refused if p.exit_code == EXIT_REFUSED else CorruptCache)(p.message, p.path)
+    if inv.empty or not inv.caches:
+        raise Refused("no FlashInfer autotune cache here", path)
+    if len(inv.caches) > 1:
+        raise Refused(f"holds {len(inv.caches)} caches; name one file (see `fi-cache ls`)", path)
+    return inv.caches[0]
+
+
+@click.command("show")
+@click.argument("path", type=click.Path(path_type=Path, readable=False))
+@click.option("--op", "op_filter", default=None, help="Only entries of this op (substring).")
+def show_command(path: Path, op_filter: str | None) -> int:
+    """Decode one cache: metadata, entries by op with shapes and tactics, MoE extras by name."""
+    ctx = _ctx()
+    cache = _load_one(path)
+    entries = [_entry_json(raw, key, value) for raw, key, value in v1.iter_entries(cache.file)]
+    if op_filter:
+        entries = [e for e in entries if e["op"] and op_filter in e["op"]]
+    if ctx.json:
+        render.emit_json(
+            {
+                "path": str(cache.path),
+                "format": cache.found.format,
+                "metadata": cache.metadata,
+                "entries": entries,
+            }
+        )
+        return 0
+    _show_human(cache, entries)
+    return 0
+
+
+def _show_human(cache: Cache, entries: list[dict[str, Any]]) -> None:
+    click.echo(
+        f"{render.display_path(cache.path)}  ({cache.found.format}, {len(entries)} entries, "
+        f"{render.human_size(cache.size)})"
+    )
+    meta = cache.metadata
+    if meta is None:
+        click.echo("metadata: none (FlashInfer accepts the file in any environment)")
+    else:
+        for name, value in meta.items():
+            click.echo(f"  {name:<24}{value}")
+    if cache.file.generation:
+        click.echo(f"  {'_generation':<24}{cache.file.generation[:16]}…")
+    groups: dict[tuple[str, str], list[dict[str, Any]]] = {}
+    for e in entries:
+        groups.setdefault((e["op"] or "(unparsable key)", e["runner"] or "?"), []).append(e)
+    for (op, runner), group in sorted(groups.items()):
+        click.echo(f"\n{op} · {runner}  ({len(group)} entries)")
+        rows = []
+        for e in sorted(group, key=lambda e: json.dumps(e["profile"])):
+            extras = e["extras"]
+            if "finalize" in e and not isinstance(extras, dict):
+                extras_text = "unknown finalize (no extras in key)"
+            elif isinstance(extras, dict):  # MoE: the fields that tell runs apart
+                extras_text = (
+                    f"{e.get('finalize')} top_k={extras.get('top_k')} "
+                    f"ep={extras.get('ep_size')} tp={extras.get('tp_size')}"
+                )
+            else:
+                extras_text = _compact(extras) if extras is not None else "-"
+            rows.append([_shapes(e["profile"]), _compact(e["tactic"]), extras_text])
+        headers = ["PROFILE", "TACTIC", "EXTRAS"]
+        click.echo(render.table(headers, rows, width=render.terminal_width()))
+
+
+def _shapes(profile: Any) -> str:
+    """Profile shapes as `1x4096 4096x2048 0 -1x2048`: one token per input, dims joined by x."""
+    if not isinstance(profile, list):
+        return str(profile)
+    parts = []
+    for shape in profile:
+        if isinstance(shape, list):
+            parts.append("x".join(str(d) for d in shape) if shape else "()")
+        else:
+            parts.append(str(shape))
+    return " ".join(parts)
+
+
+def _compact(value: Any) -> str:
+    if isinstance(value, list):
+        return "[" + ",".join(_compact(v) for v in value) + "]"
+    return str(value)
+
+
+COMMANDS = [show_command]

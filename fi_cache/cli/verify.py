@@ -1,0 +1,77 @@
+"""verify: integrity of cache files (JSON, keys, `_generation`, value shapes); exit 1 if corrupt."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import click
+
+from fi_cache.caches.inventory import Cache, scan
+from fi_cache.cli import render
+from fi_cache.errors import EXIT_PROBLEM
+from fi_cache.model import v1
+
+
+def _ctx() -> Any:
+    return click.get_current_context().obj
+
+
+@click.command("verify")
+@click.argument("paths", nargs=-1, required=True, type=click.Path(path_type=Path, readable=False))
+def verify_command(paths: tuple[Path, ...]) -> int:
+    """Check integrity: valid JSON, every key parses, `_generation` matches, value shapes."""
+    ctx = _ctx()
+    inv = scan(paths)
+    results: list[dict[str, Any]] = []
+    code = render.report_scan_problems(inv)
+    for cache in inv.caches:
+        defects = [*cache.read_defects, *v1.defects(cache.file)]
+        results.append(
+            {
+                "path": str(cache.path),
+                "format": cache.found.format,
+                "ok": not defects,
+                "entries": len(cache.file.entries),
+                "generation": _generation_state(cache, defects),
+                "problems": [{"check": d.check, "message": d.message} for d in defects],
+            }
+        )
+        for d in defects:
+            render.warn(f"{cache.path}: {d.message}")
+        if defects:
+            code = max(code, EXIT_PROBLEM)
+    for p in inv.problems:
+        results.append(
+            {
+                "path": str(p.path),
+                "format": None,
+                "ok": False,
+                "entries": None,
+                "generation": None,
+                "problems": [{"check": p.check, "message": p.message}],
+            }
+        )
+    if ctx.json:
+        render.emit_json({"results": results, "ok": code == 0})
+    elif not ctx.quiet:
+        for r in results:
+            if r["ok"]:
+                gen = {"ok": ", _generation ok", "absent": ""}.get(r["generation"], "")
+                click.echo(
+                    f"ok    {render.display_path(Path(r['path']))} ({r['entries']} entries{gen})"
+                )
+        bad = sum(1 for r in results if not r["ok"])
+        click.echo(f"{len(results) - bad} ok, {bad} with problems", err=bad > 0)
+    return code
+
+
+def _generation_state(cache: Cache, defects: list[v1.Defect]) -> str | None:
+    if cache.found.format != "v1":
+        return None
+    if cache.file.generation is None:
+        return "absent"
+    return "mismatch" if any(d.check == "generation-mismatch" for d in defects) else "ok"
+
+
+COMMANDS = [verify_command]

@@ -1,0 +1,243 @@
+"""warm: fill this machine's namespace before traffic arrives, with vLLM (`vllm serve` until
+healthy) or, with --engine flashinfer, FlashInfer's own autotuner (warm_flashinfer.py)."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import click
+
+from fi_cache.cli import render
+from fi_cache.cli.process import show_tail, sigterm_as_interrupt, stop_grace
+from fi_cache.engines import NAMES as ENGINE_NAMES
+from fi_cache.errors import Refused
+
+if TYPE_CHECKING:  # environment probing loads only when a command needs it: --help stays fast
+    from fi_cache.environment import Environment
+    from fi_cache.store.namespace import FinalizeMode, Namespace
+
+
+def _ctx() -> Any:
+    return click.get_current_context().obj
+
+
+def resolve(finalize: FinalizeMode) -> tuple[Namespace, Environment]:
+    """(Namespace, Environment) of this machine for `finalize`."""
+    from fi_cache import environment
+    from fi_cache.store.namespace import Namespace
+    from fi_cache.store.paths import state_dir
+
+    env = environment.detect(state_dir(_ctx().store))
+    for note in env.notes:
+        render.warn(note)
+    return Namespace(env.fingerprint, finalize), env
+
+
+def check_finalize_support(env: Any, finalize: str, force: bool, what: str) -> None:
+    """Refuse the unfused path on a vLLM that would silently ignore it."""
+    from fi_cache.engines.vllm.launch import ALTERNATIVES
+    from fi_cache.versions import VLLM_FINALIZE_ENV
+
+    if finalize != "unfused":
+        return
+    info = env.vllm
+    if info.supports_finalize_env is False:
+        message = (
+            f"vLLM {info.version} does not read {VLLM_FINALIZE_ENV} ({info.envs_path}): it would "
+            f"{what} with fused (non-deterministic) finalize; {ALTERNATIVES}"
+        )
+        if not force:
+            raise Refused(message + " (--force to go on anyway)")
+        render.warn(message + " (going on: --force)")
+    elif info.supports_finalize_env is None:
+        render.warn(
+            f"cannot inspect the vLLM package from here; make sure it supports {VLLM_FINALIZE_ENV}"
+            ", or the unfused namespace gets fused tactics"
+        )
+
+
+class _Status:
+    """Elapsed time and vLLM's last log line: one live line on a terminal, plain lines else."""
+
+    def __init__(self, quiet: bool) -> None:
+        self.quiet = quiet
+        self.tty = sys.stderr.isatty()
+        self.last_plain = 0.0
+        self.live = False
+
+    def waiting(self, holder: Any) -> None:
+        who = holder.describe() if holder else "another fi-cache process"
+        self.note(f"waiting for {who}")
+
+    def tick(self, elapsed: float, line: str) -> None:
+        if self.quiet:
+            return
+        if self.tty:
+            width = max(20, render.terminal_width_stderr() - 12)
+            click.echo(f"\r\x1b[K[warm {elapsed:5.0f}s] {line[-width:]}", err=True, nl=False)
+            self.live = True
+        elif elapsed - self.last_plain >= 15:
+            self.last_plain = elapsed
+            click.echo(f"[warm {elapsed:.0f}s] {line}", err=True)
+
+    def note(self, message: str) -> None:
+        if self.live:
+            click.echo(err=True)
+            self.live = False
+        if not self.quiet:
+            click.echo(f"fi-cache: {message}", err=True)
+
+
+def run_vllm_warm(
+    ns: Namespace,
+    env: Environment,
+    argv: tuple[str, ...],
+    vllm_path: str | None,
+    timeout: float,
+    port: int | None,
+    lock_timeout: float = 3600.0,
+) -> Any:
+    """Warm `ns` with `vllm serve ARGV`, progress on stderr (serve warms a cold namespace so)."""
+    from fi_cache.engines import get
+    from fi_cache.engines.api import WarmFailed
+    from fi_cache.engines.vllm import warm as warm_mod
+
+    ctx = _ctx()
+    engine = get("vllm")
+    args = engine.read_args(argv)
+    executable = engine.find_executable(vllm_path)
+    status = _Status(ctx.quiet)
+    progress = warm_mod.Progress(status.waiting, status.tick, status.note)
+    options = warm_mod.WarmOptions(timeout, port, lock_timeout, stop_grace())
+    sigterm_as_interrupt()
+    try:
+        return warm_mod.warm(ctx.store, ns, args, executable, env.vllm, options, progress)
+    except WarmFailed as exc:
+        status.note("warm failed")  # the reason is the last line, after vLLM's output
+        show_tail(exc.lines, "vLLM's output")
+        raise
+
+
+VLLM_ARGS = click.argument("vllm_args", nargs=-1, type=click.UNPROCESSED)
+VLLM_OPT = click.option(
+    "--vllm",
+    "vllm_path",
+    default=None,
+    help="vLLM executable (default: $FI_CACHE_VLLM, else `vllm` on PATH).",
+)
+
+
+@click.command("warm")
+@click.option(
+    "--engine",
+    type=click.Choice(ENGINE_NAMES),
+    default="vllm",
+    show_default=True,
+    help="vllm: run `vllm serve` until healthy; flashinfer: tune a --plan with FlashInfer itself.",
+)
+@click.option(
+    "--plan",
+    "plan_path",
+    type=click.Path(path_type=Path),
+    default=None,
+    help="TOML plan of ops and shapes (--engine flashinfer; see `fi-cache plan`).",
+)
+@click.option(
+    "--python",
+    "python",
+    default=None,
+    help="Python with FlashInfer, for --engine flashinfer [default: $FI_CACHE_PYTHON, else ours].",
+)
+@click.option(
+    "--finalize",
+    type=click.Choice(["fused", "unfused"]),
+    default=None,
+    help="MoE finalize mode, hence the namespace [vllm: fused; flashinfer: the plan's modes].",
+)
+@click.option(
+    "--timeout",
+    type=float,
+    default=None,
+    help="Seconds to wait for vLLM's /health [1800], or for one mode's tuning [7200].",
+)
+@click.option(
+    "--port",
+    type=click.IntRange(1, 65535),
+    default=None,
+    help="Port for the warm-up server (default: a free one).",
+)
+@click.option("--force", is_flag=True, help="Warm unfused even on a vLLM that ignores the mode.")
+@click.option(
+    "--lock-timeout",
+    type=float,
+    default=3600.0,
+    show_default=True,
+    help="Seconds to wait for another warm of the same namespace.",
+)
+@VLLM_OPT
+@VLLM_ARGS
+def warm_command(
+    engine: str,
+    plan_path: Path | None,
+    python: str | None,
+    finalize: str | None,
+    timeout: float | None,
+    port: int | None,
+    force: bool,
+    lock_timeout: float,
+    vllm_path: str | None,
+    vllm_args: tuple[str, ...],
+) -> int:
+    """Fill this machine's namespace: `vllm serve VLLM_ARGS` until healthy, or (--engine
+    flashinfer --plan PLAN) FlashInfer's autotuner on the plan's ops, without vLLM or weights."""
+    ctx = _ctx()
+    if engine == "flashinfer":
+        misplaced = [
+            flag
+            for flag, given in (("--port", port), ("--vllm", vllm_path), ("--force", force),
+                                ("VLLM_SERVE_ARGS", vllm_args))
+            if given
+        ]  # fmt: skip
+        if plan_path is None:
+            raise Refused("--engine flashinfer needs --plan PLAN (write one with `fi-cache plan`)")
+        if misplaced:
+            raise Refused(f"{misplaced[0]} applies to --engine vllm only")
+        from fi_cache.cli.warm_flashinfer import warm_flashinfer
+
+        limit = 7200.0 if timeout is None else timeout
+        return warm_flashinfer(plan_path, finalize, python, limit, lock_timeout)
+    if plan_path is not None or python is not None:
+        raise Refused("--plan and --python apply to --engine flashinfer only")
+    finalize = finalize or "fused"
+    timeout = 1800.0 if timeout is None else timeout
+    ns, env = resolve("unfused" if finalize == "unfused" else "fused")
+    check_finalize_support(env, finalize, force, "tune")
+    result = run_vllm_warm(ns, env, vllm_args, vllm_path, timeout, port, lock_timeout)
+    entries = sum(f.entries for f in result.files)
+    doc = {
+        "namespace": str(result.namespace_dir),
+        "finalize": finalize,
+        "reused": result.reused,
+        "seconds": result.record.seconds,
+        "vllm_version": result.record.vllm_version,
+        "files": [
+            {"path": str(result.namespace_dir / f.path), "entries": f.entries, "size": f.size}
+            for f in result.files
+        ],
+    }
+    if ctx.json:
+        render.emit_json(doc)
+    else:
+        how = (
+            "reused the warm another process just finished"
+            if result.reused
+            else (f"warmed in {result.record.seconds:.1f}s")
+        )
+        click.echo(f"{how}: {len(result.files)} cache file(s), {entries} entries")
+        click.echo(f"namespace {result.namespace_dir}")
+    return 0
+
+
+COMMANDS = [warm_command]

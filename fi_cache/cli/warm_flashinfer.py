@@ -1,0 +1,187 @@
+"""warm --engine flashinfer --plan PLAN: tune a plan's ops with FlashInfer's own autotuner into
+each finalize mode's namespace, without vLLM or weights (the `warm` command is in warm.py)."""
+
+from __future__ import annotations
+
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import click
+
+from fi_cache.cli import render
+from fi_cache.cli.process import show_tail, sigterm_as_interrupt, stop_grace
+from fi_cache.errors import Refused
+
+
+def _ctx() -> Any:
+    return click.get_current_context().obj
+
+
+class _TuneStatus:
+    """One live line per call on a terminal ("[tune 3/12] op [backend] 128 tokens", then the
+    bucket FlashInfer is profiling); plain lines otherwise, one per finished call, so CI logs show
+    where the time went, and a bucket line when a call has been quiet for QUIET_S seconds."""
+
+    QUIET_S = 10.0  # a MoE call tunes every bucket in one call: minutes without a finished call
+
+    def __init__(self, quiet: bool, clock: Callable[[], float] = time.monotonic) -> None:
+        self.quiet = quiet
+        self.tty = sys.stderr.isatty()
+        self.current: dict[str, Any] = {}
+        self.live = False
+        self.clock = clock
+        self.last_line = clock()
+
+    def waiting(self, holder: Any) -> None:
+        self.note(f"waiting for {holder.describe() if holder else 'another fi-cache process'}")
+
+    def call(self, event: dict[str, Any]) -> None:
+        if self.quiet:
+            return
+        if event["event"] == "probe":
+            self.note(f"checking {event['op']} [{event['backend']}] (first calls build kernels)")
+            return
+        if event["event"] == "call":
+            self.current = event
+            self.last_line = self.clock()  # quiet counts from the call's start
+            if self.tty:
+                self._live(self._line(event, "…"))
+            return
+        if event["event"] == "bucket":
+            where = f"bucket {event.get('bucket')} ({event.get('step')}/{event.get('total')})"
+            if self.tty:
+                self._live(self._line(self.current, f"{where} …"))
+            elif self.clock() - self.last_line >= self.QUIET_S:
+                self._plain(self._line(self.current, f"{where} …"))
+            return
+        line = self._line(self.current, f"{event['seconds']:.2f}s")
+        if self.tty:
+            self._live(line)
+        else:
+            self._plain(line)
+
+    def _live(self, line: str) -> None:
+        width = render.terminal_width_stderr()
+        click.echo(f"\r\x1b[K{line[: width - 1]}", err=True, nl=False)
+        self.live = True
+
+    def _plain(self, line: str) -> None:
+        click.echo(line, err=True)
+        self.last_line = self.clock()
+
+    def _line(self, event: dict[str, Any], took: str) -> str:
+        i, n = int(event.get("i") or 0), int(event.get("n") or 0)
+        bar = ""
+        if self.tty and n:
+            done = round(20 * i / n)
+            bar = "#" * done + "-" * (20 - done) + " "
+        return (
+            f"[tune {bar}{i}/{n}] {event.get('op')} "
+            f"[{event.get('backend')}] {event.get('tokens')} tokens {took}"
+        )
+
+    def note(self, message: str) -> None:
+        if self.live:
+            click.echo(err=True)
+            self.live = False
+        if not self.quiet:
+            render.warn(message)
+
+
+def warm_flashinfer(
+    plan_path: Path,
+    finalize: str | None,
+    python: str | None,
+    timeout: float,
+    lock_timeout: float,
+) -> int:
+    """`warm --engine flashinfer --plan PLAN`: everything before tuning is checked first."""
+    from fi_cache import environment
+    from fi_cache.engines import get
+    from fi_cache.engines.api import WarmFailed
+    from fi_cache.engines.flashinfer import warm as tune_warm
+    from fi_cache.store.paths import state_dir
+
+    ctx = _ctx()
+    engine = get("flashinfer")
+    read = engine.read_args([str(plan_path)])
+    plan, text = read.plan, read.text
+    modes = plan.modes
+    if finalize is not None:
+        skipped = [o for o in plan.ops if hasattr(o, "finalize") and finalize not in o.finalize]
+        if skipped:
+            op = skipped[0]
+            raise Refused(
+                f"op {op.index} ({op.op}) lists finalize {list(op.finalize)}; --finalize "
+                f"{finalize} would leave it untuned (add {finalize!r} to its finalize list)",
+                plan_path,
+            )
+        modes = (finalize,)
+    env = environment.detect(state_dir(ctx.store), exact=False)
+    if problems := tune_warm.static_problems(plan, env):
+        more = f" (+{len(problems) - 1} more)" if len(problems) > 1 else ""
+        raise Refused(problems[0] + more, plan_path)
+    python = engine.find_executable(python)
+    options = tune_warm.TuneOptions(python, timeout, lock_timeout, stop_grace())
+    status = _TuneStatus(ctx.quiet)
+    progress = tune_warm.TuneProgress(status.waiting, status.call, status.note)
+    sigterm_as_interrupt()
+    try:
+        results = tune_warm.warm_plan(ctx.store, plan, text, env, modes, options, progress)
+    except tune_warm.TuneInterrupted as exc:
+        for mode, ns_dir in exc.recorded:
+            status.note(f"{mode} finalize was tuned and recorded before the interrupt: {ns_dir}")
+        if exc.recorded and exc.not_recorded:
+            [rest] = exc.not_recorded  # two modes, one recorded
+            # --finalize M is refused when an MoE op does not list M; the whole plan again is
+            # always right (the recorded mode's calls find their entries cached).
+            alone = all(rest in op.finalize for op in plan.ops if hasattr(op, "finalize"))
+            how = f"--finalize {rest}" if alone else "the same plan (tuned shapes are cached)"
+            status.note(f"{rest} finalize not tuned: run again with {how}")
+        raise
+    except WarmFailed as exc:
+        status.note("tuning failed")
+        show_tail(exc.lines, "the tuning process")
+        raise
+    status.note("done")
+    _report(plan_path, results, ctx.json)
+    return 0
+
+
+def _report(plan_path: Path, results: list[Any], as_json: bool) -> None:
+    docs = [
+        {
+            "namespace": str(r.namespace_dir),
+            "finalize": r.mode,
+            "file": str(r.cache_path),
+            "entries": r.record.files[0].entries,
+            "size": r.record.files[0].size,
+            "calls": r.calls,
+            "seconds": r.seconds,
+            "flashinfer_version": r.flashinfer_version,
+            "device": r.device,
+            "tactic_counts": r.counts,
+        }
+        for r in results
+    ]
+    if as_json:
+        render.emit_json({"engine": "flashinfer", "plan": str(plan_path), "namespaces": docs})
+        return
+    for d in docs:
+        counts = d["tactic_counts"]
+        extra = ""
+        if counts:
+            g2 = counts["gemm2"]
+            extra = (
+                f"; MoE tactics: gemm1 {counts['gemm1']}, gemm2 fused {g2.get('fused')}"
+                f" / unfused {g2.get('unfused')}"
+            )
+        click.echo(
+            f"{d['finalize']}: {d['calls']} calls tuned in {d['seconds']:.1f}s on {d['device']} "
+            f"(FlashInfer {d['flashinfer_version']}): {d['entries']} entries{extra}"
+        )
+        click.echo(f"  {d['file']}")
+    click.echo("load it: flashinfer.autotune(False, cache=FILE) around your engine's warm-up")

@@ -1,0 +1,308 @@
+"""Facts from vLLM / FlashInfer logs: which autotune cache was loaded, saved or ignored (and why),
+how long tuning took, and whether start-up died with `Invalid gemm1/gemm2 profile id`.
+
+Message strings per FlashInfer version: docs/research/flashinfer-cache-format.md, section d.
+Everything here is pure except `read_log`, which streams one file.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass, field
+from datetime import datetime, timedelta
+from pathlib import Path
+from typing import BinaryIO, Literal
+
+from fi_cache.engines.vllm import logs as vllm_logs
+from fi_cache.errors import Refused, read_refusal
+
+EventKind = Literal["loaded", "saved", "ignored", "skipped-cudnn"]
+
+
+@dataclass(frozen=True)
+class CacheEvent:
+    """One FlashInfer autotuner message about a cache file."""
+
+    kind: EventKind
+    path: str | None  # the cache file named in the line (None for skipped-cudnn)
+    line_no: int  # 1-based
+    count: int | None = None  # configs loaded/saved/skipped
+    hard: bool | None = None  # "ignored": True = different environment, False = indeterminate
+    mismatches: tuple[tuple[str, str, str], ...] = ()  # (field, saved, current) for "ignored"
+
+
+@dataclass(frozen=True)
+class ProfileIdError:
+    """A start-up crash on a tuned MoE tactic id outside the kernel's gemm1/gemm2 range."""
+
+    gemm: int  # 1 or 2
+    tactic_id: int
+    line_no: int
+    last_loaded: str | None  # the cache file most recently "Loaded ... from" before this line
+
+
+@dataclass(frozen=True)
+class LogFacts:
+    """What one log says about autotune caches."""
+
+    path: str
+    events: tuple[CacheEvent, ...]
+    errors: tuple[ProfileIdError, ...]
+    tuning_seconds: tuple[float, ...]  # one per timestamped "process starts" .. "ends" pair
+    lines: int
+
+
+# Every interesting line contains one of these; regexes run only on lines that do.
+_NEEDLES = ("utotune", "profile id", "cuDNN")
+_BYTE_NEEDLES = tuple(needle.encode() for needle in _NEEDLES)
+
+# FlashInfer writes "[Autotuner]" in these messages and "[AutoTuner]" elsewhere; accept both.
+_TAG = r"\[Auto[Tt]uner\]: "
+_SAVED = re.compile(_TAG + r"Saved (\d+) configs to (.*) \(\d+ new, \d+ from previous config\)")
+_LOADED = re.compile(_TAG + r"Loaded (\d+) configs from (.*\S)")
+_IGNORED = re.compile(
+    _TAG + r"Cache file (.+?) was created in a different environment \((.*)\)\. "
+    r"Ignoring cached configs\.(.*)"
+)
+_SKIPPED = re.compile(_TAG + r"Skipped (\d+) legacy cuDNN config")
+_TUNING = re.compile(_TAG + r"Autotuning process (starts|ends)")
+_PROFILE_ID = re.compile(r"Invalid gemm([12]) profile id: (-?\d+)")
+# A pair starts with ", field: saved=" so values may hold spaces, commas and colons.
+_PAIR_START = re.compile(r"(?:^|, )([A-Za-z_]\w*): saved=")
+# FlashInfer: "2026-11-30 01:30:10,474"; vLLM: "INFO 11-30 02:00:00" (no year).
+_STAMP = re.compile(r"(\d{4})-(\d\d)-(\d\d) (\d\d):(\d\d):(\d\d)(?:,(\d{3}))?|" + vllm_logs.STAMP)
+_PID = vllm_logs.PROCESS
+# FlashInfer formats a missing saved value as "None" or "unknown": those mismatches are soft.
+_INDETERMINATE = ("None", "unknown")
+# Year for year-less vLLM stamps: a leap year, so "02-29" parses.
+_LEAP_YEAR = 2000
+
+_HEAD_BYTES = 64 * 1024
+_CHUNK_BYTES = 1 << 20
+# Share of undecodable characters above which the head is not text (random bytes give ~0.43).
+_BINARY_RATIO = 0.3
+
+
+@dataclass(frozen=True)
+class _Stamp:
+    when: datetime
+    has_year: bool
+
+
+def _interesting(text: str) -> bool:
+    return "utotune" in text or "profile id" in text or "cuDNN" in text
+
+
+def _stamp(prefix: str) -> _Stamp | None:
+    """The last timestamp in the text before a message, if any."""
+    found = _STAMP.findall(prefix)
+    if not found:
+        return None
+    year, *full, milli, month, day, hour, minute, second = found[-1]
+    if year:
+        month, day, hour, minute, second = full
+    try:
+        when = datetime(
+            int(year or _LEAP_YEAR), int(month), int(day), int(hour), int(minute), int(second)
+        )
+    except ValueError:
+        return None
+    return _Stamp(when + timedelta(milliseconds=int(milli or 0)), bool(year))
+
+
+def _seconds(start: _Stamp, end: _Stamp) -> float | None:
+    """Seconds from start to end; None when the clock went backwards."""
+    a, b = start.when, end.when
+    dated = start.has_year and end.has_year
+    if not dated:
+        # Without a year on one side, compare both within the same leap year.
+        a, b = a.replace(year=_LEAP_YEAR), b.replace(year=_LEAP_YEAR)
+    delta = b - a
+    if delta < timedelta(0) and not dated:
+        # A year-less end before its start crossed New Year (Dec -> Jan skips no leap day).
+        delta += timedelta(days=366)
+    return delta.total_seconds() if delta >= timedelta(0) else None
+
+
+def _mismatches(text: str) -> tuple[tuple[str, str, str], ...]:
+    """Split FlashInfer's `field: saved=X vs current=Y, ...` into (field, X, Y) triples."""
+    starts = list(_PAIR_START.finditer(text))
+    pairs: list[tuple[str, str, str]] = []
+    for i, match in enumerate(starts):
+        end = starts[i + 1].start() if i + 1 < len(starts) else len(text)
+        saved, sep, current = text[match.end() : end].partition(" vs current=")
+        if sep:
+            pairs.append((match.group(1), saved, current))
+    return tuple(pairs)
+
+
+def _is_hard(consequence: str, pairs: tuple[tuple[str, str, str], ...]) -> bool | None:
+    """True when FlashInfer will never overwrite the file, False when the next save replaces it."""
+    if "will not be saved" in consequence:
+        return True
+    if "indeterminate" in consequence:
+        return False
+    # Cut-off line: FlashInfer calls a mismatch soft only when the saved value is indeterminate.
+    if pairs:
+        return any(saved not in _INDETERMINATE for _, saved, _ in pairs)
+    return None
+
+
+def _ignored(text: str, line_no: int) -> CacheEvent | None:
+    match = _IGNORED.search(text)
+    if match is None:
+        return None
+    pairs = _mismatches(match.group(2))
+    hard = _is_hard(match.group(3), pairs)
+    return CacheEvent("ignored", match.group(1), line_no, hard=hard, mismatches=pairs)
+
+
+def _event(text: str, line_no: int) -> CacheEvent | None:
+    """The cache event one line segment reports, if any."""
+    if match := _SAVED.search(text):
+        return CacheEvent("saved", match.group(2), line_no, count=int(match.group(1)))
+    if match := _LOADED.search(text):
+        return CacheEvent("loaded", match.group(2), line_no, count=int(match.group(1)))
+    if match := _SKIPPED.search(text):
+        return CacheEvent("skipped-cudnn", None, line_no, count=int(match.group(1)))
+    return _ignored(text, line_no)
+
+
+@dataclass
+class _Parser:
+    """Accumulates facts from the interesting lines of one log, in order."""
+
+    events: list[CacheEvent] = field(default_factory=list)
+    errors: list[ProfileIdError] = field(default_factory=list)
+    tuning: list[float] = field(default_factory=list)
+    # Open "process starts" stamps per process (vLLM's `pid=N` prefix), newest last.
+    starts: dict[str, list[_Stamp | None]] = field(default_factory=dict)
+    last_loaded: str | None = None
+
+    def feed(self, line_no: int, line: str) -> None:
+        # tqdm redraws with "\r": each piece is its own message.
+        for segment in line.split("\r"):
+            if _interesting(segment):
+                try:
+                    self._segment(line_no, segment)
+                except (ValueError, OverflowError):
+                    continue  # a number no real log line holds (4300+ digits): not our line
+
+    def facts(self, path: str, lines: int) -> LogFacts:
+        return LogFacts(path, tuple(self.events), tuple(self.errors), tuple(self.tuning), lines)
+
+    def _segment(self, line_no: int, text: str) -> None:
+        if match := _PROFILE_ID.search(text):
+            gemm, tactic = int(match.group(1)), int(match.group(2))
+            self.errors.append(ProfileIdError(gemm, tactic, line_no, self.last_loaded))
+        elif match := _TUNING.search(text):
+            self._tuning(text[: match.start()], match.group(1) == "starts")
+        elif event := _event(text, line_no):
+            self.events.append(event)
+            if event.kind == "loaded":
+                self.last_loaded = event.path
+
+    def _tuning(self, prefix: str, starts: bool) -> None:
+        pid = _PID.search(prefix)
+        open_starts = self.starts.setdefault(pid.group(1) if pid else "", [])
+        stamp = _stamp(prefix)
+        if starts:
+            open_starts.append(stamp)
+            return
+        # Pair with the newest open start: a start left open by a crashed run stays unpaired.
+        start = open_starts.pop() if open_starts else None
+        seconds = _seconds(start, stamp) if start and stamp else None
+        if seconds is not None:
+            self.tuning.append(seconds)
+
+
+def parse_log(lines: Iterable[str], path: str = "<log>") -> LogFacts:
+    """Facts from log lines (one item per line; a "\\r" inside an item does not end it)."""
+    parser = _Parser()
+    count = 0
+    for count, line in enumerate(lines, 1):
+        if _interesting(line):
+            parser.feed(count, line)
+    return parser.facts(path, count)
+
+
+def read_log(path: Path) -> LogFacts:
+    """Read and parse a log file, streaming it.
+
+    Raises Refused (exit 2) for a missing, unreadable or binary file, or a directory.
+    """
+    try:
+        with path.open("rb") as stream:
+            return _read_stream(stream, path)
+    except OSError as exc:
+        raise read_refusal(exc, path, "log file") from None
+
+
+def _read_stream(stream: BinaryIO, path: Path) -> LogFacts:
+    # Read the head first and keep it, so pipes (`--log <(kubectl logs ...)`) work too.
+    head = stream.read(_HEAD_BYTES)
+    reason = _binary_reason(head)
+    if reason:
+        raise Refused(reason, path)
+    parser = _Parser()
+    lines = _feed_chunks(parser, _chunks(head, stream))
+    return parser.facts(str(path), lines)
+
+
+def _binary_reason(head: bytes) -> str | None:
+    """Why the first bytes of a file are not a text log, or None when they are."""
+    if b"\0" in head:
+        return "binary file (NUL bytes), not a text log"
+    text = head.decode("utf-8", errors="replace")
+    # Real U+FFFD characters in the file are text, not decoding failures.
+    bad = text.count("\ufffd") - head.count("\ufffd".encode())
+    if text and bad > _BINARY_RATIO * len(text):
+        return "binary file (not UTF-8 text), not a text log"
+    return None
+
+
+def _chunks(head: bytes, stream: BinaryIO) -> Iterator[bytes]:
+    yield head
+    yield from iter(lambda: stream.read(_CHUNK_BYTES), b"")
+
+
+def _feed_chunks(parser: _Parser, chunks: Iterable[bytes]) -> int:
+    """Feed the complete lines of a byte stream to parser; return how many lines it has."""
+    lines = 0
+    pending: list[bytes] = []  # the unfinished last line, maybe over several chunks
+    for chunk in chunks:
+        cut = chunk.rfind(b"\n") + 1
+        if not cut:
+            pending.append(chunk)
+            continue
+        lines = _feed_block(parser, b"".join([*pending, chunk[:cut]]), lines)
+        pending = [chunk[cut:]]
+    tail = b"".join(pending)
+    return _feed_block(parser, tail + b"\n", lines) if tail else lines
+
+
+def _feed_block(parser: _Parser, block: bytes, before: int) -> int:
+    """Feed the lines of block (whole lines, "\\n"-terminated) that hold a needle.
+
+    `before` lines precede block; returns the line count after it. Only "\\n" ends a line, so
+    line numbers match an editor's even with tqdm's "\\r" redraws.
+    """
+    line_no, counted_to = before, 0
+    for start in _hit_lines(block):
+        line_no += block.count(b"\n", counted_to, start)
+        counted_to = start
+        end = block.index(b"\n", start)
+        parser.feed(line_no + 1, block[start:end].decode("utf-8", errors="replace"))
+    return before + block.count(b"\n")
+
+
+def _hit_lines(block: bytes) -> list[int]:
+    """Start offsets of the lines in block that contain a needle, in file order."""
+    starts: set[int] = set()
+    for needle in _BYTE_NEEDLES:
+        at = block.find(needle)
+        while at >= 0:
+            starts.add(block.rfind(b"\n", 0, at) + 1)
+            at = block.find(needle, block.index(b"\n", at))
+    return sorted(starts)

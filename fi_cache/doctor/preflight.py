@@ -1,0 +1,40 @@
+"""What `serve` checks about the namespace it is about to hand to vLLM: doctor's cache checks,
+run on that namespace alone, against the namespace's own environment and finalize mode."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from fi_cache import doctor
+from fi_cache.caches.inventory import scan
+from fi_cache.doctor import CacheView, Inputs, Target
+from fi_cache.doctor.findings import Finding
+from fi_cache.model import v1
+from fi_cache.store.manifest import Manifest
+from fi_cache.store.namespace import Namespace
+
+PREFLIGHT_CHECKS = (
+    "corrupt-file",
+    "stale-gemm2-profile",
+    "foreign-environment",
+    "records-unreadable",
+)
+
+
+def check_namespace(
+    ns: Namespace,
+    ns_dir: Path,
+    cache_dir: Path,
+    m: Manifest | None,
+    vllm_version: str | None = None,
+) -> list[Finding]:
+    """Findings for the caches under `cache_dir` (the namespace's vLLM dir)."""
+    if not cache_dir.is_dir():
+        return []
+    inv = scan([cache_dir], explicit=False)
+    views = tuple(
+        CacheView(c, ns_dir, ns.finalize, m, (*c.read_defects, *v1.defects(c.file)))
+        for c in inv.caches
+    )
+    target = Target(ns.fingerprint, vllm_version, None, ns.finalize)
+    return doctor.run(Inputs(target, views, tuple(inv.problems)), PREFLIGHT_CHECKS)

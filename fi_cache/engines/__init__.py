@@ -1,0 +1,24 @@
+"""Engines: the programs fi-cache runs to fill a namespace (api.py states the contract).
+
+One package per engine: `vllm/` (`vllm serve`), `flashinfer/` (FlashInfer's own autotuner, from a
+plan, without a serving engine). Each is imported only when a command needs it.
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:  # the tuning child imports this package: it stays empty at run time
+    from fi_cache.engines.api import Engine
+
+NAMES = ("vllm", "flashinfer")
+
+
+def get(name: str) -> Engine:
+    """The engine called `name` (one of NAMES)."""
+    if name not in NAMES:
+        raise KeyError(name)
+    module = importlib.import_module(f"fi_cache.engines.{name}.engine")
+    engine: Engine = module.ENGINE
+    return engine

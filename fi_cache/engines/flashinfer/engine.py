@@ -1,0 +1,56 @@
+"""FlashInfer's own autotuner as an engine: a tuning child (`python -m fi_cache.engines.flashinfer`)
+runs a plan's ops under `flashinfer.autotune(True, cache=FILE)`, without vLLM or weights."""
+
+from __future__ import annotations
+
+import os
+import sys
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+from fi_cache.engines.api import Engine
+from fi_cache.engines.flashinfer.plan import Plan
+from fi_cache.errors import Refused, read_refusal
+
+PYTHON_ENV = "FI_CACHE_PYTHON"
+
+
+@dataclass(frozen=True)
+class PlanArgs:
+    """A tuning plan as read from its file (the text is the warm's identity)."""
+
+    path: Path
+    plan: Plan
+    text: str
+
+
+class FlashInfer(Engine):
+    name = "flashinfer"
+    cache_subdir = "flashinfer"  # inside a namespace: files FlashInfer wrote for `autotune(cache=)`
+
+    def find_executable(self, explicit: str | None) -> str:
+        """The Python with FlashInfer (a serving venv's python), else fi-cache's own."""
+        return explicit or os.environ.get(PYTHON_ENV) or sys.executable
+
+    def read_args(self, argv: Sequence[str]) -> PlanArgs:
+        """argv = [PLAN]: the plan file. Refused (exit 2) for an unreadable or invalid plan."""
+        from fi_cache.engines.flashinfer import plan as plans
+
+        [name] = argv
+        path = Path(name)
+        try:
+            text = path.read_text(encoding="utf-8")
+        except UnicodeDecodeError:
+            raise Refused("not a text file (a TOML plan is UTF-8 text)", path) from None
+        except OSError as exc:
+            raise read_refusal(exc, path, "plan file") from None
+        return PlanArgs(path, plans.loads(text, str(path)), text)
+
+    def warm_key(self, a: PlanArgs, finalize: str) -> str:
+        from fi_cache.engines.flashinfer.warm import plan_key
+
+        return plan_key(a.text, finalize)
+
+
+ENGINE = FlashInfer()

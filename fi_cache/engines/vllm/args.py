@@ -1,0 +1,131 @@
+"""`vllm serve` arguments: what fi-cache reads from them (model, port, parallel sizes, MoE and
+autotune switches) and the identity of a warm."""
+
+from __future__ import annotations
+
+import hashlib
+import re
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from fi_cache.errors import Refused
+
+# Flags whose value is not part of "what is served": where it listens.
+_ADDRESS_FLAGS = {"--port", "--host", "--uds"}
+# `vllm serve` flags that take no value, so the token after them may be the model.
+_BOOL_FLAGS = {
+    "--enable-expert-parallel",
+    "--trust-remote-code",
+    "--enforce-eager",
+    "--disable-log-requests",
+    "--no-enable-prefix-caching",
+    "--enable-prefix-caching",
+    "--disable-flashinfer-autotune",
+    "--no-enable-flashinfer-autotune",
+    "--enable-flashinfer-autotune",
+    "-ep",
+    "--headless",
+}
+
+_SIZE_FLAGS = {
+    "--tensor-parallel-size": "tp",
+    "-tp": "tp",
+    "--data-parallel-size": "dp",
+    "-dp": "dp",
+    "--pipeline-parallel-size": "pp",
+    "-pp": "pp",
+}
+_AUTOTUNE_OFF_FLAGS = {"--disable-flashinfer-autotune", "--no-enable-flashinfer-autotune"}
+_AUTOTUNE_FALSE = re.compile(r"\"enable_flashinfer_autotune\"\s*:\s*false")
+
+
+@dataclass(frozen=True)
+class ServeArgs:
+    """What fi-cache needs to know from `vllm serve` arguments."""
+
+    argv: tuple[str, ...]
+    model: str | None
+    port: int | None
+    uses_ray: bool
+    tp: int = 1
+    dp: int = 1
+    pp: int = 1
+    expert_parallel: bool = False
+    all2all_backend: str | None = None
+    moe_backend: str | None = None
+    autotune_off: bool = False  # -O0, --disable-flashinfer-autotune, kernel-config false
+
+    @property
+    def world_size(self) -> int:
+        return self.tp * self.dp * self.pp
+
+    @property
+    def key(self) -> str:
+        """Identity of a warm: the arguments without where the server listens."""
+        kept: list[str] = []
+        skip = False
+        for arg in self.argv:
+            if skip:
+                skip = False
+                continue
+            name = arg.split("=", 1)[0]
+            if name in _ADDRESS_FLAGS:
+                skip = "=" not in arg
+                continue
+            kept.append(arg)
+        return hashlib.sha256("\0".join(kept).encode()).hexdigest()[:16]
+
+
+def _int_flag(name: str, value: str | None) -> int:
+    try:
+        number = int(value or "")
+    except ValueError:
+        raise Refused(f"vLLM would reject {name} {value!r}: not a number") from None
+    if number < 1 and name != "--port":
+        raise Refused(f"vLLM would reject {name} {number}: must be at least 1")
+    return number
+
+
+def parse_serve_args(argv: Sequence[str]) -> ServeArgs:
+    """The model (positional or --model), --port, parallel sizes, MoE and autotune switches."""
+    found: dict[str, object] = {"model": None, "port": None, "uses_ray": False}
+    i = 0
+    while i < len(argv):
+        arg = argv[i]
+        name, eq, inline = arg.partition("=")
+        value = inline if eq else (argv[i + 1] if i + 1 < len(argv) else None)
+        takes_value = arg.startswith("-") and not eq and name not in _BOOL_FLAGS
+        if name == "--model" and value:
+            found["model"] = value
+        elif name == "--port":
+            found["port"] = _int_flag(name, value)
+        elif name in _SIZE_FLAGS:
+            found[_SIZE_FLAGS[name]] = _int_flag(name, value)
+        elif name == "--distributed-executor-backend" and value == "ray":
+            found["uses_ray"] = True
+        elif name in ("--enable-expert-parallel", "-ep"):
+            found["expert_parallel"] = True
+        elif name == "--all2all-backend":
+            found["all2all_backend"] = value
+        elif name == "--moe-backend":
+            found["moe_backend"] = value
+        elif (
+            name in _AUTOTUNE_OFF_FLAGS
+            or (name in ("-O0", "-O") and (name == "-O0" or value == "0"))
+            or (name == "--kernel-config" and value and _AUTOTUNE_FALSE.search(value))
+        ):
+            found["autotune_off"] = True
+        elif not arg.startswith("-") and found["model"] is None:
+            found["model"] = arg
+        if name == "-O0" or (name.startswith("-O") and len(name) == 3):
+            takes_value = False  # -O3 carries its level inline
+        i += 2 if takes_value else 1
+    return ServeArgs(tuple(argv), **found)  # type: ignore[arg-type]
+
+
+def require_model(args: ServeArgs) -> None:
+    if not args.model:
+        raise Refused(
+            "no model in the vLLM arguments: pass it after `--`, e.g. "
+            "`fi-cache warm -- Qwen/Qwen3-30B-A3B` (or --model NAME)"
+        )

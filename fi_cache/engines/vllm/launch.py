@@ -1,0 +1,155 @@
+"""Finding vLLM, its environment, launching and stopping it.
+
+Launch pattern (vLLM's own test launcher): a new process session, poll `GET /health` until 200
+(warm-up, FlashInfer autotuning and the cache save are done by then), stop the whole process
+group with SIGINT, then SIGTERM, then SIGKILL.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import threading
+import time
+from collections import deque
+from collections.abc import Callable
+from pathlib import Path
+
+from fi_cache.errors import Refused
+from fi_cache.versions import VLLM_CACHE_DIR_ENV, VLLM_FINALIZE_ENV
+
+VLLM_ENV = "FI_CACHE_VLLM"
+RAY_PREFIXES_ENV = "VLLM_RAY_EXTRA_ENV_VAR_PREFIXES_TO_COPY"
+
+ALTERNATIVES = (
+    "alternatives: VLLM_BATCH_INVARIANT=1 (vLLM 0.19+; keeps MoE off FlashInfer kernels), "
+    "or --moe-backend triton; or a vLLM with PR #54948 (VLLM_FLASHINFER_MOE_FUSED_FINALIZE)"
+)
+
+def find_executable(explicit: str | None) -> str:
+    """`--vllm PATH`, else $FI_CACHE_VLLM, else `vllm` on PATH. Raises Refused."""
+    candidate = explicit or os.environ.get(VLLM_ENV) or "vllm"
+    found = shutil.which(candidate)
+    if found is None:
+        where = "--vllm" if explicit else (VLLM_ENV if os.environ.get(VLLM_ENV) else "PATH")
+        raise Refused(
+            f"no vLLM executable {candidate!r} (from {where}); install vLLM or pass --vllm"
+        )
+    return found
+
+
+def launch_env(
+    base: dict[str, str], cache_dir: Path, finalize: str, uses_ray: bool
+) -> dict[str, str]:
+    """The environment vLLM runs with: its cache dir in the namespace, the finalize mode, and
+    FLASHINFER_* variables carried to Ray workers (Ray copies VLLM_/NCCL_/HF_... only)."""
+    env = dict(base)
+    env[VLLM_CACHE_DIR_ENV] = str(cache_dir)
+    env[VLLM_FINALIZE_ENV] = "0" if finalize == "unfused" else "1"
+    if uses_ray:
+        prefixes = [p for p in env.get(RAY_PREFIXES_ENV, "").split(",") if p]
+        if "FLASHINFER_" not in prefixes:
+            prefixes.append("FLASHINFER_")
+        env[RAY_PREFIXES_ENV] = ",".join(prefixes)
+    return env
+
+
+def free_port(host: str = "127.0.0.1") -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind((host, 0))
+        return int(s.getsockname()[1])
+
+
+def port_in_use(port: int, host: str = "127.0.0.1") -> bool:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        try:
+            s.bind((host, port))
+        except OSError:
+            return True
+    return False
+
+
+class Server:
+    """A `vllm serve` child in its own session, with its last log lines kept."""
+
+    def __init__(self, cmd: list[str], env: dict[str, str], keep_lines: int = 30) -> None:
+        self.lines: deque[str] = deque(maxlen=keep_lines)
+        try:
+            self.proc = subprocess.Popen(
+                cmd,
+                env=env,
+                stdin=subprocess.DEVNULL,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,
+                text=True,
+                errors="replace",
+            )
+        except OSError as exc:
+            raise Refused(f"cannot start vLLM: {exc.strerror}", cmd[0]) from None
+        self._reader = threading.Thread(target=self._read, daemon=True)
+        self._reader.start()
+
+    def _read(self) -> None:
+        assert self.proc.stdout is not None
+        for line in self.proc.stdout:
+            self.lines.append(line.rstrip("\n"))
+
+    @property
+    def last_line(self) -> str:
+        return self.lines[-1] if self.lines else ""
+
+    def poll(self) -> int | None:
+        return self.proc.poll()
+
+    def stop(self, grace: float = 10.0) -> int:
+        """SIGINT, then SIGTERM, then SIGKILL to the whole process group; returns the exit code."""
+        for sig, wait in ((signal.SIGINT, grace), (signal.SIGTERM, grace / 2), (signal.SIGKILL, 5)):
+            if self.proc.poll() is not None:
+                break
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.killpg(self.proc.pid, sig)
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                self.proc.wait(wait)
+        # Workers left in the group after the leader exited: no orphans.
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(self.proc.pid, signal.SIGKILL)
+        self._reader.join(timeout=2)
+        return self.proc.wait()
+
+
+def health_ok(port: int, host: str = "127.0.0.1", timeout: float = 2.0) -> bool:
+    import urllib.error  # deferred: only a warm polls, serve's exec path never does
+    import urllib.request
+
+    try:
+        with urllib.request.urlopen(f"http://{host}:{port}/health", timeout=timeout) as r:
+            return bool(r.status == 200)
+    except (urllib.error.URLError, OSError, ValueError):
+        return False
+
+
+def wait_healthy(
+    server: Server,
+    port: int,
+    timeout: float,
+    tick: float = 0.5,
+    on_tick: Callable[[float, str], None] | None = None,
+) -> str:
+    """'healthy', 'exited' or 'timeout'; calls on_tick(elapsed, last_line) while waiting."""
+    start = time.monotonic()
+    while True:
+        if server.poll() is not None:
+            return "exited"
+        if health_ok(port):
+            return "healthy"
+        elapsed = time.monotonic() - start
+        if elapsed >= timeout:
+            return "timeout"
+        if on_tick is not None:
+            on_tick(elapsed, server.last_line)
+        time.sleep(tick)

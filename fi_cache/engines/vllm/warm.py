@@ -1,0 +1,151 @@
+"""Warm a namespace: run `vllm serve` on it until healthy, stop it, check and record the caches.
+
+One warm per namespace at a time (its lock); a warm that had to wait reuses the result of the
+one it waited for when that one warmed the same vLLM arguments.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from fi_cache.caches.inventory import scan
+from fi_cache.engines.api import WarmFailed
+from fi_cache.engines.vllm import launch
+from fi_cache.engines.vllm.args import ServeArgs
+from fi_cache.engines.vllm.engine import ENGINE
+from fi_cache.environment import VllmInfo
+from fi_cache.errors import Refused
+from fi_cache.store import locks
+from fi_cache.store import manifest as manifests
+from fi_cache.store.files import share_like_store
+from fi_cache.store.manifest import CacheFileRecord, Manifest, WarmRecord
+from fi_cache.store.namespace import Namespace
+
+
+@dataclass
+class Progress:
+    """How the caller hears about a warm (the CLI renders; tests record)."""
+
+    waiting: Callable[[locks.Holder | None], None] = lambda holder: None
+    tick: Callable[[float, str], None] = lambda elapsed, line: None
+    note: Callable[[str], None] = lambda message: None
+
+
+@dataclass(frozen=True)
+class WarmOptions:
+    timeout: float = 1800.0  # big MoE models tune for minutes
+    port: int | None = None
+    lock_timeout: float = 3600.0
+    grace: float = 10.0  # seconds between SIGINT, SIGTERM and SIGKILL
+
+
+@dataclass(frozen=True)
+class WarmResult:
+    record: WarmRecord
+    reused: bool  # another warm did the work while this one waited
+    namespace_dir: Path
+    files: list[CacheFileRecord] = field(default_factory=list)
+
+
+def collect_files(ns_dir: Path) -> list[CacheFileRecord]:
+    """The caches vLLM left in the namespace, each parsed (a corrupt one raises WarmFailed)."""
+    root = ENGINE.cache_dir(ns_dir)
+    if not root.is_dir():
+        return []
+    inv = scan([root], explicit=False)
+    if inv.problems:
+        p = inv.problems[0]
+        raise WarmFailed(f"vLLM wrote a cache fi-cache cannot read: {p.path}: {p.message}", [])
+    return [
+        CacheFileRecord(str(c.path.relative_to(ns_dir)), len(c.file.entries), c.size)
+        for c in inv.caches
+    ]
+
+
+def warm(
+    store: Path,
+    ns: Namespace,
+    args: ServeArgs,
+    executable: str,
+    info: VllmInfo,
+    options: WarmOptions = WarmOptions(),
+    progress: Progress | None = None,
+) -> WarmResult:
+    """Warm `ns` with `vllm serve ARGS`. Raises WarmFailed, Refused or FiCacheError."""
+    progress = progress or Progress()
+    ns_dir = ns.path(store)
+    asked = time.time()
+    waited: list[bool] = []
+
+    def on_wait(holder: locks.Holder | None) -> None:
+        waited.append(True)
+        progress.waiting(holder)
+
+    with locks.namespace_lock(ns_dir, "warm", options.lock_timeout, on_wait):
+        m = manifests.load(ns_dir) or Manifest.new(ns)
+        prior = m.last_warm(args.key, since=asked) if waited else None
+        if prior is not None:
+            return WarmResult(prior, True, ns_dir, prior.files)
+        record = _run(ns_dir, ns, args, executable, info, options, progress)
+        share_like_store([ns_dir / f.path for f in record.files], store)
+        manifests.save(ns_dir, m.with_warm(record))
+        return WarmResult(record, False, ns_dir, record.files)
+
+
+def _run(
+    ns_dir: Path,
+    ns: Namespace,
+    args: ServeArgs,
+    executable: str,
+    info: VllmInfo,
+    options: WarmOptions,
+    progress: Progress,
+) -> WarmRecord:
+    port = options.port or launch.free_port()
+    if options.port and launch.port_in_use(port):
+        raise Refused(f"port {port} is in use; pick another with --port or leave it out")
+    root = ENGINE.cache_dir(ns_dir)
+    root.mkdir(parents=True, exist_ok=True)
+    env = launch.launch_env(dict(os.environ), root, ns.finalize, args.uses_ray)
+    # Warming never needs outside traffic: listen on loopback, on our port (last flag wins).
+    cmd = [executable, "serve", *args.argv, "--host", "127.0.0.1", "--port", str(port)]
+    started = time.time()
+    progress.note(f"starting {' '.join(cmd[1:])}")
+    server = launch.Server(cmd, env)
+    try:
+        state = launch.wait_healthy(server, port, options.timeout, on_tick=progress.tick)
+        if state == "exited":
+            code = server.stop(options.grace)
+            raise WarmFailed(
+                f"vLLM exited with code {code} before it was healthy", list(server.lines)
+            )
+        if state == "timeout":
+            server.stop(options.grace)
+            raise WarmFailed(
+                f"vLLM was not healthy after {options.timeout:.0f}s (--timeout)", list(server.lines)
+            )
+        progress.note("healthy: warm-up and the cache save are done; stopping vLLM")
+        server.stop(options.grace)
+    except BaseException:
+        server.stop(options.grace)  # Ctrl-C, SIGTERM, errors: never leave vLLM behind
+        raise
+    files = collect_files(ns_dir)
+    if not files:
+        raise WarmFailed(
+            "vLLM became healthy but wrote no autotune cache (FlashInfer autotune off: -O0 or "
+            "--disable-flashinfer-autotune? a model without FlashInfer kernels? vLLM < 0.25?)",
+            list(server.lines),
+        )
+    return WarmRecord(
+        started=started,
+        seconds=round(time.time() - started, 3),
+        vllm_version=info.version,
+        argv=list(args.argv),
+        argv_key=args.key,
+        files=files,
+        supports_finalize_env=info.supports_finalize_env,
+    )

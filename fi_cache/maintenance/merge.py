@@ -1,0 +1,296 @@
+"""`fi-cache merge`: the union of v1 files from one environment, written atomically under a lock.
+
+Use case: vLLM 0.33 writes one file per rank, and FlashInfer advises one file per process;
+merging them gives one cache a fresh start can load whole.
+
+`merge` is pure (data in, data out); `merge_into` reads the files, holds OUT's lock across
+the whole read-modify-write, and includes an existing OUT as the first source, so concurrent
+merges into one OUT accumulate instead of overwriting each other.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import operator
+import os
+import stat
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Literal
+
+from fi_cache.caches import inventory
+from fi_cache.caches.discover import classify_file, is_v2_env_dir
+from fi_cache.errors import CorruptCache, FiCacheError, Refused
+from fi_cache.model import v1, v2
+from fi_cache.store.files import DEFAULT_LOCK_TIMEOUT, atomic_write, locked
+from fi_cache.versions import RECORDS_KEY, flashinfer_writes_generation
+
+Prefer = Literal["first", "last"]
+PREFER_CHOICES: tuple[Prefer, ...] = ("first", "last")
+# FlashInfer's own save mode is 0600; a merged file is usually shared between ranks or users.
+DEFAULT_MODE = 0o644
+
+
+@dataclass(frozen=True)
+class Conflict:
+    """One key with two different values: `kept` (by the policy) and `dropped`.
+    `key` is the raw entry key, `_records.<namespace>` or an unknown top-level field name."""
+
+    key: str
+    kept: Any
+    dropped: Any
+    kept_from: str
+    dropped_from: str
+
+
+@dataclass(frozen=True)
+class MergeResult:
+    """The merged file, every conflict, and how many keys each source added first."""
+
+    file: v1.CacheFile
+    conflicts: list[Conflict]
+    sources: int
+    entries: int
+    added: dict[str, int]
+
+
+# --- The pure core ------------------------------------------------------------------------------
+
+
+def merge(files: Sequence[tuple[str, v1.CacheFile]], prefer: Prefer = "first") -> MergeResult:
+    """Union of `(name, file)` pairs with equal `_metadata`; raises FiCacheError otherwise.
+
+    Entries conflict when runner or tactic (value[:2]) differ. Values that agree on both but
+    differ in extra elements (0.7.4 provenance, selection timings) are not conflicts: those
+    are measurements that differ on every run, not a disagreement about which kernel to use;
+    the preferred file's value is kept whole. `_records` (per namespace key) and unknown
+    top-level fields are unioned with the same policy and their clashes reported too.
+    """
+    if not files:
+        raise ValueError("merge needs at least one file")
+    check_metadata(files)
+    entries, conflicts, added = _union(
+        [(name, cf.entries) for name, cf in files], prefer, _same_choice, str
+    )
+    records, record_conflicts, _ = _union(
+        [(name, _records_of(name, cf)) for name, cf in files],
+        prefer,
+        operator.eq,
+        lambda key: f"{RECORDS_KEY}.{key}",
+    )
+    unknown, unknown_conflicts, _ = _union(
+        [(name, cf.unknown) for name, cf in files], prefer, operator.eq, str
+    )
+    metadata = files[0][1].metadata
+    has_records = any(cf.records is not None for _, cf in files)
+    merged = v1.CacheFile(
+        None if metadata is None else dict(metadata),
+        entries,
+        records if has_records else None,
+        None,
+        unknown,
+    )
+    if wants_generation(files):
+        merged = dataclasses.replace(merged, generation=v1.compute_generation(merged))
+    return MergeResult(
+        merged,
+        [*conflicts, *record_conflicts, *unknown_conflicts],
+        len(files),
+        len(entries),
+        added,
+    )
+
+
+def check_metadata(files: Sequence[tuple[str, v1.CacheFile]]) -> None:
+    """Raise FiCacheError naming the first differing field when `_metadata` is not equal."""
+    if not files:
+        return
+    base_name, base = files[0]
+    for name, cf in files[1:]:
+        if cf.metadata != base.metadata:
+            why = _first_difference(base_name, base.metadata, name, cf.metadata)
+            raise FiCacheError(
+                f"cannot merge {base_name} and {name}: {why} (merge only joins files "
+                "from one environment; FlashInfer would skip one of them)"
+            )
+
+
+def _first_difference(
+    a_name: str, a: dict[str, Any] | None, b_name: str, b: dict[str, Any] | None
+) -> str:
+    if a is None or b is None:
+        return f"{b_name if b is None else a_name} has no _metadata"
+    for field in [*a, *(k for k in b if k not in a)]:
+        va, vb = a.get(field, _MISSING), b.get(field, _MISSING)
+        if va != vb:
+            return f"_metadata {field} is {_show(va)} vs {_show(vb)}"
+    return "_metadata differs"  # unreachable for unequal dicts
+
+
+_MISSING = object()
+
+
+def _show(value: Any) -> str:
+    return "missing" if value is _MISSING else repr(value)
+
+
+def wants_generation(files: Sequence[tuple[str, v1.CacheFile]]) -> bool:
+    """Does the merged file get a `_generation`? Decided by the format of the FlashInfer that
+    wrote the files (>= 0.6.18rc2: a 0.6.17 reader would load it as a bogus entry); when
+    `_metadata` cannot say (missing, "unknown", "*"), by whether any source has one."""
+    metadata = files[0][1].metadata or {}
+    version = metadata.get("flashinfer_version")
+    writes = flashinfer_writes_generation(version if isinstance(version, str) else None)
+    if writes is not None:
+        return writes
+    return any(cf.generation is not None for _, cf in files)
+
+
+def _records_of(name: str, cf: v1.CacheFile) -> Mapping[str, Any]:
+    if cf.records is None:
+        return {}
+    if not isinstance(cf.records, dict):
+        raise CorruptCache(f"{RECORDS_KEY} is not a JSON object", name)
+    return cf.records
+
+
+def _choice(value: Any) -> Any:
+    """What FlashInfer acts on: runner and tactic; later elements are measurement data."""
+    return value[:2] if isinstance(value, list) else value
+
+
+def _same_choice(a: Any, b: Any) -> bool:
+    return bool(_choice(a) == _choice(b))
+
+
+def _union(
+    tables: Sequence[tuple[str, Mapping[str, Any]]],
+    prefer: Prefer,
+    same: Callable[[Any, Any], bool],
+    label: Callable[[str], str],
+) -> tuple[dict[str, Any], list[Conflict], dict[str, int]]:
+    """Union of the tables in order; a key seen twice keeps the first or last holder's value."""
+    first: dict[str, tuple[str, Any]] = {}
+    later: dict[str, list[tuple[str, Any]]] = {}
+    added: dict[str, int] = {}
+    for name, table in tables:
+        added.setdefault(name, 0)
+        for key, value in table.items():
+            if key in first:
+                later.setdefault(key, []).append((name, value))
+            else:
+                first[key] = (name, value)
+                added[name] += 1
+    merged = {key: value for key, (_, value) in first.items()}
+    conflicts: list[Conflict] = []
+    for key, rest in later.items():
+        candidates = [first[key], *rest]
+        winner = candidates[0] if prefer == "first" else candidates[-1]
+        merged[key] = winner[1]
+        conflicts.extend(_disagreements(label(key), winner, candidates, same))
+    return merged, conflicts, added
+
+
+def _disagreements(
+    key: str,
+    winner: tuple[str, Any],
+    candidates: list[tuple[str, Any]],
+    same: Callable[[Any, Any], bool],
+) -> Iterator[Conflict]:
+    """One conflict per distinct losing value (16 ranks that agree on it are one line, not 16),
+    named after the first file that had it."""
+    reported: list[Any] = [winner[1]]
+    for name, value in candidates:
+        if any(same(value, seen) for seen in reported):
+            continue
+        reported.append(value)
+        yield Conflict(key, winner[1], value, winner[0], name)
+
+
+# --- Files on disk ------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class MergeReport:
+    """What `merge_into` did: the merged result and what it means for OUT."""
+
+    output: Path
+    result: MergeResult
+    sources: int  # SRC files given (an existing OUT is merged too but not counted here)
+    new: int  # entries OUT did not have before
+    existed: bool  # OUT existed and was merged in as the first source
+
+    @property
+    def generation(self) -> bool:
+        return self.result.file.generation is not None
+
+
+def read_source(path: Path) -> v1.CacheFile:
+    """A v1 file to merge. Refused (exit 2): missing, a directory, v2, not a cache at all;
+    CorruptCache (exit 1): unreadable JSON, keys or values (merging would spread them)."""
+    _refuse_non_v1(path)
+    cf = inventory.read(classify_file(path)).file
+    _check_usable(path, cf)
+    return cf
+
+
+def _refuse_non_v1(path: Path) -> None:
+    if path.is_dir():
+        v2_store = (
+            is_v2_env_dir(path) or path.name == v2.SCHEMA_DIR or (path / v2.SCHEMA_DIR).is_dir()
+        )
+        why = "this is a FlashInfer v2 store" if v2_store else "this is a directory"
+        raise Refused(f"merge takes v1 files; {why} (see `fi-cache ls` for the files in it)", path)
+    in_v2 = (path.name == v2.MANIFEST and is_v2_env_dir(path.parent)) or (
+        path.parent.name == v2.ENTRIES_DIR and is_v2_env_dir(path.parent.parent)
+    )
+    if in_v2:
+        raise Refused("merge takes v1 files; this is part of a FlashInfer v2 store", path)
+
+
+def _check_usable(path: Path, cf: v1.CacheFile) -> None:
+    if cf.metadata is None and not cf.entries and cf.unknown:
+        raise Refused("not a FlashInfer v1 cache file (no _metadata, no entries)", path)
+    # A stale `_generation` is not checked: merge recomputes it, and hashing is the costly part.
+    defect = next(v1.defects(dataclasses.replace(cf, generation=None), limit=1), None)
+    if defect is not None:
+        raise CorruptCache(f"{defect.message}; not merged (see `fi-cache verify`)", path)
+
+
+def _read_existing(out: Path) -> tuple[v1.CacheFile, int] | None:
+    """OUT's content and mode, or None when it does not exist. A corrupt OUT is refused
+    (exit 1) and left untouched: overwriting it would lose whatever it still holds."""
+    if not os.path.lexists(out):
+        return None
+    try:
+        cf = read_source(out)
+    except CorruptCache as exc:
+        raise CorruptCache(
+            f"{exc.message}; refusing to overwrite it (move it aside or pick another -o)", out
+        ) from None
+    return cf, stat.S_IMODE(out.stat().st_mode)
+
+
+def merge_into(
+    sources: Sequence[Path],
+    out: Path,
+    prefer: Prefer = "first",
+    timeout: float = DEFAULT_LOCK_TIMEOUT,
+) -> MergeReport:
+    """Merge `sources` into `out` (created, or merged with what it holds). Nothing is written
+    when anything is refused; readers of `out` see the old or the new file, never a mix."""
+    files = [(str(p), read_source(p)) for p in sources]
+    check_metadata(files)  # refuse before creating OUT's directory or lock file
+    if out.is_dir():
+        raise Refused("output is a directory; -o takes a file path", out)
+    with locked(out, timeout):
+        existing = _read_existing(out)
+        inputs = files if existing is None else [(str(out), existing[0]), *files]
+        result = merge(inputs, prefer)
+        # A mode chosen for an existing OUT (FlashInfer's 0600, say) is the owner's to keep.
+        mode = DEFAULT_MODE if existing is None else existing[1]
+        data = v1.dumps(result.file).encode()
+        atomic_write(out, data, mode=mode, lock=False)
+    before = 0 if existing is None else len(existing[0].entries)
+    return MergeReport(out, result, len(sources), result.entries - before, existing is not None)

@@ -1,0 +1,134 @@
+"""Writing one file: temp file + fsync + rename (+ dir fsync), optionally under a sibling lock.
+
+Readers never see a half-written file: data goes to a temp file in the target's directory,
+is fsynced, then renamed over the target (atomic on POSIX within one filesystem), and the
+directory is fsynced so the rename survives a crash.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import tempfile
+from collections.abc import Iterator
+from pathlib import Path
+
+from fi_cache.errors import FiCacheError, Refused
+
+# Our temp files; doctor's tmp-leftover check knows this prefix.
+TMP_PREFIX = ".fi-cache-"
+LOCK_SUFFIX = ".lock"
+DEFAULT_LOCK_TIMEOUT = 60.0
+
+
+def lock_path_for(path: Path) -> Path:
+    return path.with_name(f".{path.name}{LOCK_SUFFIX}")
+
+
+@contextlib.contextmanager
+def locked(path: Path, timeout: float = DEFAULT_LOCK_TIMEOUT) -> Iterator[None]:
+    """Hold the lock that guards `path` (a sibling `.NAME.lock` file)."""
+    import filelock  # deferred: 40 ms of imports that read-only commands and serve never need
+
+    lock_file = lock_path_for(path)
+    ensure_dir(lock_file.parent)
+    lock = filelock.FileLock(str(lock_file), timeout=timeout)
+    try:
+        with lock:
+            yield
+    except filelock.Timeout:
+        raise FiCacheError(
+            f"timed out after {timeout:.0f}s waiting for the lock {lock_file}", path
+        ) from None
+
+
+def ensure_dir(directory: Path) -> None:
+    """mkdir -p; a failure is one Refused line naming the directory."""
+    try:
+        directory.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise Refused(f"cannot create directory: {exc.strerror}", directory) from None
+
+
+def atomic_write(
+    path: Path,
+    data: bytes,
+    *,
+    mode: int = 0o644,
+    lock: bool = True,
+    timeout: float = DEFAULT_LOCK_TIMEOUT,
+) -> None:
+    """Replace `path` with `data` so that readers see the old or the new file, never a mix."""
+    if lock:
+        with locked(path, timeout):
+            _replace(path, data, mode)
+    else:
+        _replace(path, data, mode)
+
+
+def check_writable(directory: Path) -> None:
+    """Refuse early (filelock would retry a read-only lock file until its timeout)."""
+    for attempt in range(3):
+        try:
+            fd, tmp = tempfile.mkstemp(dir=directory, prefix=TMP_PREFIX, suffix=".tmp")
+        except FileNotFoundError:
+            if attempt == 2:
+                raise Refused("store dir keeps disappearing", directory) from None
+            ensure_dir(directory)  # an import or prune moved the namespace away just now
+            continue
+        except OSError as exc:
+            raise Refused(f"store is not writable: {exc.strerror}", directory) from None
+        os.close(fd)
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(tmp)  # moved away with the namespace by a concurrent import: fine
+        return
+
+
+def _replace(path: Path, data: bytes, mode: int) -> None:
+    ensure_dir(path.parent)
+    try:
+        fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=TMP_PREFIX, suffix=".tmp")
+    except OSError as exc:
+        raise Refused(f"cannot write here: {exc.strerror}", path.parent) from None
+    try:
+        with os.fdopen(fd, "wb") as f:
+            f.write(data)
+            f.flush()
+            os.fsync(f.fileno())
+        os.chmod(tmp, mode)
+        os.replace(tmp, path)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.unlink(tmp)
+        raise
+    fsync_dir(path.parent)
+
+
+def fsync_dir(directory: Path) -> None:
+    with contextlib.suppress(OSError):  # not every platform/filesystem can fsync a directory
+        fd = os.open(directory, os.O_RDONLY)
+        try:
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+
+
+def remove_file(path: Path) -> None:
+    try:
+        os.unlink(path)
+    except FileNotFoundError:
+        pass
+    except OSError as exc:
+        raise Refused(f"cannot remove: {exc.strerror}", path) from None
+
+
+def share_like_store(paths: list[Path], store: Path) -> None:
+    """Give files vLLM/FlashInfer wrote (0600) the read access the store dir itself grants, so
+    a shared store is readable by every server that shares it and a private one stays private."""
+    try:
+        grant = store.stat().st_mode & 0o044
+    except OSError:
+        return
+    for path in paths:
+        with contextlib.suppress(OSError):
+            os.chmod(path, (path.stat().st_mode & 0o777) | grant)

@@ -1,0 +1,122 @@
+"""Namespace locks: one per namespace dir, taken by warm, import, prune and serve's bookkeeping.
+
+Two strategies behind one interface (api.py): flock where the filesystem honours it (flock.py),
+else an O_EXCL lock file with dead-holder recovery (lockfile.py). `lock_strategy` picks one per
+directory; the functions below are all the rest of fi-cache uses.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+from collections.abc import Iterator
+from pathlib import Path
+
+from fi_cache.store.files import DEFAULT_LOCK_TIMEOUT, check_writable, ensure_dir
+from fi_cache.store.locks import flock, lockfile
+from fi_cache.store.locks.api import (
+    HOLDER_NAME,
+    LOCK_NAME,
+    Holder,
+    LockStrategy,
+    NamespaceBusy,
+    OnWait,
+    this_holder,
+)
+from fi_cache.store.locks.in_use import IN_USE_NAME, in_use, mark
+
+__all__ = [
+    "DEFAULT_LOCK_TIMEOUT",
+    "HOLDER_NAME",
+    "IN_USE_NAME",
+    "LOCK_NAME",
+    "Holder",
+    "NamespaceBusy",
+    "filesystem_type",
+    "hold_in_use",
+    "in_use",
+    "lock_strategy",
+    "namespace_lock",
+    "probe_namespace_lock",
+    "try_namespace_lock",
+]
+
+_UNTRUSTED_FS = ("nfs", "nfs4", "lustre", "gpfs", "cifs", "smb3", "smbfs", "9p", "fuse")
+_STRATEGIES: dict[str, LockStrategy] = {s.name: s for s in (flock.Flock(), lockfile.LockFile())}
+
+
+def filesystem_type(path: Path) -> str | None:
+    """The mount type holding `path` (Linux /proc/mounts; None elsewhere)."""
+    try:
+        mounts = Path("/proc/mounts").read_text().splitlines()
+    except OSError:
+        return None
+    target = os.path.realpath(path)
+    best, best_type = "", None
+    for line in mounts:
+        parts = line.split()
+        if len(parts) < 3:
+            continue
+        point = parts[1].replace("\\040", " ")
+        inside = target == point or target.startswith(point.rstrip("/") + "/")
+        if inside and len(point) >= len(best):
+            best, best_type = point, parts[2]
+    return best_type
+
+
+def lock_strategy(directory: Path) -> tuple[str, str]:
+    """("flock" | "lockfile", why) for locks under `directory` (created if missing)."""
+    fs = filesystem_type(directory) or "unknown"
+    if os.environ.get("FI_CACHE_LOCK") in ("flock", "lockfile"):
+        return os.environ["FI_CACHE_LOCK"], "set by FI_CACHE_LOCK"
+    if fs.startswith(_UNTRUSTED_FS):
+        return "lockfile", f"{fs} filesystem: flock is not trusted there"
+    if os.name != "posix":
+        return "lockfile", "no flock on this platform"
+    try:
+        directory.mkdir(parents=True, exist_ok=True)
+    except OSError:
+        return "flock", f"{fs} filesystem (not writable, untested)"
+    if flock.honoured(directory):
+        return "flock", f"{fs} filesystem honours flock"
+    return "lockfile", f"{fs} filesystem does not honour flock"
+
+
+@contextlib.contextmanager
+def namespace_lock(
+    directory: Path,
+    purpose: str,
+    timeout: float = DEFAULT_LOCK_TIMEOUT,
+    on_wait: OnWait | None = None,
+    strategy: str | None = None,
+) -> Iterator[Holder]:
+    """Hold `directory`'s lock. Calls on_wait(holder) once if someone else has it first;
+    raises FiCacheError naming the holder when `timeout` passes."""
+    ensure_dir(directory)
+    check_writable(directory)
+    me = this_holder(purpose)
+    kind = strategy or lock_strategy(directory)[0]
+    with _STRATEGIES[kind].acquire(directory, me, timeout, on_wait):
+        yield me
+
+
+@contextlib.contextmanager
+def try_namespace_lock(directory: Path, purpose: str, strategy: str) -> Iterator[Holder]:
+    """Take `directory`'s lock without waiting and without creating the directory or any file
+    but the lock itself. Raises NamespaceBusy when it is held, Refused when it cannot be taken."""
+    me = this_holder(purpose)
+    with _STRATEGIES[strategy].try_acquire(directory, me):
+        yield me
+
+
+def probe_namespace_lock(directory: Path, strategy: str) -> tuple[bool, Holder | None]:
+    """(held, holder) of `directory`'s lock, creating and changing nothing."""
+    return _STRATEGIES[strategy].probe(directory)
+
+
+def hold_in_use(directory: Path) -> int | None:
+    """Mark `directory` in use until this process (or what it execs) exits; None where flock
+    is not available or not trusted (a lock-file store cannot mark shared use)."""
+    if lock_strategy(directory)[0] != "flock":
+        return None
+    return mark(directory)

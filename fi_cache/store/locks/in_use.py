@@ -1,0 +1,51 @@
+"""Namespaces in use by a running server (serve).
+
+`serve` execs vLLM holding a shared flock on this file (the descriptor survives the exec), so a
+prune never deletes the namespace of a server that is still running. Warms do not look at it.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+IN_USE_NAME = ".fi-cache.inuse"
+
+
+def mark(directory: Path) -> int | None:
+    """Hold a shared flock on `directory`'s in-use file until this process (or what it execs)
+    exits; None where that cannot be done."""
+    import fcntl
+
+    try:
+        fd = os.open(directory / IN_USE_NAME, os.O_CREAT | os.O_RDWR, 0o644)
+    except OSError:
+        return None  # a read-only store: nothing can prune it from here either
+    try:
+        fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+    except OSError:
+        os.close(fd)
+        return None
+    os.set_inheritable(fd, True)
+    return fd
+
+
+def in_use(directory: Path) -> bool:
+    """Does a running server hold `directory`? Creates nothing."""
+    import fcntl
+
+    try:
+        fd = os.open(directory / IN_USE_NAME, os.O_RDONLY)
+    except OSError:
+        return False
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        return True
+    except OSError:
+        return False
+    else:
+        fcntl.flock(fd, fcntl.LOCK_UN)
+        return False
+    finally:
+        os.close(fd)

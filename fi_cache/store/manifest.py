@@ -1,0 +1,137 @@
+"""A namespace's manifest: its fingerprint, when it was made and used, and every warm.
+
+Pure data and (de)serialisation; `load`/`save` read and write it through the store package, so a
+reader sees the old or the new manifest, never half of one.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from dataclasses import asdict, dataclass, field, fields, replace
+from pathlib import Path
+from typing import Any
+
+from fi_cache.errors import CorruptCache
+from fi_cache.model.fingerprint import FINGERPRINT_FIELDS, Fingerprint
+from fi_cache.store.files import atomic_write
+from fi_cache.store.namespace import Namespace
+
+MANIFEST_NAME = "manifest.json"
+SCHEMA = 1
+
+
+@dataclass(frozen=True)
+class CacheFileRecord:
+    path: str  # relative to the namespace dir
+    entries: int
+    size: int
+
+
+@dataclass(frozen=True)
+class WarmRecord:
+    started: float
+    seconds: float
+    vllm_version: str | None
+    argv: list[str]  # the vLLM serve arguments, as the user gave them
+    argv_key: str  # what makes two warms "the same" (argv without host/port)
+    files: list[CacheFileRecord]
+    supports_finalize_env: bool | None  # did that vLLM read VLLM_FLASHINFER_MOE_FUSED_FINALIZE?
+    ok: bool = True
+    engine: str = "vllm"  # "flashinfer": tuned by `warm --engine flashinfer --plan` (argv)
+
+
+@dataclass(frozen=True)
+class Manifest:
+    fingerprint: Fingerprint
+    finalize: str
+    created: float
+    last_used: float
+    warms: tuple[WarmRecord, ...] = ()
+    unknown: dict[str, Any] = field(default_factory=dict)  # newer fields kept on rewrite
+
+    @classmethod
+    def new(cls, ns: Namespace, now: float | None = None) -> Manifest:
+        t = time.time() if now is None else now
+        return cls(ns.fingerprint, ns.finalize, t, t)
+
+    def with_warm(self, warm: WarmRecord) -> Manifest:
+        return replace(self, warms=(*self.warms, warm), last_used=warm.started + warm.seconds)
+
+    def used(self, now: float | None = None) -> Manifest:
+        return replace(self, last_used=time.time() if now is None else now)
+
+    def last_warm(
+        self, argv_key: str | None = None, since: float | None = None
+    ) -> WarmRecord | None:
+        """The newest successful warm (for this argv key, finished after `since`)."""
+        for w in reversed(self.warms):
+            if not w.ok or (argv_key is not None and w.argv_key != argv_key):
+                continue
+            if since is not None and w.started + w.seconds < since:
+                continue
+            return w
+        return None
+
+
+# A newer fi-cache may record more about a warm; this one reads what it knows.
+_WARM_FIELDS = frozenset(f.name for f in fields(WarmRecord)) - {"files"}
+
+
+def to_json(m: Manifest) -> dict[str, Any]:
+    return {
+        **m.unknown,
+        "schema": SCHEMA,
+        "fingerprint": asdict(m.fingerprint),
+        "finalize": m.finalize,
+        "created": m.created,
+        "last_used": m.last_used,
+        "warms": [asdict(w) for w in m.warms],
+    }
+
+
+def from_json(data: Any) -> Manifest:
+    """Raises ValueError (with a reason) for anything that is not a manifest."""
+    if not isinstance(data, dict):
+        raise ValueError("not a JSON object")
+    try:
+        fp = {k: v for k, v in dict(data["fingerprint"]).items() if k in FINGERPRINT_FIELDS}
+        warms = tuple(
+            WarmRecord(
+                **{k: v for k, v in w.items() if k in _WARM_FIELDS},
+                files=[CacheFileRecord(**f) for f in w["files"]],
+            )
+            for w in data.get("warms", [])
+        )
+        known = {"schema", "fingerprint", "finalize", "created", "last_used", "warms"}
+        return Manifest(
+            Fingerprint(**fp),
+            str(data["finalize"]),
+            float(data["created"]),
+            float(data["last_used"]),
+            warms,
+            {k: v for k, v in data.items() if k not in known},
+        )
+    except (KeyError, TypeError, ValueError) as exc:
+        raise ValueError(f"malformed manifest ({exc})") from None
+
+
+def load(directory: Path) -> Manifest | None:
+    """The namespace's manifest, None when there is none yet. Raises CorruptCache."""
+    path = directory / MANIFEST_NAME
+    try:
+        text = path.read_text(encoding="utf-8")
+    except FileNotFoundError:
+        return None
+    except OSError as exc:
+        raise CorruptCache(f"cannot read manifest: {exc.strerror}", path) from None
+    try:
+        return from_json(json.loads(text))
+    except ValueError as exc:
+        raise CorruptCache(str(exc), path) from None
+
+
+def save(directory: Path, m: Manifest) -> None:
+    """Atomic replace; the caller holds the namespace lock."""
+    data = json.dumps(to_json(m), indent=2).encode()
+    atomic_write(directory / MANIFEST_NAME, data, lock=False)
