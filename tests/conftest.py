@@ -94,7 +94,7 @@ def cli_main_exit(args: list[str]) -> int:
 __all__ = ["cli"]
 
 
-# --- Real FlashInfer in child processes (tests/tune, tests/cli/test_tuning_cli.py, ...) --------
+# --- Real FlashInfer in child processes (tests/engines/flashinfer, the warm CLI tests) -----------
 
 ROOT = Path(__file__).parent.parent
 FI_VERSIONS = ("0.6.17", "0.6.18")
@@ -133,7 +133,7 @@ FLASHINFER_INSTALLS = _flashinfer_installs()
 
 def flashinfer_dir(version: str) -> Path:
     """Where FlashInfer `version` is installed; skips without it, fails under scripts/test.sh
-    (FI_CACHE_REQUIRE_FLASHINFER=1), as tests/test_flashinfer_compat.py does."""
+    (FI_CACHE_REQUIRE_FLASHINFER=1), as tests/model/test_flashinfer_compat.py does."""
     if version not in FLASHINFER_INSTALLS:
         if os.environ.get("FI_CACHE_REQUIRE_FLASHINFER"):
             pytest.fail(f"FlashInfer {version} not found in FI_CACHE_FLASHINFER_DIRS")

@@ -24,7 +24,7 @@ from fi_cache.model.fingerprint import Fingerprint
 from fi_cache.store import locks, trash
 from fi_cache.store.namespace import NAMESPACES_DIR
 from tests.conftest import MOE_617_FUSED, MOE_617_UNFUSED, Result
-from tests.test_prune import DAY, make_namespace
+from tests.maintenance.test_prune import DAY, make_namespace
 
 cli.add_command(prune_cli.prune_command)  # the lead registers it in fi_cache/cli/__init__.py
 

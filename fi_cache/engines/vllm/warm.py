@@ -21,7 +21,7 @@ from fi_cache.environment import VllmInfo
 from fi_cache.errors import Refused
 from fi_cache.store import locks
 from fi_cache.store import manifest as manifests
-from fi_cache.store.files import share_like_store
+from fi_cache.store.files import ensure_dir, share_like_store
 from fi_cache.store.manifest import CacheFileRecord, Manifest, WarmRecord
 from fi_cache.store.namespace import Namespace
 
@@ -109,7 +109,7 @@ def _run(
     if options.port and launch.port_in_use(port):
         raise Refused(f"port {port} is in use; pick another with --port or leave it out")
     root = ENGINE.cache_dir(ns_dir)
-    root.mkdir(parents=True, exist_ok=True)
+    ensure_dir(root)
     env = launch.launch_env(dict(os.environ), root, ns.finalize, args.uses_ray)
     # Warming never needs outside traffic: listen on loopback, on our port (last flag wins).
     cmd = [executable, "serve", *args.argv, "--host", "127.0.0.1", "--port", str(port)]

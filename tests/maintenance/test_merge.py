@@ -29,9 +29,10 @@ from tests.conftest import (
     MOE_617_UNFUSED,
     MOE_618_FUSED,
     MOE_618_UNFUSED,
+    ROOT,
 )
 
-PROJECT = Path(__file__).resolve().parent.parent
+PROJECT = ROOT
 ENTRY = (
     "from fi_cache.cli import cli, main; from fi_cache.cli.merge import COMMANDS; "
     "[cli.add_command(c) for c in COMMANDS]; main()"

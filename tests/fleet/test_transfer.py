@@ -38,12 +38,12 @@ from fi_cache.store.files import TMP_PREFIX
 from fi_cache.store.manifest import Manifest
 from fi_cache.store.namespace import Namespace
 from fi_cache.store.paths import state_dir
-from tests.conftest import GEMM_618, MOE_618_FUSED, MOE_618_UNFUSED, Result
+from tests.conftest import GEMM_618, MOE_618_FUSED, MOE_618_UNFUSED, ROOT, Result
 
 for _command in COMMANDS:
     cli.add_command(_command)
 
-REPO = Path(__file__).resolve().parent.parent
+REPO = ROOT
 H200 = Fingerprint(
     flashinfer_version="0.6.18",
     cuda_version="12.9",

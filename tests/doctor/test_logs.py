@@ -9,8 +9,9 @@ import pytest
 from fi_cache.doctor import logs
 from fi_cache.doctor.logs import CacheEvent, LogFacts, ProfileIdError, parse_log, read_log
 from fi_cache.errors import EXIT_REFUSED, Refused
+from tests.conftest import FIXTURES
 
-H200 = Path(__file__).parent / "fixtures" / "h200"
+H200 = FIXTURES / "h200"
 
 # Prefixes exactly as FlashInfer's and vLLM's formatters write them.
 FI_INFO = "2026-11-30 02:00:00,000 - INFO - autotuner.py:2789 - flashinfer.jit: "

@@ -1,11 +1,11 @@
-"""`fi-cache plan` and `fi-cache warm --engine flashinfer` as a user runs them: `python -m fi_cache`
+"""`fi-cache warm --engine flashinfer` as a user runs it: `python -m fi_cache`
 in a real process, with a fake `nvidia-smi` reporting an H200 on PATH.
 
-The tuning child is tests/tune/cpu_tune_child.py (FlashInfer's real AutoTuner and fi-cache's real
-driver on CPU; see its docstring) behind `$FI_CACHE_PYTHON`, except where the REAL child (`python -m
-fi_cache.engines.flashinfer`) must refuse on this GPU-less host, and where tiny fake children
-misbehave on purpose. Refused runs point `$FI_CACHE_PYTHON` at a script that leaves a marker file,
-to show the child never started.
+The tuning child is tests/engines/flashinfer/cpu_tune_child.py (FlashInfer's real AutoTuner and
+fi-cache's real driver on CPU; see its docstring) behind `$FI_CACHE_PYTHON`, except where the REAL
+child (`python -m fi_cache.engines.flashinfer`) must refuse on this GPU-less host, and where tiny
+fake children misbehave on purpose. Refused runs point `$FI_CACHE_PYTHON` at a script that leaves a
+marker file, to show the child never started.
 """
 
 from __future__ import annotations
@@ -43,13 +43,24 @@ from tests.conftest import (
     start_if_needed,
 )
 
-CPU_CHILD = ROOT / "tests" / "tune" / "cpu_tune_child.py"
+CPU_CHILD = ROOT / "tests" / "engines" / "flashinfer" / "cpu_tune_child.py"
+
+
 FAKE_VLLM = ROOT / "tests" / "fake_vllm.py"
-HF = ROOT / "tests" / "fixtures" / "hf"
+
+
 PLAN = SMALL_PLAN
+
+
 COUNTS = {"gemm1": 45, "gemm2": {"fused": 81, "unfused": 36}}  # the fake MoE module's
+
+
 ENTRIES = 15  # 5 buckets (1..16) x (the GEMM, MoE GEMM1, MoE GEMM2)
+
+
 MODES = ("fused", "unfused")
+
+
 # Set where these tests run (or by a user's shell) and would change what fi-cache does.
 _SCRUB = ("FI_CACHE_PYTHON", "FI_CACHE_DIR", "FI_CACHE_VLLM", "VLLM_FLASHINFER_MOE_FUSED_FINALIZE")
 
@@ -127,9 +138,6 @@ def _one_line(p: subprocess.CompletedProcess[str]) -> str:
     lines = p.stderr.splitlines()
     assert len(lines) == 1, p.stderr
     return lines[0]
-
-
-# --- refusals before any tuning ---------------------------------------------------------------
 
 
 @pytest.fixture
@@ -226,9 +234,6 @@ def test_options_of_the_other_engine_are_refused(
     assert _never_started(refusing)
 
 
-# --- a child that fails -----------------------------------------------------------------------
-
-
 FAKE_CHILD = """\
 import json, os, sys, time
 job = json.loads(sys.stdin.readline())
@@ -278,47 +283,6 @@ def test_a_child_that_fails_after_ready_is_a_failed_warm(
     assert ns.is_dir() and not (ns / "manifest.json").exists()
     assert not (ns / "flashinfer" / "autotune_configs.json").exists()
     assert rig.namespaces() == []
-
-
-# --- fi-cache plan -----------------------------------------------------------------------------
-
-
-def test_plan_from_a_hf_config_is_a_plan_check_accepts(tmp_path: Path) -> None:
-    rig = Rig.make(tmp_path)
-    out = tmp_path / "qwen3.toml"
-    p = rig.run("plan", "--from-hf-config", HF / "qwen3-30b-a3b.json", "-o", out)
-    assert p.returncode == 0, p.stderr
-    check = rig.run("plan", "--check", out)
-    assert check.returncode == 0, check.stderr
-    assert "cutlass_fused_moe bf16 h=2048 i=768 e=128 top_k=8" in check.stdout
-    assert "fused namespace: 4 calls" in check.stdout
-    assert "unfused namespace: 4 calls" in check.stdout
-    doc = json.loads(rig.run("--format", "json", "plan", "--check", out).stdout)
-    assert doc["modes"] == ["fused", "unfused"] and doc["calls"] == {"fused": 4, "unfused": 4}
-    [op] = doc["ops"]
-    assert (op["op"], op["hidden_size"], op["num_experts"], op["top_k"]) == (
-        "cutlass_fused_moe", 2048, 128, 8,
-    )  # fmt: skip
-
-
-@pytest.mark.parametrize("dtype", [[], ["--dtype", "bf16"]])
-def test_plan_from_a_quantised_model_is_refused(tmp_path: Path, dtype: list[str]) -> None:
-    p = Rig.make(tmp_path).run("plan", "--from-hf-config", HF / "deepseek-v3.json", *dtype)
-    assert p.returncode == 2 and p.stdout == ""
-    line = _one_line(p)
-    assert "fp8" in line and "quantised" in line and "deepseek-v3.json" in line
-
-
-@pytest.mark.parametrize("both", [False, True])
-def test_plan_needs_exactly_one_of_from_hf_config_and_check(tmp_path: Path, both: bool) -> None:
-    rig = Rig.make(tmp_path)
-    args = ["--from-hf-config", str(HF / "qwen3-30b-a3b.json"), "--check", str(rig.plan())]
-    p = rig.run("plan", *(args if both else []))
-    assert p.returncode == 2
-    assert "give one of --from-hf-config CONFIG or --check PLAN" in _one_line(p)
-
-
-# --- one warm per FlashInfer version, shared (started in the background) --------------------
 
 
 @dataclass
@@ -705,9 +669,6 @@ def test_an_interrupt_says_which_modes_were_recorded(
     assert not (unfused / "manifest.json").exists()
 
 
-# --- progress lines ------------------------------------------------------------------------------
-
-
 def _status_lines(
     events: list[tuple[float, dict[str, Any]]], capsys: pytest.CaptureFixture[str]
 ) -> list[str]:
@@ -732,6 +693,8 @@ _MOE_CALL = [
     {"event": "bucket", "i": 3, "step": 3, "total": 3, "bucket": 4},
     {"event": "called", "i": 3, "seconds": 61.5},
 ]  # fmt: skip
+
+
 LINE = (
     "[tune 3/4] cutlass_fused_moe bf16 h=256 i=128 e=8 top_k=2 [cutlass, fused finalize] 1 tokens"
 )

@@ -19,7 +19,7 @@ from fi_cache.fleet import bundle
 from fi_cache.model.fingerprint import Fingerprint
 from fi_cache.store import manifest as m
 from fi_cache.store.namespace import Namespace
-from tests.conftest import HASH_A, MOE_618_FUSED
+from tests.conftest import HASH_A, MOE_618_FUSED, ROOT
 
 FP = Fingerprint.from_metadata(json.loads(MOE_618_FUSED.read_text())["_metadata"], "90a")
 
@@ -263,7 +263,7 @@ def _import_proc(store: Path, path: Path):  # type: ignore[no-untyped-def]
     import subprocess
     import sys
 
-    env = {**os.environ, "PYTHONPATH": str(Path(__file__).parent.parent)}
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
     return subprocess.Popen([sys.executable, "-c", _IMPORT, str(store), str(path),
                              json.dumps(FP.__dict__)], env=env)  # fmt: skip
 

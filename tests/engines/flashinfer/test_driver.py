@@ -1,11 +1,12 @@
 """The tuning child's protocol (fi_cache/engines/flashinfer/driver.py), driven directly, with real
 FlashInfer.
 
-tests/tune/cpu_tune_child.py runs fi-cache's driver with FlashInfer 0.6.17 / 0.6.18's own AutoTuner
-on CPU (its docstring says what stands in for the GPU). Each child gets its whole input at once:
-the job line and the parent's answer to `ready` (`{"cache": PATH}` or `{"stop": true}`); the
-child reads the answer only after it has sent `ready`. The children of both versions run in
-parallel in one module fixture, because each one imports torch and FlashInfer (seconds of CPU).
+tests/engines/flashinfer/cpu_tune_child.py runs fi-cache's driver with FlashInfer 0.6.17 / 0.6.18's
+own AutoTuner on CPU (its docstring says what stands in for the GPU). Each child gets its whole
+input at once: the job line and the parent's answer to `ready` (`{"cache": PATH}` or `{"stop":
+true}`); the child reads the answer only after it has sent `ready`. The children of both versions
+run in parallel in one module fixture, because each one imports torch and FlashInfer (seconds of
+CPU).
 """
 
 from __future__ import annotations

@@ -18,9 +18,9 @@ import pytest
 
 from fi_cache.store import locks
 from fi_cache.store.namespace import NAMESPACES_DIR
-from tests.conftest import MOE_617_FUSED, MOE_618_FUSED
+from tests.conftest import MOE_617_FUSED, MOE_618_FUSED, ROOT
 
-FAKE = Path(__file__).parent / "fake_vllm.py"
+FAKE = ROOT / "tests" / "fake_vllm.py"
 MODEL = "Qwen/Qwen3-30B-A3B"
 
 
@@ -38,7 +38,7 @@ def rig(tmp_path: Path):  # type: ignore[no-untyped-def]
         "FI_CACHE_VLLM": str(wrapper),
         "FAKE_VLLM_RECORD": str(record),
         "FAKE_VLLM_CACHE_SOURCE": str(MOE_618_FUSED),
-        "PYTHONPATH": str(Path(__file__).parent.parent),
+        "PYTHONPATH": str(ROOT),
     }
     return Rig(tmp_path / "store", record, env)
 

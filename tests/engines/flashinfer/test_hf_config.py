@@ -13,8 +13,9 @@ from fi_cache.engines.flashinfer import plan
 from fi_cache.engines.flashinfer.hf_config import describe, load_config, moe_table, plan_from_config
 from fi_cache.engines.flashinfer.plan import DEFAULT_TOKENS, MoeOp, PlanError
 from fi_cache.errors import EXIT_REFUSED
+from tests.conftest import FIXTURES
 
-HF = Path(__file__).parent.parent / "fixtures" / "hf"
+HF = FIXTURES / "hf"
 MIXTRAL = HF / "mixtral-8x7b-v0.1.json"
 QWEN3 = HF / "qwen3-30b-a3b.json"
 DSV3 = HF / "deepseek-v3.json"

@@ -49,7 +49,7 @@ from fi_cache.engines.flashinfer import driver, ops
 from fi_cache.engines.flashinfer.plan import GemmOp
 
 G1, G2_FUSED, G2_UNFUSED = 45, 81, 36  # illustrative counts, as in tests/fixtures
-H200 = Path(__file__).resolve().parents[1] / "fixtures" / "h200"
+H200 = Path(__file__).resolve().parents[2] / "fixtures" / "h200"  # tests/fixtures/h200
 RECORD = os.environ.get("FI_CACHE_TEST_RECORD")
 
 

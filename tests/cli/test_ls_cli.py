@@ -1,0 +1,96 @@
+"""`fi-cache ls` as a user runs it: the JSON contract, an 80-column table, bad files reported."""
+
+from __future__ import annotations
+
+import os
+import shutil
+from pathlib import Path
+
+from tests.conftest import GEMM_618, HASH_A, MOE_617_FUSED
+
+LS_FIELDS = {
+    "path",
+    "format",
+    "flashinfer_version",
+    "gpu",
+    "arch",
+    "entries",
+    "size",
+    "ops",
+    "finalize",
+    "modified",
+}
+
+
+def test_ls_json_follows_the_contract(run, vllm_root: Path) -> None:  # type: ignore[no-untyped-def]
+    r = run("--format", "json", "ls", vllm_root)
+    assert r.code == 0
+    caches = {Path(c["path"]).name + c["flashinfer_version"]: c for c in r.json()["caches"]}
+    assert len(caches) == 3
+    for c in caches.values():
+        assert set(c) >= LS_FIELDS
+        assert c["format"] == "v1" and c["arch"] == "90a" and isinstance(c["entries"], int)
+    old = caches["autotune_configs.json0.6.17"]
+    assert old["finalize"] == "unknown" and old["entries"] == 32 and old["gpu"] == "NVIDIA H200"
+    assert old["ops"] == ["trtllm::fused_moe::gemm1", "trtllm::fused_moe::gemm2"]
+    assert caches["autotune_configs_dp0_rank0.json0.6.18"]["finalize"] == "unfused"
+    assert caches["autotune_configs_dp0_rank1.json0.6.18"]["finalize"] is None
+
+
+def test_ls_human_table_fits_80_columns(run, vllm_root: Path, monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    monkeypatch.chdir(vllm_root)
+    monkeypatch.setattr("fi_cache.cli.render.terminal_width", lambda: 80)  # an 80-column tty
+    r = run("ls", ".")
+    assert r.code == 0
+    lines = r.out.splitlines()
+    assert lines[0].split() == ["FLASHINFER", "ARCH", "GPU", "ENTRIES", "FINALIZE", "PATH"]
+    assert all(len(line) <= 80 for line in lines), lines
+    assert any("unknown" in line and "aaaaaaaa…/autotune_configs.json" in line for line in lines)
+    long_lines = run("ls", "-l", ".").out.splitlines()
+    assert "SIZE" in long_lines[0] and any("trtllm::fused_moe::gemm2" in x for x in long_lines)
+
+
+def test_ls_lists_the_store_too(run, store: Path) -> None:  # type: ignore[no-untyped-def]
+    ns = store / "namespaces" / "0.6.17" / "90a" / "nvidia-h200" / "unfused-0123456789ab"
+    target = ns / "vllm" / HASH_A / "autotune_configs.json"
+    target.parent.mkdir(parents=True)
+    shutil.copy(MOE_617_FUSED, target)
+    [c] = run("--format", "json", "ls").json()["caches"]
+    assert c["namespace"] == str(ns)
+    assert c["finalize"] == "unfused"  # 0.6.17 keys cannot say; the namespace does
+
+
+def test_ls_empty_store_says_so(run) -> None:  # type: ignore[no-untyped-def]
+    r = run("ls")
+    assert r.code == 0 and "no caches in the store" in r.err
+
+
+def test_ls_dir_without_caches_is_refused(run, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+    (tmp_path / "empty").mkdir()
+    r = run("ls", tmp_path / "empty")
+    assert r.code == 2 and "no FlashInfer autotune caches found" in r.err
+
+
+def test_ls_reports_a_bad_file_and_lists_the_rest(run, vllm_root: Path) -> None:  # type: ignore[no-untyped-def]
+    bad = vllm_root / "0.6.17" / "90a" / HASH_A / "autotune_configs.json"
+    bad.write_text("{ not json")
+    r = run("--format", "json", "ls", vllm_root)
+    assert r.code == 1
+    assert len(r.json()["caches"]) == 2
+    [p] = r.json()["problems"]
+    assert p["check"] == "corrupt-file" and p["path"] == str(bad)
+    assert r.err.count("\n") == 1 and str(bad) in r.err
+
+
+def test_a_path_inside_the_store_is_listed_once(run, store: Path) -> None:  # type: ignore[no-untyped-def]
+    target = store / "namespaces" / "0.6.17" / "90a" / "nvidia-h200" / "fused-0123456789ab"
+    (target / "vllm" / HASH_A).mkdir(parents=True)
+    shutil.copy(MOE_617_FUSED, target / "vllm" / HASH_A / "autotune_configs.json")
+    assert len(run("--format", "json", "ls", store).json()["caches"]) == 1
+
+
+def test_a_fifo_named_json_does_not_hang_the_scan(run, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+    os.mkfifo(tmp_path / "x.json")
+    shutil.copy(GEMM_618, tmp_path / "c.json")
+    r = run("--format", "json", "ls", tmp_path)
+    assert r.code == 0 and [Path(c["path"]).name for c in r.json()["caches"]] == ["c.json"]

@@ -1,0 +1,35 @@
+"""`fi-cache show` as a user runs it: MoE extras by name, entries grouped by op, 80 columns."""
+
+from __future__ import annotations
+
+from tests.conftest import GEMM_618, MOE_617_FUSED, MOE_618_FUSED
+
+
+def test_show_decodes_moe_extras_by_name(run) -> None:  # type: ignore[no-untyped-def]
+    doc = run("--format", "json", "show", MOE_618_FUSED).json()
+    assert doc["format"] == "v1" and doc["metadata"]["gpu"] == "NVIDIA H200"
+    gemm2 = [e for e in doc["entries"] if e["op"] == "trtllm::fused_moe::gemm2"]
+    assert len(gemm2) == 16
+    e = gemm2[0]
+    assert e["runner"] == "MoERunner" and e["finalize"] == "fused"
+    assert e["extras"]["use_fused_finalize"] is True and e["extras"]["x_dtype"] == "torch.bfloat16"
+    assert isinstance(e["tactic"], int) and isinstance(e["profile"], list)
+
+
+def test_show_human_groups_by_op(run) -> None:  # type: ignore[no-untyped-def]
+    r = run("show", GEMM_618)
+    assert r.code == 0
+    assert "bf16_gemm · CublasltBf16GemmRunner  (13 entries)" in r.out
+    assert "bf16_gemm · CudnnBf16GemmRunner  (13 entries)" in r.out
+    assert "fp8_gemm · CublasFp8GemmRunner  (12 entries)" in r.out
+    assert "NVIDIA H200" in r.out
+
+
+def test_show_fits_80_columns_for_moe_and_gemm(run, monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    monkeypatch.setattr("fi_cache.cli.render.terminal_width", lambda: 80)
+    for path in (MOE_618_FUSED, MOE_617_FUSED, GEMM_618):
+        lines = run("show", path).out.splitlines()
+        assert all(len(line) <= 80 for line in lines), [x for x in lines if len(x) > 80]
+    out = run("show", "--op", "gemm2", MOE_618_FUSED).out
+    assert "trtllm::fused_moe::gemm2 · MoERunner  (16 entries)" in out
+    assert "1x2048 128x1536x2048 0 128x2048x768 0" in out and "fused top_k=8 ep=1 tp=1" in out

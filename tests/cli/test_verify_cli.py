@@ -1,0 +1,115 @@
+"""`fi-cache verify` as a user runs it: clean files, hand edits, bad files one line each, exit 2
+for refused input."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import GEMM_617, GEMM_618, MOE_618_FUSED, cli_main_exit
+
+
+def test_verify_clean_files(run) -> None:  # type: ignore[no-untyped-def]
+    r = run("--format", "json", "verify", GEMM_617, GEMM_618, MOE_618_FUSED)
+    assert r.code == 0
+    states = {Path(x["path"]).name: x["generation"] for x in r.json()["results"]}
+    assert states == {GEMM_617.name: "absent", GEMM_618.name: "ok", MOE_618_FUSED.name: "ok"}
+
+
+def test_verify_finds_hand_edits(run, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+    data = json.loads(GEMM_618.read_text())
+    key = next(k for k in data if k.startswith("("))
+    data[key] = ["CublasltBf16GemmRunner", 7]
+    edited = tmp_path / "edited.json"
+    edited.write_text(json.dumps(data, indent=2))
+    r = run("--format", "json", "verify", edited)
+    assert r.code == 1
+    [res] = r.json()["results"]
+    assert res["generation"] == "mismatch" and res["problems"][0]["check"] == "generation-mismatch"
+
+
+@pytest.mark.parametrize(
+    "content, code, words",
+    [
+        (b'{"_metadata": {"gpu": "NVIDIA H200"}, "(\'bf16', 1, "truncated"),
+        (b"", 1, "empty file"),
+        (b"\x00\x01binary\xff", 1, "not UTF-8"),
+        (b"{\"('op', 'R', ((1,),), ())\": {\"runner\": 1}}", 1, "not [runner, tactic]"),
+        (b"{\"('op', 'R', ((1,),), ()\": [\"R\", 1]}", 1, "does not parse"),
+        (b"[" * 200000 + b"]" * 200000, 1, "nested too deeply"),
+    ],
+)
+def test_verify_bad_files_one_line_each(
+    run,
+    tmp_path: Path,
+    content: bytes,
+    code: int,  # type: ignore[no-untyped-def]
+    words: str,
+) -> None:
+    path = tmp_path / "autotune_configs.json"
+    path.write_bytes(content)
+    r = run("verify", path)
+    assert r.code == code
+    problem_lines = [line for line in r.err.splitlines() if str(path) in line]
+    assert len(problem_lines) == 1 and words in problem_lines[0]
+
+
+def test_missing_path_exit_2(tmp_path: Path, capsys) -> None:  # type: ignore[no-untyped-def]
+    code = cli_main_exit(["--store", str(tmp_path), "verify", str(tmp_path / "nope.json")])
+    err = capsys.readouterr().err
+    assert (
+        code == 2
+        and err.strip() == f"fi-cache: {tmp_path / 'nope.json'}: no such file or directory"
+    )
+
+
+def test_huge_file_refused_exit_2(run, tmp_path: Path, monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    monkeypatch.setenv("FI_CACHE_MAX_FILE_MB", "1")
+    big = tmp_path / "big.json"
+    with open(big, "wb") as f:
+        f.truncate(3 * 1024 * 1024)
+    r = run("verify", big)
+    assert r.code == 2 and "larger than any autotune cache" in r.err
+
+
+def test_unreadable_file_refused_exit_2(run, tmp_path: Path, monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    path = tmp_path / "autotune_configs.json"
+    shutil.copy(GEMM_618, path)
+    real = Path.read_bytes
+
+    def deny(self: Path) -> bytes:
+        if self == path:
+            raise PermissionError(13, "Permission denied")
+        return real(self)
+
+    monkeypatch.setattr(Path, "read_bytes", deny)  # root ignores chmod, so simulate it
+    r = run("--format", "json", "verify", path)
+    assert r.code == 2
+    assert r.json()["results"][0]["problems"][0]["check"] == "unreadable-permissions"
+
+
+def test_one_gigabyte_file_is_refused_before_reading(run, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+    huge = tmp_path / "autotune_configs.json"
+    with open(huge, "wb") as f:
+        f.truncate(1 << 30)  # sparse: 1 GiB on paper, nothing on disk
+    r = run("verify", huge)
+    assert r.code == 2 and "1024 MB is far larger than any autotune cache" in r.err
+
+
+@pytest.mark.parametrize(
+    "content, words",
+    [
+        (b"{\"('a', 'b', ((1,),), ())\": [\"R\", " + b"9" * 5000 + b"]}", "invalid JSON"),
+        (b"{\"('a', 'b', ((1,),), ('\\\\UFFFFFFFF',))\": [\"R\", 1]}", "last Unicode code point"),
+    ],
+)
+def test_numbers_and_escapes_past_python_limits_are_corrupt_not_a_crash(  # type: ignore[no-untyped-def]
+    run, tmp_path: Path, content: bytes, words: str
+) -> None:
+    path = tmp_path / "autotune_configs.json"
+    path.write_bytes(content)
+    r = run("verify", path)
+    assert r.code == 1 and words in r.err

@@ -1,0 +1,32 @@
+"""fi_cache/store/files.py: an atomic replace leaves the old file or the new one, no temp file."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+
+from fi_cache.store import files
+
+
+def test_atomic_write_replaces_and_leaves_no_temp(tmp_path: Path) -> None:
+    target = tmp_path / "a" / "f.json"
+    files.atomic_write(target, b"one")
+    files.atomic_write(target, b"two", mode=0o600)
+    assert target.read_bytes() == b"two" and (target.stat().st_mode & 0o777) == 0o600
+    assert [p.name for p in target.parent.iterdir() if p.name.startswith(files.TMP_PREFIX)] == []
+
+
+def test_failed_write_keeps_the_old_file(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    target = tmp_path / "f.json"
+    files.atomic_write(target, b"old")
+
+    def boom(*a: object) -> None:
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(os, "replace", boom)
+    with pytest.raises(OSError):
+        files.atomic_write(target, b"new")
+    assert target.read_bytes() == b"old"
+    assert len(list(tmp_path.iterdir())) == 2  # the file and its lock, no temp left

@@ -1,0 +1,205 @@
+"""fi_cache/store/locks/: namespace locks of both strategies name their holder, recover a dead
+holder on this host, and survive the namespace being moved or replaced while they are taken."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from fi_cache.errors import FiCacheError
+from fi_cache.store import files, locks
+from tests.conftest import ROOT
+
+
+@pytest.mark.parametrize("strategy", ["flock", "lockfile"])
+def test_lock_timeout_names_the_holder(tmp_path: Path, strategy: str) -> None:
+    seen = []
+    with (
+        locks.namespace_lock(tmp_path, "warm", strategy=strategy),
+        pytest.raises(FiCacheError, match=f"waiting for warm by pid {os.getpid()} on host"),
+        locks.namespace_lock(tmp_path, "other", 0.3, seen.append, strategy),
+    ):
+        pass
+    assert seen and seen[0] is not None and seen[0].purpose == "warm"
+    with locks.namespace_lock(tmp_path, "again", timeout=0.3, strategy=strategy):
+        pass  # released on exit
+
+
+def test_lockfile_of_a_dead_holder_on_this_host_is_recovered(tmp_path: Path) -> None:
+    dead = subprocess.run(
+        [sys.executable, "-c", "import os; print(os.getpid())"],
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    holder = {"pid": int(dead.stdout), "host": os.uname().nodename, "since": 0.0, "purpose": "warm"}
+    (tmp_path / locks.LOCK_NAME).write_text(json.dumps(holder))
+    with locks.namespace_lock(tmp_path, "warm", timeout=1, strategy="lockfile") as me:
+        assert me.pid == os.getpid()
+
+
+def test_lockfile_of_another_host_is_not_broken(tmp_path: Path) -> None:
+    holder = {"pid": 1, "host": "elsewhere", "since": 0.0, "purpose": "warm"}
+    (tmp_path / locks.LOCK_NAME).write_text(json.dumps(holder))
+    with (
+        pytest.raises(FiCacheError, match="on host elsewhere"),
+        locks.namespace_lock(tmp_path, "warm", timeout=0.2, strategy="lockfile"),
+    ):
+        pass
+
+
+def test_local_filesystem_uses_flock(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("FI_CACHE_LOCK", raising=False)
+    kind, why = locks.lock_strategy(tmp_path)
+    assert kind == "flock" and "honours flock" in why
+
+
+def test_network_filesystems_use_a_lock_file(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.delenv("FI_CACHE_LOCK", raising=False)
+    monkeypatch.setattr(locks, "filesystem_type", lambda p: "nfs4")
+    assert locks.lock_strategy(tmp_path)[0] == "lockfile"
+    monkeypatch.setenv("FI_CACHE_LOCK", "flock")
+    assert locks.lock_strategy(tmp_path) == ("flock", "set by FI_CACHE_LOCK")
+
+
+def test_waiters_on_a_dead_holders_lockfile_take_it_one_at_a_time(tmp_path: Path) -> None:
+    dead = subprocess.run(
+        [sys.executable, "-c", "import os; print(os.getpid())"],
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    holder = {"pid": int(dead.stdout), "host": os.uname().nodename, "since": 0.0, "purpose": "warm"}
+    (tmp_path / locks.LOCK_NAME).write_text(json.dumps(holder))
+    code = (
+        "import os, sys, time; from pathlib import Path; from fi_cache.store import locks\n"
+        "d = Path(sys.argv[1])\n"
+        "with locks.namespace_lock(d, 'w', 30, strategy='lockfile'):\n"
+        "    try:\n"
+        "        fd = os.open(d / 'inside', os.O_CREAT | os.O_EXCL)\n"
+        "    except FileExistsError:\n"
+        "        sys.exit(3)\n"
+        "    time.sleep(0.2); os.close(fd); os.unlink(d / 'inside')\n"
+    )
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    procs = [
+        subprocess.Popen([sys.executable, "-c", code, str(tmp_path)], env=env) for _ in range(6)
+    ]
+    assert [p.wait(60) for p in procs] == [0] * 6
+    assert not (tmp_path / locks.LOCK_NAME).exists()
+
+
+def test_concurrent_lock_strategy_probes_agree(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A probe must not take another process's probe lock for a filesystem that ignores flock."""
+    import fcntl
+
+    monkeypatch.delenv("FI_CACHE_LOCK", raising=False)
+    other = os.open(tmp_path / f"{files.TMP_PREFIX}flock-probe", os.O_CREAT | os.O_RDWR)
+    fcntl.flock(other, fcntl.LOCK_EX)  # what a concurrent probe under the old fixed name held
+    try:
+        assert locks.lock_strategy(tmp_path)[0] == "flock"
+    finally:
+        os.close(other)
+
+
+def test_a_lock_leaves_a_holder_file_it_did_not_write(tmp_path: Path) -> None:
+    """After an import swapped the dir, the holder file there is the newcomer's: keep it."""
+    with locks.namespace_lock(tmp_path, "import", strategy="flock"):
+        theirs = tmp_path / "theirs"
+        theirs.write_text('{"pid": 1, "host": "h", "since": 0, "purpose": "warm"}')
+        os.replace(theirs, tmp_path / locks.HOLDER_NAME)
+    assert (tmp_path / locks.HOLDER_NAME).exists()
+    with locks.namespace_lock(tmp_path, "warm", strategy="flock"):
+        pass
+    assert not (tmp_path / locks.HOLDER_NAME).exists()  # its own is removed
+
+
+def test_a_dead_holders_lock_that_cannot_be_moved_times_out(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Another user's lock file in a sticky dir: waiting ends at the timeout, no busy loop."""
+    dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"],
+                          capture_output=True, text=True, check=True)  # fmt: skip
+    holder = {"pid": int(dead.stdout), "host": os.uname().nodename, "since": 0.0, "purpose": "warm"}
+    (tmp_path / locks.LOCK_NAME).write_text(json.dumps(holder))
+
+    def rename(*a: object) -> None:
+        raise PermissionError(1, "Operation not permitted")
+
+    monkeypatch.setattr(os, "rename", rename)
+    import threading
+
+    seen: list[BaseException] = []
+
+    def take() -> None:
+        try:
+            with locks.namespace_lock(tmp_path, "warm", timeout=0.3, strategy="lockfile"):
+                pass
+        except BaseException as exc:  # the test looks at it
+            seen.append(exc)
+
+    waiter = threading.Thread(target=take, daemon=True)
+    waiter.start()
+    waiter.join(10)
+    assert not waiter.is_alive(), "still trying to take the lock after 10 s"
+    assert len(seen) == 1 and isinstance(seen[0], FiCacheError)
+    assert "timed out after 0s" in str(seen[0])
+
+
+def test_lock_retries_when_its_dir_is_moved_before_the_open(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    d = tmp_path / "ns"
+    real_open, moved = os.open, []
+
+    def open_(path: object, *a: object, **k: object) -> int:
+        if str(path).endswith(locks.LOCK_NAME) and not moved:
+            moved.append(d.rename(tmp_path / "aside"))  # an import swaps the dir just now
+        return real_open(path, *a, **k)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(os, "open", open_)
+    with locks.namespace_lock(d, "warm", timeout=2, strategy="flock"):
+        assert moved and (d / locks.LOCK_NAME).exists()
+
+
+def test_prune_lock_refuses_a_namespace_replaced_since_its_open(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    d = tmp_path / "ns"
+    d.mkdir()
+    real_open = os.open
+
+    def open_(path: object, *a: object, **k: object) -> int:
+        fd = real_open(path, *a, **k)  # type: ignore[arg-type]
+        if str(path).endswith(locks.LOCK_NAME):
+            d.rename(tmp_path / "old")  # an import installs a new namespace just now
+            d.mkdir()
+        return fd
+
+    monkeypatch.setattr(os, "open", open_)
+    with (
+        pytest.raises(locks.NamespaceBusy),
+        locks.try_namespace_lock(d, "prune", "flock"),
+    ):
+        pass
+
+
+@pytest.mark.parametrize("strategy", ["flock", "lockfile"])
+def test_prune_lock_on_a_namespace_moved_away_is_busy_not_an_error(
+    tmp_path: Path, strategy: str
+) -> None:
+    """Between prune's look and its lock an import (two renames) moved the dir: skip it."""
+    with (
+        pytest.raises(locks.NamespaceBusy),
+        locks.try_namespace_lock(tmp_path / "gone", "prune", strategy),
+    ):
+        pass
