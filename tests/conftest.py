@@ -17,6 +17,7 @@ import pytest
 from click.testing import CliRunner
 
 from fi_cache.cli import cli
+from fi_cache.store.namespace import NAMESPACES_DIR
 from fi_cache.store.paths import state_dir
 
 FIXTURES = Path(__file__).parent / "fixtures"
@@ -209,3 +210,71 @@ def seed_flashinfer_probe(store: Path, env: dict[str, str], metadata: dict[str, 
     path = state_dir(store) / f"env-{p.stdout.strip()}.json"
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps(metadata))
+
+
+# --- `python -m fi_cache` in a real process, with a fake nvidia-smi (plan and warm CLI tests) ---
+
+# Set where these tests run (or by a user's shell) and would change what fi-cache does.
+_SCRUB = ("FI_CACHE_PYTHON", "FI_CACHE_DIR", "FI_CACHE_VLLM", "VLLM_FLASHINFER_MOE_FUSED_FINALIZE")
+
+
+def write_script(path: Path, text: str) -> Path:
+    """An executable file (a stand-in `python`, `vllm` or `nvidia-smi`)."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(text)
+    path.chmod(0o755)
+    return path
+
+
+@dataclass
+class TuneRig:
+    """A store, a PATH with a fake nvidia-smi, and the environment `fi-cache` runs in."""
+
+    root: Path
+    store: Path
+    env: dict[str, str]
+
+    @classmethod
+    def make(
+        cls,
+        root: Path,
+        *,
+        version: str | None = None,
+        gpus: tuple[str, ...] = (H200_ROW,),
+        python: Path | None = None,
+    ) -> TuneRig:
+        root.mkdir(parents=True, exist_ok=True)
+        bin_dir = fake_gpu_bin(root / "bin", *gpus)
+        env = {k: v for k, v in os.environ.items() if k not in _SCRUB}
+        path = [str(FLASHINFER_INSTALLS[version])] if version else []
+        env.update(
+            PATH=f"{bin_dir}{os.pathsep}{env.get('PATH', '')}",
+            PYTHONPATH=os.pathsep.join([*path, str(ROOT)]),
+        )
+        if python is not None:
+            env["FI_CACHE_PYTHON"] = str(python)
+        return cls(root, root / "store", env)
+
+    def job(self, *args: str | Path, **env: str) -> dict[str, Any]:
+        argv = [sys.executable, "-m", "fi_cache", "--store", str(self.store), *map(str, args)]
+        return {"args": argv, "env": {**self.env, **env}, "cwd": self.root}
+
+    def run(self, *args: str | Path, **env: str) -> subprocess.CompletedProcess[str]:
+        [p] = run_parallel(self.job(*args, **env))
+        return p
+
+    def plan(self, text: str = SMALL_PLAN, name: str = "plan.toml") -> Path:
+        path = self.root / name
+        path.write_text(text)
+        return path
+
+    def namespaces(self) -> list[Path]:
+        """Namespace dirs with a recorded warm."""
+        return sorted(p.parent for p in (self.store / NAMESPACES_DIR).rglob("manifest.json"))
+
+
+def one_line(p: subprocess.CompletedProcess[str]) -> str:
+    """The only line of a refusal's stderr."""
+    lines = p.stderr.splitlines()
+    assert len(lines) == 1, p.stderr
+    return lines[0]

@@ -4,23 +4,15 @@ a HF config is one `plan --check` accepts, quantised models and bad usage are re
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
-from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 import pytest
 
-from fi_cache.store.namespace import NAMESPACES_DIR
 from tests.conftest import (
-    FLASHINFER_INSTALLS,
-    H200_ROW,
     ROOT,
     SMALL_PLAN,
-    fake_gpu_bin,
-    run_parallel,
+    TuneRig,
+    one_line,
 )
 
 HF = ROOT / "tests" / "fixtures" / "hf"
@@ -33,61 +25,8 @@ PLAN = SMALL_PLAN
 _SCRUB = ("FI_CACHE_PYTHON", "FI_CACHE_DIR", "FI_CACHE_VLLM", "VLLM_FLASHINFER_MOE_FUSED_FINALIZE")
 
 
-@dataclass
-class Rig:
-    """A store, a PATH with a fake nvidia-smi, and the environment `fi-cache` runs in."""
-
-    root: Path
-    store: Path
-    env: dict[str, str]
-
-    @classmethod
-    def make(
-        cls,
-        root: Path,
-        *,
-        version: str | None = None,
-        gpus: tuple[str, ...] = (H200_ROW,),
-        python: Path | None = None,
-    ) -> Rig:
-        root.mkdir(parents=True, exist_ok=True)
-        bin_dir = fake_gpu_bin(root / "bin", *gpus)
-        env = {k: v for k, v in os.environ.items() if k not in _SCRUB}
-        path = [str(FLASHINFER_INSTALLS[version])] if version else []
-        env.update(
-            PATH=f"{bin_dir}{os.pathsep}{env.get('PATH', '')}",
-            PYTHONPATH=os.pathsep.join([*path, str(ROOT)]),
-        )
-        if python is not None:
-            env["FI_CACHE_PYTHON"] = str(python)
-        return cls(root, root / "store", env)
-
-    def job(self, *args: str | Path, **env: str) -> dict[str, Any]:
-        argv = [sys.executable, "-m", "fi_cache", "--store", str(self.store), *map(str, args)]
-        return {"args": argv, "env": {**self.env, **env}, "cwd": self.root}
-
-    def run(self, *args: str | Path, **env: str) -> subprocess.CompletedProcess[str]:
-        [p] = run_parallel(self.job(*args, **env))
-        return p
-
-    def plan(self, text: str = PLAN, name: str = "plan.toml") -> Path:
-        path = self.root / name
-        path.write_text(text)
-        return path
-
-    def namespaces(self) -> list[Path]:
-        """Namespace dirs with a recorded warm."""
-        return sorted(p.parent for p in (self.store / NAMESPACES_DIR).rglob("manifest.json"))
-
-
-def _one_line(p: subprocess.CompletedProcess[str]) -> str:
-    lines = p.stderr.splitlines()
-    assert len(lines) == 1, p.stderr
-    return lines[0]
-
-
 def test_plan_from_a_hf_config_is_a_plan_check_accepts(tmp_path: Path) -> None:
-    rig = Rig.make(tmp_path)
+    rig = TuneRig.make(tmp_path)
     out = tmp_path / "qwen3.toml"
     p = rig.run("plan", "--from-hf-config", HF / "qwen3-30b-a3b.json", "-o", out)
     assert p.returncode == 0, p.stderr
@@ -106,16 +45,16 @@ def test_plan_from_a_hf_config_is_a_plan_check_accepts(tmp_path: Path) -> None:
 
 @pytest.mark.parametrize("dtype", [[], ["--dtype", "bf16"]])
 def test_plan_from_a_quantised_model_is_refused(tmp_path: Path, dtype: list[str]) -> None:
-    p = Rig.make(tmp_path).run("plan", "--from-hf-config", HF / "deepseek-v3.json", *dtype)
+    p = TuneRig.make(tmp_path).run("plan", "--from-hf-config", HF / "deepseek-v3.json", *dtype)
     assert p.returncode == 2 and p.stdout == ""
-    line = _one_line(p)
+    line = one_line(p)
     assert "fp8" in line and "quantised" in line and "deepseek-v3.json" in line
 
 
 @pytest.mark.parametrize("both", [False, True])
 def test_plan_needs_exactly_one_of_from_hf_config_and_check(tmp_path: Path, both: bool) -> None:
-    rig = Rig.make(tmp_path)
+    rig = TuneRig.make(tmp_path)
     args = ["--from-hf-config", str(HF / "qwen3-30b-a3b.json"), "--check", str(rig.plan())]
     p = rig.run("plan", *(args if both else []))
     assert p.returncode == 2
-    assert "give one of --from-hf-config CONFIG or --check PLAN" in _one_line(p)
+    assert "give one of --from-hf-config CONFIG or --check PLAN" in one_line(p)

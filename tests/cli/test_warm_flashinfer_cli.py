@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import itertools
 import json
-import os
 import shutil
 import subprocess
 import sys
@@ -32,15 +31,16 @@ from fi_cache.store.namespace import NAMESPACES_DIR, Namespace
 from tests.conftest import (
     FI_VERSIONS,
     FLASHINFER_INSTALLS,
-    H200_ROW,
     ROOT,
     SMALL_PLAN,
-    fake_gpu_bin,
+    TuneRig,
     flashinfer_dir,
     h200_metadata,
+    one_line,
     run_parallel,
     seed_flashinfer_probe,
     start_if_needed,
+    write_script,
 )
 
 CPU_CHILD = ROOT / "tests" / "engines" / "flashinfer" / "cpu_tune_child.py"
@@ -61,67 +61,10 @@ ENTRIES = 15  # 5 buckets (1..16) x (the GEMM, MoE GEMM1, MoE GEMM2)
 MODES = ("fused", "unfused")
 
 
-# Set where these tests run (or by a user's shell) and would change what fi-cache does.
-_SCRUB = ("FI_CACHE_PYTHON", "FI_CACHE_DIR", "FI_CACHE_VLLM", "VLLM_FLASHINFER_MOE_FUSED_FINALIZE")
-
-
-def _script(path: Path, text: str) -> Path:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(text)
-    path.chmod(0o755)
-    return path
-
-
-@dataclass
-class Rig:
-    """A store, a PATH with a fake nvidia-smi, and the environment `fi-cache` runs in."""
-
-    root: Path
-    store: Path
-    env: dict[str, str]
-
-    @classmethod
-    def make(
-        cls,
-        root: Path,
-        *,
-        version: str | None = None,
-        gpus: tuple[str, ...] = (H200_ROW,),
-        python: Path | None = None,
-    ) -> Rig:
-        root.mkdir(parents=True, exist_ok=True)
-        bin_dir = fake_gpu_bin(root / "bin", *gpus)
-        env = {k: v for k, v in os.environ.items() if k not in _SCRUB}
-        path = [str(FLASHINFER_INSTALLS[version])] if version else []
-        env.update(
-            PATH=f"{bin_dir}{os.pathsep}{env.get('PATH', '')}",
-            PYTHONPATH=os.pathsep.join([*path, str(ROOT)]),
-        )
-        if python is not None:
-            env["FI_CACHE_PYTHON"] = str(python)
-        return cls(root, root / "store", env)
-
-    def job(self, *args: str | Path, **env: str) -> dict[str, Any]:
-        argv = [sys.executable, "-m", "fi_cache", "--store", str(self.store), *map(str, args)]
-        return {"args": argv, "env": {**self.env, **env}, "cwd": self.root}
-
-    def run(self, *args: str | Path, **env: str) -> subprocess.CompletedProcess[str]:
-        [p] = run_parallel(self.job(*args, **env))
-        return p
-
-    def plan(self, text: str = PLAN, name: str = "plan.toml") -> Path:
-        path = self.root / name
-        path.write_text(text)
-        return path
-
-    def namespaces(self) -> list[Path]:
-        """Namespace dirs with a recorded warm."""
-        return sorted(p.parent for p in (self.store / NAMESPACES_DIR).rglob("manifest.json"))
-
-
 def _tune_python(root: Path) -> Path:
     """What `--python`/`$FI_CACHE_PYTHON` names: here, the CPU stand-in for the child."""
-    return _script(root / "tune-python", f'#!/bin/sh\nexec "{sys.executable}" "{CPU_CHILD}" "$@"\n')
+    text = f'#!/bin/sh\nexec "{sys.executable}" "{CPU_CHILD}" "$@"\n'
+    return write_script(root / "tune-python", text)
 
 
 def _ns_dir(store: Path, version: str, mode: str) -> Path:
@@ -134,25 +77,19 @@ def _manifest(ns: Path) -> dict[str, Any]:
     return json.loads((ns / "manifest.json").read_text())  # type: ignore[no-any-return]
 
 
-def _one_line(p: subprocess.CompletedProcess[str]) -> str:
-    lines = p.stderr.splitlines()
-    assert len(lines) == 1, p.stderr
-    return lines[0]
-
-
 @pytest.fixture
-def refusing(tmp_path: Path) -> Rig:
+def refusing(tmp_path: Path) -> TuneRig:
     """A rig whose tuning "python" only leaves a marker: it must never run."""
     marker = tmp_path / "child-started"
-    python = _script(tmp_path / "python", f'#!/bin/sh\ntouch "{marker}"\nexit 3\n')
-    return Rig.make(tmp_path, python=python)
+    python = write_script(tmp_path / "python", f'#!/bin/sh\ntouch "{marker}"\nexit 3\n')
+    return TuneRig.make(tmp_path, python=python)
 
 
-def _never_started(rig: Rig) -> bool:
+def _never_started(rig: TuneRig) -> bool:
     return not (rig.root / "child-started").exists() and not (rig.store / NAMESPACES_DIR).exists()
 
 
-def test_the_marker_child_does_start_when_nothing_is_refused(refusing: Rig) -> None:
+def test_the_marker_child_does_start_when_nothing_is_refused(refusing: TuneRig) -> None:
     """The check the refusal tests rely on can fail: a valid plan does start the child."""
     p = refusing.run("warm", "--engine", "flashinfer", "--plan", refusing.plan())
     assert p.returncode == 1 and "exited with code 3" in p.stderr
@@ -182,30 +119,30 @@ intermediate_size = 128
     ids=["unknown-op", "top-k-over-experts", "invalid-toml", "mm-fp8-on-sm90", "cutlass-on-sm90"],
 )  # fmt: skip
 def test_a_plan_that_cannot_run_is_refused_naming_the_plan(
-    refusing: Rig, plan: str, words: str
+    refusing: TuneRig, plan: str, words: str
 ) -> None:
     path = refusing.plan(plan)
     p = refusing.run("warm", "--engine", "flashinfer", "--plan", path)
     assert p.returncode == 2, p.stderr
-    line = _one_line(p)
+    line = one_line(p)
     assert line.startswith(f"fi-cache: {path}: ") and words in line
     assert _never_started(refusing)
 
 
-def test_finalize_a_moe_op_does_not_list_is_refused(refusing: Rig) -> None:
+def test_finalize_a_moe_op_does_not_list_is_refused(refusing: TuneRig) -> None:
     path = refusing.plan(_MOE + 'num_experts = 8\ntop_k = 2\nfinalize = ["fused"]\n')
     p = refusing.run("warm", "--engine", "flashinfer", "--plan", path, "--finalize", "unfused")
     assert p.returncode == 2, p.stderr
-    line = _one_line(p)
+    line = one_line(p)
     assert line.startswith(f"fi-cache: {path}: ") and "would leave it untuned" in line
     assert _never_started(refusing)
 
 
-def test_a_missing_plan_file_is_refused(refusing: Rig) -> None:
+def test_a_missing_plan_file_is_refused(refusing: TuneRig) -> None:
     missing = refusing.root / "nope.toml"
     p = refusing.run("warm", "--engine", "flashinfer", "--plan", missing)
     assert p.returncode == 2
-    assert _one_line(p) == f"fi-cache: {missing}: no such file"
+    assert one_line(p) == f"fi-cache: {missing}: no such file"
     assert _never_started(refusing)
 
 
@@ -225,12 +162,12 @@ def test_a_missing_plan_file_is_refused(refusing: Rig) -> None:
     ids=["no-plan", "port", "vllm", "vllm-args", "plan-default-engine", "plan-engine-vllm"],
 )  # fmt: skip
 def test_options_of_the_other_engine_are_refused(
-    refusing: Rig, args: list[str], words: str
+    refusing: TuneRig, args: list[str], words: str
 ) -> None:
     plan = str(refusing.plan())
     p = refusing.run("warm", *[plan if a == "PLAN" else a for a in args])
     assert p.returncode == 2, p.stderr
-    assert words in _one_line(p)
+    assert words in one_line(p)
     assert _never_started(refusing)
 
 
@@ -269,8 +206,8 @@ def test_a_child_that_fails_after_ready_is_a_failed_warm(
 ) -> None:
     child = tmp_path / "fake_child.py"
     child.write_text(FAKE_CHILD)
-    python = _script(tmp_path / "python", f'#!/bin/sh\nexec "{sys.executable}" "{child}"\n')
-    rig = Rig.make(tmp_path, python=python)
+    python = write_script(tmp_path / "python", f'#!/bin/sh\nexec "{sys.executable}" "{child}"\n')
+    rig = TuneRig.make(tmp_path, python=python)
     meta = json.dumps(h200_metadata("0.6.17"))
     p = rig.run("warm", "--engine", "flashinfer", "--plan", rig.plan(),
                 FAKE_CHILD=how, FAKE_CHILD_METADATA=meta)  # fmt: skip
@@ -287,7 +224,7 @@ def test_a_child_that_fails_after_ready_is_a_failed_warm(
 
 @dataclass
 class Warm:
-    rig: Rig
+    rig: TuneRig
     plan: Path
     result: subprocess.CompletedProcess[str]
     # after it: `verify STORE`, `--format json doctor` and `... doctor --finalize unfused`
@@ -334,7 +271,7 @@ class Warms:
 
 
 def _again(root: Path, first: Warm) -> Warm:
-    rig = Rig(root, root / "store", first.rig.env)
+    rig = TuneRig(root, root / "store", first.rig.env)
     shutil.copytree(first.rig.store, rig.store)
     args = ("warm", "--engine", "flashinfer", "--plan", first.plan, "--finalize", "unfused")
     return Warm(rig, first.plan, rig.run(*args))
@@ -344,8 +281,8 @@ def _vllm_also(root: Path, first: Warm) -> VllmAlsoWarmed:
     store = root / "store"
     shutil.copytree(first.rig.store, store)
     fused_file = _ns_dir(store, "0.6.17", "fused") / "flashinfer" / "autotune_configs.json"
-    vllm = _script(root / "vllm", f'#!/bin/sh\nexec "{sys.executable}" "{FAKE_VLLM}" "$@"\n')
-    rig = Rig(root, store, first.rig.env)
+    vllm = write_script(root / "vllm", f'#!/bin/sh\nexec "{sys.executable}" "{FAKE_VLLM}" "$@"\n')
+    rig = TuneRig(root, store, first.rig.env)
     warm = rig.run(
         "warm", "--finalize", "unfused", "--", "Qwen/Qwen3-30B-A3B",
         FI_CACHE_VLLM=str(vllm), FAKE_VLLM_CACHE_SOURCE=str(fused_file),
@@ -363,7 +300,7 @@ def _warm_all(base: Path) -> Warms:
     out = Warms()
 
     def warm(version: str) -> None:
-        rig = Rig.make(base / version, version=version, python=python)
+        rig = TuneRig.make(base / version, version=version, python=python)
         plan = rig.plan()
         result = rig.run("--format", "json", "warm", "--engine", "flashinfer", "--plan", plan)
         first = out.by_version[version] = Warm(rig, plan, result)
@@ -385,7 +322,7 @@ def _warm_all(base: Path) -> Warms:
                 out.again, out.vllm_also = again.result(), also.result()
 
     def no_gpu() -> None:
-        rig = Rig.make(base / "no-gpu", version="0.6.18", gpus=())
+        rig = TuneRig.make(base / "no-gpu", version="0.6.18", gpus=())
         plan = rig.plan()
         out.no_gpu = Warm(rig, plan, rig.run("warm", "--engine", "flashinfer", "--plan", plan))
 
@@ -576,13 +513,13 @@ print(json.dumps({"event": "done", "seconds": 0.5, "save_seconds": 0.0}), flush=
 """
 
 
-def _fake_child_rig(tmp_path: Path, source: str) -> tuple[Rig, Path, dict[str, str]]:
+def _fake_child_rig(tmp_path: Path, source: str) -> tuple[TuneRig, Path, dict[str, str]]:
     """A rig whose tuning child is `source` (SLOW_CHILD or a variant); the file where the child
     records its stages; the environment that stamps the H200's metadata and copies the real
     H200 file as "what it tuned"."""
     child = tmp_path / "fake_child.py"
     child.write_text(source)
-    python = _script(tmp_path / "python", f'#!/bin/sh\nexec "{sys.executable}" "{child}"\n')
+    python = write_script(tmp_path / "python", f'#!/bin/sh\nexec "{sys.executable}" "{child}"\n')
     record = tmp_path / "record.txt"
     env = {
         "FAKE_CHILD_METADATA": json.dumps(h200_metadata("0.6.18")),
@@ -591,7 +528,7 @@ def _fake_child_rig(tmp_path: Path, source: str) -> tuple[Rig, Path, dict[str, s
             ROOT / "tests/fixtures/h200-tuned/fi-0.6.18/flashinfer/autotune_configs.json"
         ),
     }
-    return Rig.make(tmp_path, python=python), record, env
+    return TuneRig.make(tmp_path, python=python), record, env
 
 
 def test_two_warms_on_one_gpu_take_turns(tmp_path: Path) -> None:
