@@ -64,7 +64,7 @@ def _register() -> None:
         warm,
     )
 
-    # One module per command (or tight pair), in the order `--help` has always listed them.
+    # One module per command (or tight pair); click lists them by name.
     modules = [env, ls, show, verify, doctor, warm, serve, plan, prune, merge, bundle, push_pull]
     for command in [c for m in modules for c in m.COMMANDS]:
         cli.add_command(command)

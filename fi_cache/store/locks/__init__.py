@@ -45,6 +45,11 @@ _UNTRUSTED_FS = ("nfs", "nfs4", "lustre", "gpfs", "cifs", "smb3", "smbfs", "9p",
 _STRATEGIES: dict[str, LockStrategy] = {s.name: s for s in (flock.Flock(), lockfile.LockFile())}
 
 
+def _by_name(strategy: str) -> LockStrategy:
+    """Taking or probing an existing lock: lock files only when asked for, else flock."""
+    return _STRATEGIES["lockfile" if strategy == "lockfile" else "flock"]
+
+
 def filesystem_type(path: Path) -> str | None:
     """The mount type holding `path` (Linux /proc/mounts; None elsewhere)."""
     try:
@@ -96,7 +101,9 @@ def namespace_lock(
     check_writable(directory)
     me = this_holder(purpose)
     kind = strategy or lock_strategy(directory)[0]
-    with _STRATEGIES[kind].acquire(directory, me, timeout, on_wait):
+    with _STRATEGIES["flock" if kind == "flock" else "lockfile"].acquire(
+        directory, me, timeout, on_wait
+    ):
         yield me
 
 
@@ -105,13 +112,13 @@ def try_namespace_lock(directory: Path, purpose: str, strategy: str) -> Iterator
     """Take `directory`'s lock without waiting and without creating the directory or any file
     but the lock itself. Raises NamespaceBusy when it is held, Refused when it cannot be taken."""
     me = this_holder(purpose)
-    with _STRATEGIES[strategy].try_acquire(directory, me):
+    with _by_name(strategy).try_acquire(directory, me):
         yield me
 
 
 def probe_namespace_lock(directory: Path, strategy: str) -> tuple[bool, Holder | None]:
     """(held, holder) of `directory`'s lock, creating and changing nothing."""
-    return _STRATEGIES[strategy].probe(directory)
+    return _by_name(strategy).probe(directory)
 
 
 def hold_in_use(directory: Path) -> int | None:

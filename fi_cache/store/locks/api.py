@@ -50,7 +50,8 @@ class NamespaceBusy(FiCacheError):
 
 
 class LockStrategy(ABC):
-    """One way of locking a namespace dir; `directory` exists when a method is called."""
+    """One way of locking a namespace dir. `acquire` is called on an existing dir; `try_acquire`
+    and `probe` on one that may have been moved away just now (prune), and say so."""
 
     name: str
 
