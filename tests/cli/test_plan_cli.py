@@ -8,21 +8,9 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import (
-    ROOT,
-    SMALL_PLAN,
-    TuneRig,
-    one_line,
-)
+from tests.conftest import FIXTURES, TuneRig, one_line
 
-HF = ROOT / "tests" / "fixtures" / "hf"
-
-
-PLAN = SMALL_PLAN
-
-
-# Set where these tests run (or by a user's shell) and would change what fi-cache does.
-_SCRUB = ("FI_CACHE_PYTHON", "FI_CACHE_DIR", "FI_CACHE_VLLM", "VLLM_FLASHINFER_MOE_FUSED_FINALIZE")
+HF = FIXTURES / "hf"
 
 
 def test_plan_from_a_hf_config_is_a_plan_check_accepts(tmp_path: Path) -> None:
