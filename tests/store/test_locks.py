@@ -30,7 +30,8 @@ def test_lock_timeout_names_the_holder(tmp_path: Path, strategy: str) -> None:
         pass  # released on exit
 
 
-def test_lockfile_of_a_dead_holder_on_this_host_is_recovered(tmp_path: Path) -> None:
+def _plant_dead_holder(directory: Path) -> None:
+    """A lock file naming a process of this host that has exited (what a SIGKILLed warm leaves)."""
     dead = subprocess.run(
         [sys.executable, "-c", "import os; print(os.getpid())"],
         capture_output=True,
@@ -38,7 +39,11 @@ def test_lockfile_of_a_dead_holder_on_this_host_is_recovered(tmp_path: Path) -> 
         check=True,
     )
     holder = {"pid": int(dead.stdout), "host": os.uname().nodename, "since": 0.0, "purpose": "warm"}
-    (tmp_path / locks.LOCK_NAME).write_text(json.dumps(holder))
+    (directory / locks.LOCK_NAME).write_text(json.dumps(holder))
+
+
+def test_lockfile_of_a_dead_holder_on_this_host_is_recovered(tmp_path: Path) -> None:
+    _plant_dead_holder(tmp_path)
     with locks.namespace_lock(tmp_path, "warm", timeout=1, strategy="lockfile") as me:
         assert me.pid == os.getpid()
 
@@ -70,14 +75,7 @@ def test_network_filesystems_use_a_lock_file(
 
 
 def test_waiters_on_a_dead_holders_lockfile_take_it_one_at_a_time(tmp_path: Path) -> None:
-    dead = subprocess.run(
-        [sys.executable, "-c", "import os; print(os.getpid())"],
-        capture_output=True,
-        text=True,
-        check=True,
-    )
-    holder = {"pid": int(dead.stdout), "host": os.uname().nodename, "since": 0.0, "purpose": "warm"}
-    (tmp_path / locks.LOCK_NAME).write_text(json.dumps(holder))
+    _plant_dead_holder(tmp_path)
     code = (
         "import os, sys, time; from pathlib import Path; from fi_cache.store import locks\n"
         "d = Path(sys.argv[1])\n"
