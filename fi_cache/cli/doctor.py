@@ -81,7 +81,9 @@ def doctor_command(
         raise Refused(f"unknown check id {unknown[0]!r}; known: {', '.join(known)}")
     if dry_run and not fix:
         raise Refused("--dry-run goes with --fix (it prints what --fix would do)")
-    env = environment.detect(state_dir(obj.store))
+    from fi_cache.engines.vllm.launch import vllm_python
+
+    env = environment.detect(state_dir(obj.store), python=vllm_python(None))
     environ = dict(os.environ)
     target = make_target(env, Overrides(flashinfer_version, vllm_version, finalize, gpu), environ)
     inputs = gather(obj.store, paths, logs, ctx.meta.get("vllm_args"), target, environ)

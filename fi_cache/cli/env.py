@@ -29,7 +29,11 @@ def env_command(exact: bool | None, refresh: bool) -> int:
     from fi_cache.store.paths import state_dir
 
     ctx = _ctx()
-    env = environment.detect(state_dir(ctx.store), exact=exact, refresh=refresh)
+    from fi_cache.engines.vllm.launch import vllm_python
+
+    env = environment.detect(
+        state_dir(ctx.store), exact=exact, refresh=refresh, python=vllm_python(None)
+    )
     fp = env.fingerprint
     namespaces = {mode: str(Namespace(fp, mode).path(ctx.store)) for mode in FINALIZE_MODES}
     lock = (
@@ -45,6 +49,7 @@ def env_command(exact: bool | None, refresh: bool) -> int:
             {"index": g.index, "name": g.name, "compute_cap": g.compute_cap} for g in env.gpus
         ],
         "torch_version": env.torch_version,
+        "python": env.python,  # whose packages these are: the interpreter that runs vLLM
         "vllm": {
             "version": env.vllm.version,
             "envs_path": env.vllm.envs_path,
@@ -69,6 +74,7 @@ def env_command(exact: bool | None, refresh: bool) -> int:
     support = {True: "supports", False: "does NOT support", None: "cannot tell whether it supports"}
     click.echo(f"\nGPUs    {gpus}")
     click.echo(f"torch   {env.torch_version or 'not installed'}")
+    click.echo(f"python  {env.python}  (its packages name the namespace)")
     if vllm.version:
         click.echo(
             f"vLLM    {vllm.version}: {support[vllm.supports_finalize_env]} "

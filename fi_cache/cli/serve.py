@@ -66,7 +66,7 @@ def serve_command(
 
     ctx = _ctx()
     finalize: FinalizeMode = "unfused" if deterministic else "fused"
-    ns, env = resolve(finalize)
+    ns, env = resolve(finalize, vllm_path)
     check_finalize_support(env, finalize, force, "serve")
     engine = get("vllm")
     args = engine.read_args(vllm_args)

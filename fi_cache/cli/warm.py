@@ -23,13 +23,15 @@ def _ctx() -> Any:
     return click.get_current_context().obj
 
 
-def resolve(finalize: FinalizeMode) -> tuple[Namespace, Environment]:
-    """(Namespace, Environment) of this machine for `finalize`."""
+def resolve(finalize: FinalizeMode, vllm_path: str | None) -> tuple[Namespace, Environment]:
+    """(Namespace, Environment) of this machine for `finalize`, from the packages of the
+    interpreter that runs the vLLM fi-cache launches."""
     from fi_cache import environment
+    from fi_cache.engines.vllm.launch import vllm_python
     from fi_cache.store.namespace import Namespace
     from fi_cache.store.paths import state_dir
 
-    env = environment.detect(state_dir(_ctx().store))
+    env = environment.detect(state_dir(_ctx().store), python=vllm_python(vllm_path))
     for note in env.notes:
         render.warn(note)
     return Namespace(env.fingerprint, finalize), env
@@ -212,7 +214,7 @@ def warm_command(
         raise Refused("--plan and --python apply to --engine flashinfer only")
     finalize = finalize or "fused"
     timeout = 1800.0 if timeout is None else timeout
-    ns, env = resolve("unfused" if finalize == "unfused" else "fused")
+    ns, env = resolve("unfused" if finalize == "unfused" else "fused", vllm_path)
     check_finalize_support(env, finalize, force, "tune")
     result = run_vllm_warm(ns, env, vllm_args, vllm_path, timeout, port, lock_timeout)
     entries = sum(f.entries for f in result.files)

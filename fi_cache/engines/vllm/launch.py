@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import re
 import shutil
 import signal
 import socket
@@ -40,6 +41,39 @@ def find_executable(explicit: str | None) -> str:
             f"no vLLM executable {candidate!r} (from {where}); install vLLM or pass --vllm"
         )
     return found
+
+
+_PYTHON_NAME = re.compile(r"python[0-9.]*")
+# pip's launcher for interpreter paths too long for a `#!` line: '''exec' "/path/python" "$0" "$@"
+_SH_EXEC = re.compile(rb"^'''exec' \"([^\"]+)\" \"\$0\"")
+
+
+def interpreter(executable: str) -> str | None:
+    """The Python that runs `executable` (a vLLM console script), so that facts about vLLM come
+    from the environment that runs it: itself when it is a Python, else what its `#!` line (or
+    pip's long-path launcher) names. None for anything else, e.g. a shell wrapper."""
+    if _PYTHON_NAME.fullmatch(os.path.basename(executable)):
+        return executable
+    try:
+        with open(executable, "rb") as f:
+            head = f.read(1024).splitlines()
+    except OSError:
+        return None
+    if not head or not head[0].startswith(b"#!"):
+        return None
+    words = head[0][2:].decode(errors="replace").split()
+    found: str | None = None
+    if words and os.path.basename(words[0]) == "env":
+        names = [w for w in words[1:] if not w.startswith("-")]
+        found = shutil.which(names[0]) if names else None
+    elif words:
+        found = words[0]
+    if found and os.path.basename(found) == "sh" and len(head) > 1:
+        m = _SH_EXEC.match(head[1])
+        found = m.group(1).decode(errors="replace") if m else None
+    if found and _PYTHON_NAME.fullmatch(os.path.basename(found)) and os.access(found, os.X_OK):
+        return found
+    return None
 
 
 def launch_env(
@@ -153,3 +187,13 @@ def wait_healthy(
         if on_tick is not None:
             on_tick(elapsed, server.last_line)
         time.sleep(tick)
+
+
+def vllm_python(explicit: str | None) -> str | None:
+    """The interpreter of the vLLM fi-cache would launch (`--vllm`, $FI_CACHE_VLLM, PATH), whose
+    packages (vLLM, FlashInfer, torch, the CUDA wheels) name the namespace; None when there is
+    no such vLLM or it is not a Python script (then fi-cache's own interpreter is asked)."""
+    try:
+        return interpreter(find_executable(explicit))
+    except Refused:
+        return None
