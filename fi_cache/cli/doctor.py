@@ -86,7 +86,9 @@ def doctor_command(
     env = environment.detect(state_dir(obj.store), python=vllm_python(None))
     environ = dict(os.environ)
     target = make_target(env, Overrides(flashinfer_version, vllm_version, finalize, gpu), environ)
-    inputs = gather(obj.store, paths, logs, ctx.meta.get("vllm_args"), target, environ)
+    vllm_args = ctx.meta.get("vllm_args")
+    location, why = _vllm_location(env, target, vllm_args, environ, state_dir(obj.store))
+    inputs = gather(obj.store, paths, logs, vllm_args, target, environ, location, why)
     findings = doctor.run(inputs, only or None)
     actions = fixes.plan(findings, inputs) if fix else []
     done = fixes.apply(actions, obj.store) if fix and not dry_run else []
@@ -124,6 +126,28 @@ def doctor_command(
     if inputs.empty:
         return EXIT_REFUSED
     return EXIT_PROBLEM if errors or (strict and warnings) else 0
+
+
+def _vllm_location(
+    env: Any, target: Any, argv: list[str] | None, environ: dict[str, str], state: Path
+) -> tuple[Any, str]:
+    """(vLLM's own answer for `-- ARGS` or None, which of the two answers doctor gives and why).
+    A vLLM that rejects the arguments is refused here (exit 2), in vLLM's words."""
+    from fi_cache.engines.vllm.predict import predict
+    from fi_cache.errors import FiCacheError
+
+    if argv is None:
+        return None, ""
+    if env.vllm.version is None:
+        return None, "fi-cache's layout model (no vLLM found to ask)"
+    if target.vllm_version != env.vllm.version:
+        return None, f"fi-cache's layout model (the target is vLLM {target.vllm_version})"
+    try:
+        return predict(env.python, env.vllm.version, argv, environ, state), "vLLM's own code"
+    except Refused:
+        raise
+    except FiCacheError as exc:
+        return None, f"fi-cache's layout model (asking vLLM failed: {exc})"
 
 
 def _list_checks(checks: Any, as_json: bool) -> int:

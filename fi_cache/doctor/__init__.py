@@ -15,6 +15,7 @@ from fi_cache.caches.inventory import Cache
 from fi_cache.doctor.findings import Finding
 from fi_cache.doctor.logs import LogFacts
 from fi_cache.engines.vllm.args import ServeArgs
+from fi_cache.engines.vllm.predict import CacheLocation
 from fi_cache.model.fingerprint import Fingerprint
 from fi_cache.model.v1 import Defect
 from fi_cache.store.manifest import Manifest
@@ -59,6 +60,8 @@ class Inputs:
         None  # where vLLM will keep its cache when the store is not in charge
     )
     empty: tuple[Path, ...] = ()  # PATHs given that hold no cache at all (refused, exit 2)
+    location: CacheLocation | None = None  # vLLM's own answer for `-- ARGS`, when it was asked
+    location_from: str = ""  # which answer cache-location gives, and why
 
 
 @dataclass(frozen=True)

@@ -14,6 +14,7 @@ from fi_cache.caches.inventory import Cache, scan
 from fi_cache.doctor import CacheView, Inputs, Target
 from fi_cache.doctor.logs import read_log
 from fi_cache.engines.vllm.args import ServeArgs, parse_serve_args
+from fi_cache.engines.vllm.predict import CacheLocation
 from fi_cache.environment import Environment
 from fi_cache.errors import CorruptCache, Refused
 from fi_cache.model import v1
@@ -101,11 +102,16 @@ def gather(
     serve_argv: Sequence[str] | None,
     target: Target,
     environ: dict[str, str],
+    location: CacheLocation | None = None,
+    location_from: str = "",
 ) -> Inputs:
     """Everything the checks look at. Raises Refused for bad paths, logs and argv."""
     serve: ServeArgs | None = parse_serve_args(serve_argv) if serve_argv is not None else None
     log_facts = tuple(read_log(p) for p in logs)
-    predicted = predicted_vllm_dir(target, environ)
+    if location is not None and location.dir:
+        predicted = Path(location.dir)  # vLLM's own answer, hash dir included
+    else:
+        predicted = predicted_vllm_dir(target, environ)
     roots_implicit = [store / NAMESPACES_DIR]
     if predicted.is_dir() and store not in predicted.parents:
         roots_implicit.append(predicted)
@@ -165,5 +171,7 @@ def gather(
         modes=modes,
         store=store,
         predicted_dir=predicted if os.path.isdir(predicted) or serve is not None else None,
+        location=location,
+        location_from=location_from,
         empty=tuple(given.empty),
     )

@@ -156,12 +156,25 @@ def cache_location(inp: Inputs) -> Iterator[Finding]:
         return
     off = inp.serve is not None and inp.serve.autotune_off
     what = "neither reads nor writes it (autotune is off)" if off else "keeps its cache there"
+    loc = inp.location
+    if loc is not None and not loc.dir:
+        yield Finding(
+            "cache-location", "info", None,
+            f"{_vllm(inp)} keeps no FlashInfer autotune cache for these arguments: {loc.root_from}",
+            "nothing to warm; FlashInfer's tuning needs it installed with vLLM and an SM90+ GPU",
+        )  # fmt: skip
+        return
+    where = (
+        f"{', '.join(loc.files)} in this dir (computed with {inp.location_from})"
+        if loc is not None and loc.dir
+        else "<dir>/<config hash>/autotune_configs*.json"
+        + (f" ({inp.location_from})" if inp.location_from else "")
+    )
     yield Finding(
         "cache-location",
         "info",
         str(inp.predicted_dir),
-        f"{_vllm(inp)} {what}: <dir>/<config hash>/autotune_configs*.json; "
-        "the GPU model and CUDA stack are not part of this path",
+        f"{_vllm(inp)} {what}: {where}; the GPU model and CUDA stack are not part of this path",
         "fi-cache serve gives each environment and finalize mode a dir of its own",
     )
 

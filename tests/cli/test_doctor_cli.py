@@ -4,12 +4,13 @@ from __future__ import annotations
 
 import os
 import shutil
+import subprocess
 import time
 from pathlib import Path
 
 import pytest
 
-from tests.conftest import HASH_A, HASH_B, MOE_617_FUSED
+from tests.conftest import HASH_A, HASH_B, MOE_617_FUSED, ROOT
 
 TARGET = ["--flashinfer-version", "0.6.17", "--vllm-version", "0.30.0"]
 
@@ -264,3 +265,24 @@ def test_a_file_a_log_names_is_moved_only_if_it_is_a_cache(run, tmp_path: Path) 
     r = run("--format", "json", "doctor", "--log", log, "--fix")
     assert ("stale-gemm2-profile", "error") in _findings(r)
     assert r.json()["actions"] == [] and victim.read_text() == "precious"
+
+
+@pytest.mark.skipif(not os.environ.get("FI_CACHE_TEST_VLLM_PYTHON"), reason="no vLLM venv")
+def test_doctor_names_the_file_vllm_itself_will_use(run, tmp_path: Path, monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    """`doctor -- ARGS` with a real vLLM 0.32 (another venv): the hash dir and per-rank file come
+    from vLLM's own code (the same answer its worker computes: tests/engines/vllm)."""
+    python = Path(os.environ["FI_CACHE_TEST_VLLM_PYTHON"])
+    model = tmp_path / "m"
+    subprocess.run(
+        [str(python), str(ROOT / "tests" / "real_vllm" / "tiny_model.py"), str(model)], check=True
+    )
+    monkeypatch.setenv("FI_CACHE_VLLM", str(python.parent / "vllm"))
+    monkeypatch.setenv("VLLM_FLASHINFER_AUTOTUNE_CACHE_DIR", str(tmp_path / "d"))
+    r = run("--format", "json", "doctor", "--", "--model", model, "--load-format", "dummy")
+    [loc] = [f for f in r.json()["findings"] if f["check"] == "cache-location"]
+    assert Path(loc["path"]).parent == tmp_path / "d" and len(Path(loc["path"]).name) == 64
+    assert "autotune_configs_dp0_rank0.json in this dir (computed with vLLM's own code)" in loc[
+        "message"
+    ]
+    bad = run("doctor", "--", "--model", model, "--no-such-flag")
+    assert bad.code == 2 and "vllm: error: unrecognized arguments: --no-such-flag" in bad.err
