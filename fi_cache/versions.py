@@ -297,12 +297,19 @@ class VersionRange:
 
 
 # MoE output all-reduced over TP after FlashInfer's combine already reduced it (GSM8K 0.93 -> 0.81).
-DOUBLE_REDUCE = VersionRange(V("0.16.0"), V("0.22.0"), "vLLM PR #41382 (fixed in 0.22.0)")
+# FlashInfer's combine already sums the top-k outputs, yet the prepare/finalize reports it
+# unreduced, so the MoE output is all-reduced over TP again: output_is_reduced() False in 0.15.1
+# fused_moe/flashinfer_cutlass_prepare_finalize.py:57-58 ... 0.21.0 flashinfer_nvlink_two_sided.py
+# :52-53, True from 0.22.0 (PR #41382). 0.15.1 is the oldest wheel read; earlier ones unchecked.
+DOUBLE_REDUCE = VersionRange(V("0.15.1"), V("0.22.0"), "vLLM PR #41382 (fixed in 0.22.0)")
 DOUBLE_REDUCE_BACKENDS = frozenset(
     {"flashinfer_all2allv", "flashinfer_nvlink_two_sided", "flashinfer_nvlink_one_sided"}
 )
-# World size > 1 with a warm cache can deadlock start-up (rank 0 only loads/broadcasts).
-WARM_CACHE_HANG = VersionRange(V("0.27.0"), V("0.33.0"), "vLLM issues #57423, #54618")
+# World size > 1 with a warm cache can deadlock start-up: one shared file, broadcast by the leader
+# and loaded by every rank, so a rank-keyed entry hits on rank 0 only and the others wait in the
+# tuning all-reduce (kernel_warmup.py 0.27:278-298 ... 0.31:449-482). 0.32 has per-rank files and
+# loads only when every rank has a matching one (kernel_warmup.py:394-401, 453-476, PR #57635).
+WARM_CACHE_HANG = VersionRange(V("0.27.0"), V("0.32.0"), "vLLM issues #57423, #54618")
 # The persistent cache is used only with world size 1 (no log line says so).
 CACHE_SINGLE_RANK_ONLY = VersionRange(V("0.25.0"), V("0.27.0"), "kernel_warmup.py 0.25-0.26")
 # First vLLM with a persistent FlashInfer autotune cache at all.
@@ -321,7 +328,8 @@ REMOVED_ENV_PREFIX = "VLLM_USE_FLASHINFER_MOE_MXFP4"
 # Newest vLLM release checked for VLLM_FLASHINFER_MOE_FUSED_FINALIZE (absent in every one so far).
 VLLM_NEWEST_CHECKED = V("0.33.0")
 
-# MoE keys carry tp_rank and ep_rank (MoERunner.get_cache_key_extras, 20 fields) from 0.6.18rc2
-# until 0.7.4 dropped them ("ranks that tune together must share persisted entries",
-# fused_moe/core.py:1015-1019 in 0.7.4): each rank of a sharded model needs its own entries there.
-MOE_KEY_HAS_RANKS = VersionRange(V("0.6.18rc2"), V("0.7.4"), "fused_moe/core.py extras")
+# MoE keys carry tp_rank, ep_rank and cluster_rank (MoERunner.get_cache_key_extras, 20 fields:
+# fused_moe/core.py 0.6.18:707-736, 0.7.1:770-799) until 0.7.2rc3 dropped them (17 fields,
+# core.py 0.7.2rc3:770-800, 0.7.2.post1:750-780: "ranks that tune together must share persisted
+# entries"); 0.7.2rc1/rc2 are not on PyPI. Each rank of a sharded model needs its own entries there.
+MOE_KEY_HAS_RANKS = VersionRange(V("0.6.18rc2"), V("0.7.2rc3"), "fused_moe/core.py extras")

@@ -66,3 +66,14 @@ def test_vllm_arch_dir(
     caps: list[str], cuda: str | None, arch_list: str | None, expected: str | None
 ) -> None:
     assert vllm_arch(caps, cuda, arch_list) == expected
+
+
+def test_version_ranges_read_in_the_wheels() -> None:
+    from fi_cache.versions import DOUBLE_REDUCE, MOE_KEY_HAS_RANKS, WARM_CACHE_HANG, V
+
+    # FlashInfer 0.7.1's MoE keys still hold the ranks; 0.7.2rc3 (so vLLM 0.33's 0.7.2.post1) not.
+    assert V("0.7.1") in MOE_KEY_HAS_RANKS and V("0.7.2rc3") not in MOE_KEY_HAS_RANKS
+    assert V("0.7.2.post1") not in MOE_KEY_HAS_RANKS
+    # vLLM 0.32 already gates loading on every rank having a matching per-rank file.
+    assert V("0.31.0") in WARM_CACHE_HANG and V("0.32.0") not in WARM_CACHE_HANG
+    assert V("0.15.1") in DOUBLE_REDUCE and V("0.22.0") not in DOUBLE_REDUCE

@@ -71,14 +71,18 @@ def double_reduce(inp: Inputs) -> Iterator[Finding]:
     args = inp.serve
     if args is None or version is None or version not in DOUBLE_REDUCE:
         return
-    if args.all2all_backend in DOUBLE_REDUCE_BACKENDS and args.tp > 1:
+    # The all2all kernels run only with data parallel > 1 and expert parallel (use_all2all_kernels,
+    # fused_moe/config.py 0.15.1:868-869, 0.21.0:1027-1028); the extra reduce is over TP.
+    runs_all2all = args.dp > 1 and args.expert_parallel
+    if args.all2all_backend in DOUBLE_REDUCE_BACKENDS and runs_all2all and args.tp > 1:
         yield Finding(
             "double-reduce",
             "error",
             None,
-            f"vLLM {version} with --all2all-backend {args.all2all_backend} and tensor-parallel "
-            f"size {args.tp}: the MoE output is all-reduced again after FlashInfer's combine "
-            "reduced it (wrong outputs; GSM8K 0.93 -> 0.81 in the fix's report)",
+            f"vLLM {version} with --all2all-backend {args.all2all_backend}, data and expert "
+            f"parallel and tensor-parallel size {args.tp}: the MoE output is all-reduced again "
+            "after FlashInfer's combine reduced it (wrong outputs; GSM8K 0.93 -> 0.81 in the "
+            "fix's report)",
             f"upgrade to vLLM >= {DOUBLE_REDUCE.end} ({DOUBLE_REDUCE.source}), or use -tp 1 or "
             "another --all2all-backend",
         )
@@ -113,7 +117,8 @@ def warm_cache_hang(inp: Inputs) -> Iterator[Finding]:
             cache,
             f"vLLM {version} with world size {args.world_size} and a warm autotune cache: start-up "
             f"can deadlock ({WARM_CACHE_HANG.source})",
-            "upgrade to vLLM >= 0.33 (per-rank cache files), or start this one without the "
+            f"upgrade to vLLM >= {WARM_CACHE_HANG.end} (per-rank files, loaded only when every "
+            "rank has one), or start this one without the "
             "cache (--no-enable-flashinfer-autotune / -O0, or an empty cache dir)",
         )
 
@@ -185,10 +190,10 @@ CHECKS = (
     ),
     Check(
         "double-reduce",
-        "vLLM 0.16-0.21 + FlashInfer NVLink all2all + tensor parallel > 1",
+        "vLLM 0.15-0.21 + FlashInfer all2all, data + expert parallel, tensor parallel > 1",
         double_reduce,
     ),
-    Check("warm-cache-hang", "vLLM 0.27-0.32, world size > 1 and a warm cache", warm_cache_hang),
+    Check("warm-cache-hang", "vLLM 0.27-0.31, world size > 1 and a warm cache", warm_cache_hang),
     Check(
         "cache-unused",
         "vLLM 0.25-0.26 with world size > 1 never uses the cache (info)",

@@ -163,6 +163,9 @@ def test_serve_args_and_predicted_cache_dir(run, tmp_path: Path, monkeypatch) ->
         "m",
         "-tp",
         "2",
+        "-dp",
+        "2",
+        "--enable-expert-parallel",
         "--all2all-backend",
         "flashinfer_all2allv",
     )

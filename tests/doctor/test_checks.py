@@ -246,11 +246,16 @@ def test_finalize_unsupported(
             "-tp 2 -dp 2 --enable-expert-parallel --all2all-backend flashinfer_all2allv",
             True,
         ),
-        ("0.16.0", "--tensor-parallel-size 2 --all2all-backend flashinfer_nvlink_one_sided", True),
-        ("0.22.0", "-tp 2 --all2all-backend flashinfer_all2allv", False),
-        ("0.21.0", "-tp 1 -dp 4 --all2all-backend flashinfer_all2allv", False),
-        ("0.21.0", "-tp 2 --all2all-backend deepep_low_latency", False),
-        ("0.15.1", "-tp 2 --all2all-backend flashinfer_all2allv", False),
+        ("0.18.0", "-tp 2 -dp 2 -ep --all2all-backend flashinfer_nvlink_one_sided", True),
+        # 0.15.1 has the same unreduced combine (flashinfer_cutlass_prepare_finalize.py:57-58)
+        ("0.15.1", "-tp 2 -dp 2 -ep --all2all-backend flashinfer_all2allv", True),
+        ("0.22.0", "-tp 2 -dp 2 -ep --all2all-backend flashinfer_all2allv", False),
+        ("0.21.0", "-tp 1 -dp 4 -ep --all2all-backend flashinfer_all2allv", False),
+        ("0.21.0", "-tp 2 -dp 2 -ep --all2all-backend deepep_low_latency", False),
+        # the all2all kernels need data parallel > 1 AND expert parallel: no false positive
+        ("0.21.0", "-tp 2 --all2all-backend flashinfer_all2allv", False),
+        ("0.21.0", "-tp 2 -dp 2 --all2all-backend flashinfer_all2allv", False),
+        ("0.16.0", "-tp 2 --enable-expert-parallel --all2all-backend flashinfer_all2allv", False),
     ],
 )
 def test_double_reduce(version: str, argv: str, hit: bool) -> None:
@@ -267,7 +272,13 @@ def test_warm_cache_hang_needs_version_world_size_and_a_warm_cache(tmp_path: Pat
     tp2 = parse_serve_args(["m", "-tp", "2"])
     hit = Inputs(_target(vllm_version="0.30.0"), (view,), serve=tp2, predicted_dir=vllm_dir)
     assert _ids(hit, "warm-cache-hang") == [("warning", str(path))]
+    assert _ids(
+        Inputs(_target(vllm_version="0.31.0"), (view,), serve=tp2, predicted_dir=vllm_dir),
+        "warm-cache-hang",
+    ) == [("warning", str(path))]
     for miss in (
+        # 0.32: per-rank files and a unanimous-load gate (kernel_warmup.py:394-401, 453-476)
+        Inputs(_target(vllm_version="0.32.0"), (view,), serve=tp2, predicted_dir=vllm_dir),
         Inputs(_target(vllm_version="0.33.0"), (view,), serve=tp2, predicted_dir=vllm_dir),
         Inputs(
             _target(vllm_version="0.30.0"),
