@@ -70,7 +70,7 @@ def serve_command(
     check_finalize_support(env, finalize, force, "serve")
     engine = get("vllm")
     args = engine.read_args(vllm_args)
-    executable = engine.find_executable(vllm_path)
+    launcher = launch.find_launcher(vllm_path)
     ns_dir = ns.path(ctx.store)
     try:
         m = manifests.load(ns_dir)
@@ -97,15 +97,17 @@ def serve_command(
     if ns_dir.is_dir():
         locks.hold_in_use(ns_dir)  # inherited by vLLM: prune leaves a served namespace alone
     launch_env = launch.launch_env(
-        dict(os.environ), engine.cache_dir(ns_dir), finalize, args.uses_ray
-    )
+        dict(os.environ), engine.cache_dir(ns_dir), finalize, args.uses_ray,
+        env.vllm.supports_finalize_env,
+    )  # fmt: skip
     sys.stdout.flush()
     sys.stderr.flush()
     # exec: vLLM takes over this process, so signals reach it directly and its exit code is ours.
     try:
-        os.execve(executable, [executable, "serve", *vllm_args], launch_env)
+        cmd = launcher.command(vllm_args)
+        os.execve(cmd[0], cmd, launch_env)
     except OSError as exc:
-        raise Refused(f"cannot run vLLM: {exc.strerror}", executable) from None
+        raise Refused(f"cannot run vLLM: {exc.strerror}", launcher.executable) from None
 
 
 def _touch(ns_dir: Path) -> None:

@@ -104,18 +104,20 @@ def run_vllm_warm(
     """Warm `ns` with `vllm serve ARGV`, progress on stderr (serve warms a cold namespace so)."""
     from fi_cache.engines import get
     from fi_cache.engines.api import WarmFailed
+    from fi_cache.engines.vllm import launch
     from fi_cache.engines.vllm import warm as warm_mod
 
     ctx = _ctx()
     engine = get("vllm")
     args = engine.read_args(argv)
-    executable = engine.find_executable(vllm_path)
+    launcher = launch.find_launcher(vllm_path)
     status = _Status(ctx.quiet)
     progress = warm_mod.Progress(status.waiting, status.tick, status.note)
-    options = warm_mod.WarmOptions(timeout, port, lock_timeout, stop_grace())
+    quiet_start = warm_mod.nothing_to_tune(env, args)
+    options = warm_mod.WarmOptions(timeout, port, lock_timeout, stop_grace(), quiet_start)
     sigterm_as_interrupt()
     try:
-        return warm_mod.warm(ctx.store, ns, args, executable, env.vllm, options, progress)
+        return warm_mod.warm(ctx.store, ns, args, launcher, env.vllm, options, progress)
     except WarmFailed as exc:
         status.note("warm failed")  # the reason is the last line, after vLLM's output
         show_tail(exc.lines, "vLLM's output")
@@ -127,7 +129,8 @@ VLLM_OPT = click.option(
     "--vllm",
     "vllm_path",
     default=None,
-    help="vLLM executable (default: $FI_CACHE_VLLM, else `vllm` on PATH).",
+    help="vLLM to run: its executable, or a Python (runs -m vllm.entrypoints.openai.api_server) "
+    "(default: $FI_CACHE_VLLM, else `vllm` on PATH).",
 )
 
 
@@ -224,6 +227,7 @@ def warm_command(
         "reused": result.reused,
         "seconds": result.record.seconds,
         "vllm_version": result.record.vllm_version,
+        "nothing_to_tune": result.nothing_to_tune,
         "files": [
             {"path": str(result.namespace_dir / f.path), "entries": f.entries, "size": f.size}
             for f in result.files
@@ -237,7 +241,10 @@ def warm_command(
             if result.reused
             else (f"warmed in {result.record.seconds:.1f}s")
         )
-        click.echo(f"{how}: {len(result.files)} cache file(s), {entries} entries")
+        if result.nothing_to_tune:
+            click.echo(f"nothing to tune: {result.nothing_to_tune} (vLLM started and stopped)")
+        else:
+            click.echo(f"{how}: {len(result.files)} cache file(s), {entries} entries")
         click.echo(f"namespace {result.namespace_dir}")
     return 0
 

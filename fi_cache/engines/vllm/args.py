@@ -54,6 +54,7 @@ class ServeArgs:
     all2all_backend: str | None = None
     moe_backend: str | None = None
     autotune_off: bool = False  # -O0, --disable-flashinfer-autotune, kernel-config false
+    model_at: int | None = None  # index of a positional model in argv (None: --model or none)
 
     @property
     def world_size(self) -> int:
@@ -117,10 +118,19 @@ def parse_serve_args(argv: Sequence[str]) -> ServeArgs:
             found["autotune_off"] = True
         elif not arg.startswith("-") and found["model"] is None:
             found["model"] = arg
+            found["model_at"] = i
         if name == "-O0" or (name.startswith("-O") and len(name) == 3):
             takes_value = False  # -O3 carries its level inline
         i += 2 if takes_value else 1
     return ServeArgs(tuple(argv), **found)  # type: ignore[arg-type]
+
+
+def with_model_flag(argv: Sequence[str]) -> list[str]:
+    """`argv` with a positional model spelled `--model M` (for parsers that take no positional)."""
+    at = parse_serve_args(argv).model_at
+    if at is None:
+        return list(argv)
+    return [*argv[:at], "--model", argv[at], *argv[at + 1 :]]
 
 
 def require_model(args: ServeArgs) -> None:

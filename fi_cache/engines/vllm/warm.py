@@ -17,13 +17,14 @@ from fi_cache.engines.api import WarmFailed
 from fi_cache.engines.vllm import launch
 from fi_cache.engines.vllm.args import ServeArgs
 from fi_cache.engines.vllm.engine import ENGINE
-from fi_cache.environment import VllmInfo
+from fi_cache.environment import Environment, VllmInfo
 from fi_cache.errors import Refused
 from fi_cache.store import locks
 from fi_cache.store import manifest as manifests
 from fi_cache.store.files import ensure_dir, share_like_store
 from fi_cache.store.manifest import CacheFileRecord, Manifest, WarmRecord
 from fi_cache.store.namespace import Namespace
+from fi_cache.versions import VLLM_PERSISTENT_CACHE, parse_version
 
 
 @dataclass
@@ -35,12 +36,33 @@ class Progress:
     note: Callable[[str], None] = lambda message: None
 
 
+def nothing_to_tune(env: Environment, args: ServeArgs) -> str | None:
+    """Why this vLLM start will tune and save nothing, when that is known before it starts; None
+    when it should tune. vLLM tunes only with FlashInfer installed and device 0 at SM90+
+    (kernel_warmup.py 0.32:265-267: has_flashinfer() and has_device_capability(90)), autotune on,
+    and keeps a file only from 0.25."""
+    version = parse_version(env.vllm.version)
+    if args.autotune_off:
+        return "FlashInfer autotune is off in the vLLM arguments"
+    if version is not None and version < VLLM_PERSISTENT_CACHE:
+        return f"vLLM {version} keeps no autotune cache (from {VLLM_PERSISTENT_CACHE})"
+    if env.fingerprint.flashinfer_version is None:
+        return f"no FlashInfer installed with this vLLM ({env.python})"
+    if not env.gpus:
+        return "no NVIDIA GPU visible: vLLM tunes FlashInfer kernels on SM90+ GPUs only"
+    major = env.gpus[0].compute_cap.partition(".")[0]
+    if major.isdigit() and int(major) < 9:
+        return f"{env.gpus[0].name} is SM{env.gpus[0].compute_cap}: vLLM tunes on SM90+ only"
+    return None
+
+
 @dataclass(frozen=True)
 class WarmOptions:
     timeout: float = 1800.0  # big MoE models tune for minutes
     port: int | None = None
     lock_timeout: float = 3600.0
     grace: float = 10.0  # seconds between SIGINT, SIGTERM and SIGKILL
+    nothing_to_tune: str | None = None  # known up front: a start that saves nothing is still ok
 
 
 @dataclass(frozen=True)
@@ -49,6 +71,7 @@ class WarmResult:
     reused: bool  # another warm did the work while this one waited
     namespace_dir: Path
     files: list[CacheFileRecord] = field(default_factory=list)
+    nothing_to_tune: str | None = None  # why this start saved nothing, and that this is fine
 
 
 def collect_files(ns_dir: Path) -> list[CacheFileRecord]:
@@ -70,7 +93,7 @@ def warm(
     store: Path,
     ns: Namespace,
     args: ServeArgs,
-    executable: str,
+    launcher: launch.Launcher,
     info: VllmInfo,
     options: WarmOptions = WarmOptions(),
     progress: Progress | None = None,
@@ -90,17 +113,18 @@ def warm(
         prior = m.last_warm(args.key, since=asked) if waited else None
         if prior is not None:
             return WarmResult(prior, True, ns_dir, prior.files)
-        record = _run(ns_dir, ns, args, executable, info, options, progress)
+        record = _run(ns_dir, ns, args, launcher, info, options, progress)
         share_like_store([ns_dir / f.path for f in record.files], store)
         manifests.save(ns_dir, m.with_warm(record))
-        return WarmResult(record, False, ns_dir, record.files)
+        quiet = options.nothing_to_tune if not record.files else None
+        return WarmResult(record, False, ns_dir, record.files, quiet)
 
 
 def _run(
     ns_dir: Path,
     ns: Namespace,
     args: ServeArgs,
-    executable: str,
+    launcher: launch.Launcher,
     info: VllmInfo,
     options: WarmOptions,
     progress: Progress,
@@ -110,9 +134,11 @@ def _run(
         raise Refused(f"port {port} is in use; pick another with --port or leave it out")
     root = ENGINE.cache_dir(ns_dir)
     ensure_dir(root)
-    env = launch.launch_env(dict(os.environ), root, ns.finalize, args.uses_ray)
+    env = launch.launch_env(
+        dict(os.environ), root, ns.finalize, args.uses_ray, info.supports_finalize_env
+    )
     # Warming never needs outside traffic: listen on loopback, on our port (last flag wins).
-    cmd = [executable, "serve", *args.argv, "--host", "127.0.0.1", "--port", str(port)]
+    cmd = launcher.command([*args.argv, "--host", "127.0.0.1", "--port", str(port)])
     started = time.time()
     progress.note(f"starting {' '.join(cmd[1:])}")
     server = launch.Server(cmd, env)
@@ -134,7 +160,9 @@ def _run(
         server.stop(options.grace)  # Ctrl-C, SIGTERM, errors: never leave vLLM behind
         raise
     files = collect_files(ns_dir)
-    if not files:
+    if not files and options.nothing_to_tune:
+        progress.note(f"nothing to tune: {options.nothing_to_tune}")
+    elif not files:
         raise WarmFailed(
             "vLLM became healthy but wrote no autotune cache (FlashInfer autotune off: -O0 or "
             "--disable-flashinfer-autotune? a model without FlashInfer kernels? vLLM < 0.25?)",

@@ -61,3 +61,39 @@ def test_find_executable(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Non
     monkeypatch.setenv("FI_CACHE_VLLM", str(tmp_path / "nope"))
     with pytest.raises(Refused, match="FI_CACHE_VLLM"):
         launch.find_executable(None)
+
+
+def test_the_finalize_variable_is_set_only_where_vllm_may_read_it(tmp_path: Path) -> None:
+    """A vLLM whose envs.py lacks it warns about it (0.17+) and, with
+    --fail-on-environ-validation, refuses to start: fi-cache leaves it out there."""
+    unregistered = launch.launch_env({}, tmp_path, "fused", False, registers_finalize=False)
+    assert "VLLM_FLASHINFER_MOE_FUSED_FINALIZE" not in unregistered
+    users = launch.launch_env(
+        {"VLLM_FLASHINFER_MOE_FUSED_FINALIZE": "0"}, tmp_path, "unfused", False, False
+    )
+    assert users["VLLM_FLASHINFER_MOE_FUSED_FINALIZE"] == "0"  # the user's own, untouched
+    registered = launch.launch_env({}, tmp_path, "unfused", False, registers_finalize=True)
+    assert registered["VLLM_FLASHINFER_MOE_FUSED_FINALIZE"] == "0"
+
+
+def test_launchers_console_script_python_and_module_form(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import sys
+
+    script = tmp_path / "vllm"
+    script.write_text(f"#!{sys.executable}\n")
+    script.chmod(0o755)
+    cli = launch.find_launcher(str(script))
+    assert cli.command(["M", "--port", "1"]) == [str(script), "serve", "M", "--port", "1"]
+    assert cli.python == sys.executable
+    module = f"{sys.executable} -m vllm.entrypoints.openai.api_server"
+    for spec in (sys.executable, module):
+        m = launch.find_launcher(spec)
+        # the module's parser never uses a positional model (launchers/api_server/entry.py)
+        assert m.command(["M", "-tp", "2"]) == [
+            sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model", "M", "-tp", "2",
+        ]  # fmt: skip
+        assert m.command(["--model", "M"])[-2:] == ["--model", "M"]
+    with pytest.raises(Refused, match="give a vLLM executable, a Python"):
+        launch.find_launcher(f"{sys.executable} -c print")

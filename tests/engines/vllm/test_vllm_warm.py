@@ -18,7 +18,7 @@ import pytest
 
 from fi_cache.store import locks
 from fi_cache.store.namespace import NAMESPACES_DIR
-from tests.conftest import MOE_617_FUSED, MOE_618_FUSED, ROOT
+from tests.conftest import H200_ROW, MOE_617_FUSED, MOE_618_FUSED, ROOT, fake_gpu_bin
 
 FAKE = ROOT / "tests" / "fake_vllm.py"
 MODEL = "Qwen/Qwen3-30B-A3B"
@@ -197,9 +197,38 @@ def test_early_exit_reports_vllm_output_and_exit_1(rig: Rig) -> None:
     assert rig.namespaces() == []  # no manifest for a failed warm
 
 
-def test_healthy_without_a_cache_is_a_failed_warm(rig: Rig) -> None:
-    p = rig.run("warm", "--", MODEL, FAKE_VLLM_NO_CACHE="1")
+def _gpu_host(rig: Rig, tmp_path: Path) -> dict[str, str]:
+    """What a tuning start needs to be expected: an SM90 GPU (a fake nvidia-smi) and FlashInfer
+    among the packages of the interpreter that runs vLLM (a dist-info, nothing to import)."""
+    site = tmp_path / "site"
+    meta = site / "flashinfer_python-0.6.18.dist-info"
+    meta.mkdir(parents=True)
+    text = "Metadata-Version: 2.1\nName: flashinfer-python\nVersion: 0.6.18\n"
+    (meta / "METADATA").write_text(text)
+    bin_dir = fake_gpu_bin(tmp_path / "gpu-bin", H200_ROW)
+    return {
+        "PATH": f"{bin_dir}{os.pathsep}{rig.env['PATH']}",
+        "PYTHONPATH": f"{rig.env['PYTHONPATH']}{os.pathsep}{site}",
+    }
+
+
+def test_healthy_without_a_cache_is_a_failed_warm_where_vllm_should_tune(
+    rig: Rig, tmp_path: Path
+) -> None:
+    p = rig.run("warm", "--", MODEL, FAKE_VLLM_NO_CACHE="1", **_gpu_host(rig, tmp_path))
     assert p.returncode == 1 and "wrote no autotune cache" in p.stderr
+    assert rig.namespaces() == []
+
+
+def test_nothing_to_tune_is_a_warm_and_serve_starts_vllm_once(rig: Rig) -> None:
+    """No GPU and no FlashInfer here: vLLM tunes nothing, and that is known before it starts."""
+    p = rig.run("--format", "json", "warm", "--", MODEL, FAKE_VLLM_NO_CACHE="1")
+    assert p.returncode == 0, p.stderr
+    doc = json.loads(p.stdout)
+    assert doc["files"] == [] and "no FlashInfer installed" in doc["nothing_to_tune"]
+    served = rig.run("serve", "--", MODEL, FAKE_VLLM_NO_CACHE="1", FAKE_VLLM_MODE="exit-now")
+    assert served.returncode == 0, served.stderr
+    assert len(rig.starts()) == 2  # the warm, then serve's exec: no second warm
 
 
 @pytest.mark.parametrize(
