@@ -242,6 +242,17 @@ VLLM_CACHE_SUBDIR = "flashinfer_autotune_cache"  # under $VLLM_CACHE_ROOT (defau
 VLLM_CACHE_FILE = "autotune_configs.json"
 VLLM_RANK_FILE = re.compile(r"^autotune_configs_dp(\d+)_rank(\d+)\.json$")
 VLLM_CACHE_FILE_RE = re.compile(r"^autotune_configs(?:_dp\d+_rank\d+)?\.json$")
+# vLLM 0.33 keeps FlashInfer's v2 store instead of a v1 file when it runs one rank on one node:
+# no elastic EP, pp <= 1, FlashInfer with autotune_v2 (0.7.0+), one node, world size 1
+# (model_executor/warmup/flashinfer_autotune_cache.py 0.33:79-111; utils/flashinfer.py:362-371).
+VLLM_V2_STORE = V("0.33.0")
+# Its root: expanduser($VLLM_FLASHINFER_AUTOTUNE_CACHE_DIR) (0.33 :114-123), else FlashInfer's
+# get_default_cache_root(): $FLASHINFER_AUTOTUNE_CACHE_DIR as given, else
+# ${FLASHINFER_WORKSPACE_BASE:-$HOME}/.cache/flashinfer/autotune (FlashInfer 0.7.2.post1
+# autotune_cache.py:160-167, jit/env.py:66-70). No vLLM hash, version or arch is in that path.
+FLASHINFER_AUTOTUNE_ROOT_ENV = "FLASHINFER_AUTOTUNE_CACHE_DIR"
+# --disable-flashinfer-autotune exists from 0.33 (utils/argparse_utils.py:179, arg_utils.py:1839).
+VLLM_DISABLE_AUTOTUNE_FLAG = V("0.33.0")
 
 
 def _arch_name(major: int, minor: str, cuda: Version | None) -> str:

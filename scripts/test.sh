@@ -4,7 +4,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-FLASHINFER_VERSIONS="0.6.17 0.6.18"   # real FlashInfer releases the compatibility tests load files with
+FLASHINFER_VERSIONS="0.6.17 0.6.18 0.7.2.post1"  # real FlashInfer: the compatibility tests load files with 0.6.x; 0.7.2.post1 (vLLM 0.33's pin) writes v2 stores
 PY=${PYTHON:-python3}
 
 if [ ! -x .venv/bin/python ]; then

@@ -278,3 +278,20 @@ def one_line(p: subprocess.CompletedProcess[str]) -> str:
     lines = p.stderr.splitlines()
     assert len(lines) == 1, p.stderr
     return lines[0]
+
+
+# Tests never see this machine's own FlashInfer v2 root (ls scans it): one empty root per run.
+os.environ["FLASHINFER_AUTOTUNE_CACHE_DIR"] = os.path.join(
+    os.environ.get("TMPDIR", "/tmp"), f"fi-cache-tests-{os.getpid()}-flashinfer-autotune"
+)
+
+def write_v2_store(root: Path, source: Path = GEMM_618, version: str = "0.7.2.post1") -> Path:
+    """A v2 store under `root`, written by the real FlashInfer `version` (its own code path from
+    `autotune_v2`: _collect_metadata, then ManagedAutotuneCache.publish) with `source`'s entries;
+    returns the env dir `<root>/v2/<hash16>`."""
+    env = {**os.environ, "PYTHONPATH": str(flashinfer_dir(version))}
+    out = subprocess.run(
+        [sys.executable, "-m", "tests.real_flashinfer.v2_writer", str(root), str(source)],
+        env=env, cwd=ROOT, capture_output=True, text=True, timeout=120, check=True,
+    )  # fmt: skip
+    return Path(out.stdout.strip().splitlines()[-1])

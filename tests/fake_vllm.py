@@ -12,7 +12,11 @@ when ``FAKE_VLLM_PER_RANK=1``); the hash is over ``json.dumps([model, sorted(arg
 Environment (all optional): FAKE_VLLM_RECORD (dir; argv/env appended to starts.jsonl),
 FAKE_VLLM_MODE (ok|crash|hang|ignore-sigint|ignore-sigterm|exit-now), FAKE_VLLM_EXIT_CODE,
 FAKE_VLLM_CACHE_SOURCE, FAKE_VLLM_PER_RANK, FAKE_VLLM_NO_CACHE, FAKE_VLLM_TUNE_SECONDS,
-FAKE_VLLM_HEALTH_DELAY, FAKE_VLLM_SPAWN_CHILD.
+FAKE_VLLM_HEALTH_DELAY, FAKE_VLLM_SPAWN_CHILD, FAKE_VLLM_V2.
+
+FAKE_VLLM_V2=1 plays vLLM 0.33 with one rank: the entries go into FlashInfer's v2 store, written by
+the real FlashInfer (0.7.x on PYTHONPATH; its `_collect_metadata` and `ManagedAutotuneCache`, the
+code vLLM 0.33's `autotune_v2` reaches) at the root vLLM 0.33 passes: the override dir.
 """
 
 from __future__ import annotations
@@ -135,6 +139,20 @@ def write_cache(path: str) -> None:
     os.replace(tmp, path)
 
 
+def v2_store(cache_dir: str | None) -> None:
+    """Publish the entries through FlashInfer's own v2 writer, or report them loaded."""
+    from tests.real_flashinfer.v2_writer import open_store, publish, winners
+
+    store = open_store(cache_dir or None)
+    entries = winners(os.environ["FAKE_VLLM_CACHE_SOURCE"])
+    if all(store.lookup(k) is not None for k in entries):
+        log(f"[Autotuner]: {len(entries)} entries found in {store.env_dir}", "autotuner.py:1")
+        return
+    log("[Autotuner]: Autotuning process starts ...", "autotuner.py:1")
+    publish(store, entries)
+    log(f"[Autotuner]: published {len(entries)} entries to {store.env_dir}", "autotuner.py:1")
+
+
 def on_signal(signum: int, _frame: object) -> None:
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     signal.signal(signal.SIGTERM, signal.SIG_IGN)
@@ -195,7 +213,9 @@ def main(argv: list[str]) -> int:
             print(TRACEBACK, file=sys.stderr, flush=True)
             server.server_close()
             return 1
-        if cache_dir and os.environ.get("FAKE_VLLM_NO_CACHE") != "1":
+        if os.environ.get("FAKE_VLLM_V2") == "1":
+            v2_store(cache_dir)
+        elif cache_dir and os.environ.get("FAKE_VLLM_NO_CACHE") != "1":
             digest = hashlib.sha256(json.dumps([model, sorted(key_args)]).encode()).hexdigest()
             per_rank = os.environ.get("FAKE_VLLM_PER_RANK") == "1"
             name = "autotune_configs_dp0_rank0.json" if per_rank else "autotune_configs.json"

@@ -13,13 +13,14 @@ from __future__ import annotations
 import os
 import re
 import stat
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
 
 from fi_cache.errors import Refused
 from fi_cache.model import v2
-from fi_cache.versions import VLLM_CACHE_FILE, VLLM_RANK_FILE
+from fi_cache.versions import FLASHINFER_AUTOTUNE_ROOT_ENV, VLLM_CACHE_FILE, VLLM_RANK_FILE
 
 Layout = Literal["vllm", "vllm-override", "file", "v2"]
 
@@ -66,6 +67,16 @@ def classify_file(path: Path) -> Found:
             return Found(path, "v1", "vllm", arch_dir.name, arch_dir.parent.name, rank)
         return Found(path, "v1", "vllm-override", rank=rank)
     return Found(path, "v1", "file", rank=rank)
+
+
+def flashinfer_default_root(environ: Mapping[str, str], home: Path | None = None) -> Path:
+    """FlashInfer's own root for v2 stores (autotune_cache.get_default_cache_root: FlashInfer
+    0.7.2.post1 autotune_cache.py:160-167, jit/env.py:66-70); the store is `<root>/v2/`."""
+    own = environ.get(FLASHINFER_AUTOTUNE_ROOT_ENV)
+    if own:
+        return Path(own)  # FlashInfer does not expand "~" here
+    base = environ.get("FLASHINFER_WORKSPACE_BASE", str(home or Path.home()))
+    return Path(base) / ".cache" / "flashinfer" / "autotune"
 
 
 def is_v2_env_dir(path: Path) -> bool:

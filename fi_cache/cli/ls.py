@@ -2,14 +2,16 @@
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 from typing import Any
 
 import click
 
-from fi_cache.caches.discover import ScanProblem
+from fi_cache.caches.discover import ScanProblem, flashinfer_default_root
 from fi_cache.caches.inventory import Cache, Inventory, scan
 from fi_cache.cli import render
+from fi_cache.model import v2
 from fi_cache.store.namespace import FINALIZE_MODES, NAMESPACES_DIR, namespace_parts
 
 _PATHS = click.argument("paths", nargs=-1, type=click.Path(path_type=Path, readable=False))
@@ -20,8 +22,10 @@ def _ctx() -> Any:
 
 
 def _store_roots(store: Path) -> list[Path]:
-    root = store / NAMESPACES_DIR
-    return [root] if root.is_dir() else []
+    """The store, and FlashInfer's own v2 root (where vLLM 0.33 with one rank and no override
+    dir keeps its cache) when it exists."""
+    roots = [store / NAMESPACES_DIR, flashinfer_default_root(os.environ) / v2.SCHEMA_DIR]
+    return [r for r in roots if r.is_dir()]
 
 
 def _scan(paths: tuple[Path, ...], include_store: bool) -> Inventory:

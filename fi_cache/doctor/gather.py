@@ -13,11 +13,12 @@ from fi_cache.caches.discover import ScanProblem, tmp_leftovers
 from fi_cache.caches.inventory import Cache, scan
 from fi_cache.doctor import CacheView, Inputs, Target
 from fi_cache.doctor.logs import read_log
+from fi_cache.engines.vllm import layout
 from fi_cache.engines.vllm.args import ServeArgs, parse_serve_args
 from fi_cache.engines.vllm.predict import CacheLocation
 from fi_cache.environment import Environment
 from fi_cache.errors import CorruptCache, Refused
-from fi_cache.model import v1
+from fi_cache.model import v1, v2
 from fi_cache.store import manifest as manifests
 from fi_cache.store.namespace import NAMESPACES_DIR, FinalizeMode, Namespace, namespace_parts
 from fi_cache.versions import (
@@ -62,8 +63,15 @@ def make_target(env: Environment, o: Overrides, environ: dict[str, str]) -> Targ
     return Target(fp, vllm_version, supports, finalize)
 
 
-def predicted_vllm_dir(target: Target, environ: dict[str, str]) -> Path:
-    """Where vLLM keeps its cache when nothing else is in charge (domain.md §5)."""
+def predicted_vllm_dir(
+    target: Target, environ: dict[str, str], serve: ServeArgs | None = None
+) -> Path:
+    """Where vLLM keeps its cache when nothing else is in charge (domain.md §5): its v1 dir, or
+    on vLLM 0.33 with one rank FlashInfer's v2 store (engines/vllm/layout.py)."""
+    if serve is not None:
+        fi = target.fingerprint.flashinfer_version
+        if layout.store_kind(target.vllm_version, fi, serve) == "v2":
+            return layout.v2_root(environ) / v2.SCHEMA_DIR
     override = environ.get(VLLM_CACHE_DIR_ENV)
     if override:
         return Path(override).expanduser()
@@ -111,7 +119,7 @@ def gather(
     if location is not None and location.dir:
         predicted = Path(location.dir)  # vLLM's own answer, hash dir included
     else:
-        predicted = predicted_vllm_dir(target, environ)
+        predicted = predicted_vllm_dir(target, environ, serve)
     roots_implicit = [store / NAMESPACES_DIR]
     if predicted.is_dir() and store not in predicted.parents:
         roots_implicit.append(predicted)

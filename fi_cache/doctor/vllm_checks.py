@@ -6,6 +6,7 @@ from collections.abc import Iterator
 
 from fi_cache.doctor import Check, Inputs
 from fi_cache.doctor.findings import Finding
+from fi_cache.engines.vllm import layout
 from fi_cache.engines.vllm.launch import ALTERNATIVES
 from fi_cache.versions import (
     CACHE_SINGLE_RANK_ONLY,
@@ -155,6 +156,12 @@ def removed_env(inp: Inputs) -> Iterator[Finding]:
             )
 
 
+def _v2_by_model(inp: Inputs) -> bool:
+    fi = inp.target.fingerprint.flashinfer_version
+    serve, version = inp.serve, inp.target.vllm_version
+    return serve is not None and layout.store_kind(version, fi, serve) == "v2"
+
+
 def cache_location(inp: Inputs) -> Iterator[Finding]:
     version = parse_version(inp.target.vllm_version)
     if inp.predicted_dir is None or (version is not None and version < VLLM_PERSISTENT_CACHE):
@@ -169,12 +176,16 @@ def cache_location(inp: Inputs) -> Iterator[Finding]:
             "nothing to warm; FlashInfer's tuning needs it installed with vLLM and an SM90+ GPU",
         )  # fmt: skip
         return
-    where = (
-        f"{', '.join(loc.files)} in this dir (computed with {inp.location_from})"
-        if loc is not None and loc.dir
-        else "<dir>/<config hash>/autotune_configs*.json"
-        + (f" ({inp.location_from})" if inp.location_from else "")
-    )
+    how = f" (computed with {inp.location_from})" if inp.location_from else ""
+    if loc.store == "v2" if loc is not None else _v2_by_model(inp):
+        where = (
+            f"FlashInfer's v2 store, <environment hash>/entries/ in this dir{how}: one rank on "
+            "one node, so no vLLM config hash; every argv on this environment shares it"
+        )
+    elif loc is not None and loc.dir:
+        where = f"{', '.join(loc.files)} in this dir{how}"
+    else:
+        where = f"<dir>/<config hash>/autotune_configs*.json{how}"
     yield Finding(
         "cache-location",
         "info",

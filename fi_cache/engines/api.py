@@ -12,8 +12,13 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, ClassVar
 
+from fi_cache.caches.discover import is_v2_env_dir
 from fi_cache.errors import FiCacheError
 from fi_cache.store.manifest import Manifest
+
+
+def _present(path: Path) -> bool:
+    return path.is_file() or is_v2_env_dir(path)
 
 
 class WarmFailed(FiCacheError):
@@ -49,6 +54,7 @@ class Engine(ABC):
         """What makes two warms of one namespace "the same" (recorded as `argv_key`)."""
 
     def is_warm(self, ns_dir: Path, m: Manifest | None, args: Any, finalize: str) -> bool:
-        """A successful warm of these arguments is recorded and its files are still there."""
+        """A successful warm of these arguments is recorded and its caches are still there: v1
+        files, or FlashInfer v2 store dirs (vLLM 0.33 with one rank records its env dir)."""
         last = m.last_warm(self.warm_key(args, finalize)) if m else None
-        return last is not None and all((ns_dir / f.path).is_file() for f in last.files)
+        return last is not None and all(_present(ns_dir / f.path) for f in last.files)

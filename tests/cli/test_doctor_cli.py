@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import HASH_A, HASH_B, MOE_617_FUSED, ROOT
+from tests.conftest import HASH_A, HASH_B, MOE_617_FUSED, ROOT, write_v2_store
 
 TARGET = ["--flashinfer-version", "0.6.17", "--vllm-version", "0.30.0"]
 
@@ -174,6 +174,28 @@ def test_serve_args_and_predicted_cache_dir(run, tmp_path: Path, monkeypatch) ->
     r = run("--format", "json", "doctor", "--vllm-version", "0.30.0", "--", "m")
     [loc] = [f for f in r.json()["findings"] if f["check"] == "cache-location"]
     assert loc["path"].startswith(str(tmp_path / "vc" / "flashinfer_autotune_cache"))
+
+
+def test_vllm_033_with_one_rank_is_pointed_at_flashinfers_v2_store(  # type: ignore[no-untyped-def]
+    run, tmp_path: Path, monkeypatch
+) -> None:
+    """vLLM 0.33, one GPU: no vLLM hash dir, FlashInfer's v2 store at its own root (written here by
+    the real FlashInfer 0.7.2.post1), which doctor scans; two GPUs: back to per-rank v1 files."""
+    root = tmp_path / "fi-root"
+    env_dir = write_v2_store(root)
+    torn = env_dir / "entries" / ("0" * 24 + ".json")
+    torn.write_text('{"key": ')  # a torn entry: FlashInfer treats it as a miss; doctor names it
+    monkeypatch.setenv("FLASHINFER_AUTOTUNE_CACHE_DIR", str(root))
+    monkeypatch.setenv("VLLM_CACHE_ROOT", str(tmp_path / "vc"))
+    target = ("--vllm-version", "0.33.0", "--flashinfer-version", "0.7.2.post1")
+    r = run("--format", "json", "doctor", *target, "--", "m")
+    [loc] = [f for f in r.json()["findings"] if f["check"] == "cache-location"]
+    assert loc["path"] == str(root / "v2") and "FlashInfer's v2 store" in loc["message"]
+    assert str(env_dir) in {f["path"] for f in r.json()["findings"]}  # scanned: the torn entry
+    r = run("--format", "json", "doctor", *target, "--", "m", "-tp", "2")
+    [loc] = [f for f in r.json()["findings"] if f["check"] == "cache-location"]
+    assert loc["path"].startswith(str(tmp_path / "vc" / "flashinfer_autotune_cache"))
+    assert "v2" not in loc["message"]
 
 
 def test_real_flashinfer_log_is_summarised(run) -> None:  # type: ignore[no-untyped-def]

@@ -6,7 +6,7 @@ import os
 import shutil
 from pathlib import Path
 
-from tests.conftest import GEMM_618, HASH_A, MOE_617_FUSED
+from tests.conftest import GEMM_618, HASH_A, MOE_617_FUSED, write_v2_store
 
 LS_FIELDS = {
     "path",
@@ -58,6 +58,19 @@ def test_ls_lists_the_store_too(run, store: Path) -> None:  # type: ignore[no-un
     [c] = run("--format", "json", "ls").json()["caches"]
     assert c["namespace"] == str(ns)
     assert c["finalize"] == "unfused"  # 0.6.17 keys cannot say; the namespace does
+
+
+def test_ls_finds_flashinfers_own_v2_root(run, tmp_path: Path, monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    """vLLM 0.33 with one rank and no override dir leaves the cache in FlashInfer's default root,
+    written here by the real FlashInfer 0.7.2.post1; `ls` needs no path to find it."""
+    root = tmp_path / "fi-root"
+    env_dir = write_v2_store(root)
+    monkeypatch.setenv("FLASHINFER_AUTOTUNE_CACHE_DIR", str(root))
+    [c] = run("--format", "json", "ls").json()["caches"]
+    assert c["path"] == str(env_dir) and c["entries"] == 38 and c["namespace"] is None
+    assert c["flashinfer_version"] == "0.7.2.post1"
+    r = run("ls")
+    assert "other caches" not in r.out and env_dir.name in r.out
 
 
 def test_ls_empty_store_says_so(run) -> None:  # type: ignore[no-untyped-def]

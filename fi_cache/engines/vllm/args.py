@@ -25,6 +25,7 @@ _BOOL_FLAGS = {
     "--enable-flashinfer-autotune",
     "-ep",
     "--headless",
+    "--enable-elastic-ep",
 }
 
 _SIZE_FLAGS = {
@@ -34,9 +35,17 @@ _SIZE_FLAGS = {
     "-dp": "dp",
     "--pipeline-parallel-size": "pp",
     "-pp": "pp",
+    "--nnodes": "nnodes",
+    "-n": "nnodes",
 }
 _AUTOTUNE_OFF_FLAGS = {"--disable-flashinfer-autotune", "--no-enable-flashinfer-autotune"}
 _AUTOTUNE_FALSE = re.compile(r"\"enable_flashinfer_autotune\"\s*:\s*false")
+# vLLM's parser rewrites `--kernel-config.enable_flashinfer_autotune false` (or `=false`) into
+# `--kernel-config '{...}'` (utils/argparse_utils.py 0.25:403-405 ... 0.33:476-478).
+_DOTTED_AUTOTUNE = "--kernel-config.enable_flashinfer_autotune"
+# Only vLLM 0.33 has --disable-flashinfer-autotune (EnableDisableAction, argparse_utils.py:179,
+# arg_utils.py:1839); 0.25-0.32 reject it as an unrecognised argument.
+DISABLE_FLAG = "--disable-flashinfer-autotune"
 
 
 @dataclass(frozen=True)
@@ -50,10 +59,13 @@ class ServeArgs:
     tp: int = 1
     dp: int = 1
     pp: int = 1
+    nnodes: int = 1
+    elastic_ep: bool = False
     expert_parallel: bool = False
     all2all_backend: str | None = None
     moe_backend: str | None = None
     autotune_off: bool = False  # -O0, --disable-flashinfer-autotune, kernel-config false
+    disable_flag: bool = False  # --disable-flashinfer-autotune itself (vLLM 0.33+ only)
     model_at: int | None = None  # index of a positional model in argv (None: --model or none)
 
     @property
@@ -104,6 +116,8 @@ def parse_serve_args(argv: Sequence[str]) -> ServeArgs:
             found[_SIZE_FLAGS[name]] = _int_flag(name, value)
         elif name == "--distributed-executor-backend" and value == "ray":
             found["uses_ray"] = True
+        elif name == "--enable-elastic-ep":
+            found["elastic_ep"] = True
         elif name in ("--enable-expert-parallel", "-ep"):
             found["expert_parallel"] = True
         elif name == "--all2all-backend":
@@ -112,10 +126,12 @@ def parse_serve_args(argv: Sequence[str]) -> ServeArgs:
             found["moe_backend"] = value
         elif (
             name in _AUTOTUNE_OFF_FLAGS
-            or (name in ("-O0", "-O") and (name == "-O0" or value == "0"))
+            or (name in ("-O0", "-O", "--optimization-level") and (name == "-O0" or value == "0"))
             or (name == "--kernel-config" and value and _AUTOTUNE_FALSE.search(value))
+            or (name == _DOTTED_AUTOTUNE and value is not None and value.lower() == "false")
         ):
             found["autotune_off"] = True
+            found["disable_flag"] = found.get("disable_flag") or name == DISABLE_FLAG
         elif not arg.startswith("-") and found["model"] is None:
             found["model"] = arg
             found["model_at"] = i

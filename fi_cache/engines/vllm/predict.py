@@ -24,6 +24,7 @@ CHILD = Path(__file__).with_name("predict_child.py")
 _PATH_ENV = (
     "VLLM_FLASHINFER_AUTOTUNE_CACHE_DIR", "VLLM_CACHE_ROOT", "XDG_CACHE_HOME", "HOME",
     "FLASHINFER_WORKSPACE_BASE", "FLASHINFER_CUDA_ARCH_LIST", "CUDA_VISIBLE_DEVICES", "CUDA_HOME",
+    "FLASHINFER_AUTOTUNE_CACHE_DIR",
 )  # fmt: skip
 
 
@@ -36,6 +37,7 @@ class CacheLocation:
     dir: str | None
     files: tuple[str, ...]
     root_from: str  # "VLLM_FLASHINFER_AUTOTUNE_CACHE_DIR", "VLLM_CACHE_ROOT" or why there is none
+    store: str = "v1"  # "v2": FlashInfer's v2 store at `dir` (vLLM 0.33, one rank), no files
 
     @property
     def paths(self) -> list[Path]:
@@ -79,7 +81,7 @@ def _from_json(data: dict[str, object]) -> CacheLocation:
     return CacheLocation(
         str(data["vllm_version"]), str(data["hash"]),
         None if data["dir"] is None else str(data["dir"]),
-        tuple(str(f) for f in files), str(data["root_from"]),
+        tuple(str(f) for f in files), str(data["root_from"]), str(data.get("store", "v1")),
     )  # fmt: skip
 
 

@@ -67,6 +67,25 @@ def _root(envs: Any) -> tuple[str | None, str]:
     return str(root), "VLLM_CACHE_ROOT"
 
 
+def _v2_root(fac: Any, cfg: Any) -> str | None:
+    """vLLM 0.33: FlashInfer's v2 store root when use_flashinfer_autotune_v2 would hold (its
+    distributed-state tests read from the config: nnodes, tp * pp ranks), else None."""
+    if not hasattr(fac, "use_flashinfer_autotune_v2"):
+        return None
+    from vllm.utils.flashinfer import has_flashinfer_autotune_v2
+
+    par = cfg.parallel_config
+    one_rank = par.tensor_parallel_size * par.pipeline_parallel_size == 1
+    if par.enable_elastic_ep or par.nnodes > 1 or not one_rank or not has_flashinfer_autotune_v2():
+        return None
+    root = fac.resolve_flashinfer_autotune_v2_root()
+    if root is None:
+        from flashinfer.autotune_cache import get_default_cache_root
+
+        root = get_default_cache_root()
+    return str(Path(root) / "v2")
+
+
 def predict(argv: list[str]) -> dict[str, Any]:
     import vllm
     from vllm import envs
@@ -75,6 +94,14 @@ def predict(argv: list[str]) -> dict[str, Any]:
     cfg = _config(argv)
     _build_model_on_meta(cfg)
     digest = fac.flashinfer_autotune_cache_hash(types.SimpleNamespace(vllm_config=cfg))
+    v2 = _v2_root(fac, cfg)
+    if v2 is not None:
+        return {
+            "vllm_version": vllm.__version__, "hash": digest, "root": v2, "dir": v2,
+            "root_from": "VLLM_FLASHINFER_AUTOTUNE_CACHE_DIR or FlashInfer's default root",
+            "files": [], "store": "v2",
+            "moe_layers": list(cfg.compilation_config.static_all_moe_layers),
+        }  # fmt: skip
     root, root_from = _root(envs)
     par = cfg.parallel_config
     world = par.tensor_parallel_size * par.pipeline_parallel_size
@@ -96,6 +123,7 @@ def predict(argv: list[str]) -> dict[str, Any]:
         "root_from": root_from,
         "dir": str(Path(root) / digest) if root else None,
         "files": files,
+        "store": "v1",
         "moe_layers": list(cfg.compilation_config.static_all_moe_layers),
     }
 

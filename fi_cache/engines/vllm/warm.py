@@ -164,8 +164,9 @@ def _run(
         progress.note(f"nothing to tune: {options.nothing_to_tune}")
     elif not files:
         raise WarmFailed(
-            "vLLM became healthy but wrote no autotune cache (FlashInfer autotune off: -O0 or "
-            "--disable-flashinfer-autotune? a model without FlashInfer kernels? vLLM < 0.25?)",
+            "vLLM became healthy but wrote no autotune cache (FlashInfer autotune off: -O0, "
+            "--no-enable-flashinfer-autotune or, on 0.33, --disable-flashinfer-autotune? a model "
+            "without FlashInfer kernels? vLLM < 0.25?)",
             list(server.lines),
         )
     return WarmRecord(

@@ -53,20 +53,23 @@ def _fi(store: Path, *args: str) -> list[str]:
     return [sys.executable, "-m", "fi_cache", "--store", str(store), *args]
 
 
-def _vllm_processes(marker: str) -> list[int]:
-    """Live processes whose command line names `marker` (the tiny model's path)."""
+def _vllm_processes(store: Path) -> list[int]:
+    """Live processes started with this store's namespace as vLLM's cache dir: the API server,
+    engine core and worker (the last two are multiprocessing children whose command lines name
+    no model, but they inherit the environment fi-cache gave vLLM)."""
+    marker = f"VLLM_FLASHINFER_AUTOTUNE_CACHE_DIR={store}/".encode()
     found = []
     for proc in Path("/proc").iterdir():
         if not proc.name.isdigit():
             continue
         try:
-            cmdline = (proc / "cmdline").read_bytes().replace(b"\0", b" ").decode()
+            environ = (proc / "environ").read_bytes()
             state = next(
                 ln for ln in (proc / "status").read_text().splitlines() if ln.startswith("State")
             )
         except (OSError, StopIteration):
             continue
-        if marker in cmdline and "zombie" not in state:
+        if marker in environ and "zombie" not in state:
             found.append(int(proc.name))
     return found
 
@@ -95,7 +98,7 @@ def test_warm_runs_real_vllm_to_health_and_leaves_no_process(
     doc = json.loads(p.stdout)
     assert doc["vllm_version"] == "0.32.0" and doc["files"] == []
     assert "no FlashInfer installed with this vLLM" in doc["nothing_to_tune"]
-    assert _vllm_processes(str(model)) == []  # API server, engine core and worker all gone
+    assert _vllm_processes(store) == []  # API server, engine core and worker all gone
     [manifest] = list((store / "namespaces").rglob("manifest.json"))
     [warm] = json.loads(manifest.read_text())["warms"]
     assert warm["vllm_version"] == "0.32.0" and warm["argv"] == [str(model), *FAST]
@@ -121,7 +124,7 @@ def test_serve_execs_real_vllm_which_sees_no_unknown_variable(
         out, _ = serve.communicate(timeout=120)
     assert "Unknown vLLM environment variable" not in out
     assert serve.returncode in (0, -signal.SIGINT), out[-2000:]  # vLLM's own answer to Ctrl-C
-    assert _vllm_processes(str(model)) == []
+    assert _vllm_processes(store) == []
 
 
 def test_a_failed_start_is_vllms_exit_code_and_its_words(
@@ -140,3 +143,28 @@ def test_a_failed_start_is_vllms_exit_code_and_its_words(
     cmd = _fi(store, "serve", "--no-warm", "--", str(model), "--no-such-flag")
     s = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=300, check=False)
     assert s.returncode == 2, s.stderr[-2000:]
+
+
+def test_ctrl_c_during_a_real_warm_ends_every_vllm_process(
+    model: Path, env: dict[str, str], tmp_path: Path
+) -> None:
+    """Ctrl-C while vLLM is still starting (its engine core and worker already up): fi-cache
+    exits 130, vLLM's three processes end, and no warm is recorded."""
+    store = tmp_path / "store"
+    warm = subprocess.Popen(
+        _fi(store, "warm", "--", str(model), *FAST), env=env, text=True,
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.default_int_handler),
+    )  # fmt: skip
+    deadline = time.monotonic() + 240
+    while len(_vllm_processes(store)) < 3 and time.monotonic() < deadline:
+        time.sleep(0.5)  # API server, engine core, worker
+    assert len(_vllm_processes(store)) >= 3 and warm.poll() is None
+    warm.send_signal(signal.SIGINT)
+    _, err = warm.communicate(timeout=120)
+    assert warm.returncode == 130 and "interrupted" in err, err[-2000:]
+    deadline = time.monotonic() + 10
+    while _vllm_processes(store) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert _vllm_processes(store) == []
+    assert not list((store / "namespaces").rglob("manifest.json"))

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -18,7 +19,14 @@ import pytest
 
 from fi_cache.store import locks
 from fi_cache.store.namespace import NAMESPACES_DIR
-from tests.conftest import H200_ROW, MOE_617_FUSED, MOE_618_FUSED, ROOT, fake_gpu_bin
+from tests.conftest import (
+    H200_ROW,
+    MOE_617_FUSED,
+    MOE_618_FUSED,
+    ROOT,
+    fake_gpu_bin,
+    flashinfer_dir,
+)
 
 FAKE = ROOT / "tests" / "fake_vllm.py"
 MODEL = "Qwen/Qwen3-30B-A3B"
@@ -428,3 +436,24 @@ def test_warmed_files_get_the_read_access_of_the_store(rig: Rig) -> None:
     private = rig.run("--store", str(private_store), "--format", "json", "warm", "--", MODEL)
     [g] = json.loads(private.stdout)["files"]
     assert Path(g["path"]).stat().st_mode & 0o777 == 0o600
+
+
+def test_a_v2_store_is_warm_and_the_second_serve_starts_vllm_once(rig: Rig) -> None:
+    """vLLM 0.33 with one rank keeps FlashInfer's v2 store in the override dir, here written by
+    the real FlashInfer 0.7.2.post1 (the stand-in vLLM calls FlashInfer's own v2 writer)."""
+    fi = flashinfer_dir("0.7.2.post1")
+    env = {"FAKE_VLLM_V2": "1", "PYTHONPATH": f"{rig.env['PYTHONPATH']}{os.pathsep}{fi}"}
+    w = rig.run("--format", "json", "warm", "--", MODEL, **env)
+    assert w.returncode == 0, w.stderr
+    doc = json.loads(w.stdout)
+    [cache] = doc["files"]
+    assert re.search(r"/vllm/v2/[0-9a-f]{16}$", cache["path"]) and cache["entries"] == 32
+    for code in (0, 4):
+        exit_now = {"FAKE_VLLM_MODE": "exit-now", "FAKE_VLLM_EXIT_CODE": str(code)}
+        p = rig.run("serve", "--", MODEL, **env, **exit_now)
+        assert p.returncode == code, p.stderr
+    assert len(rig.starts()) == 3  # one warm, then each serve starts vLLM once
+    listed = rig.run("ls", **env)
+    assert listed.returncode == 0 and cache["path"].split("/")[-1] in listed.stdout
+    doctor = rig.run("doctor", **env)
+    assert doctor.returncode == 0, doctor.stdout + doctor.stderr

@@ -1,0 +1,61 @@
+"""Where a vLLM release keeps FlashInfer's autotune results, modelled from its code: the answer
+fi-cache gives when it cannot ask the vLLM itself (predict.py asks it). Pure: no I/O.
+
+Three shapes (docs/facts.md): one v1 file `<dir>/<config hash>/autotune_configs.json` (0.25-0.31),
+per-rank v1 files `..._dp<D>_rank<R>.json` (0.32+), and on 0.33 for one rank on one node
+FlashInfer's v2 store `<root>/v2/<environment hash>/entries/` with no vLLM hash in the path.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Literal
+
+from fi_cache.caches.discover import flashinfer_default_root
+from fi_cache.engines.vllm.args import ServeArgs
+from fi_cache.versions import (
+    FLASHINFER_V2_STORE,
+    VLLM_CACHE_DIR_ENV,
+    VLLM_CACHE_FILE,
+    VLLM_V2_STORE,
+    Version,
+    parse_version,
+)
+
+Store = Literal["v1", "v2"]
+PER_RANK_FILES = Version.parse("0.32.0")  # kernel_warmup.py 0.32:455-458
+
+
+def store_kind(vllm_version: str | None, flashinfer_version: str | None, args: ServeArgs) -> Store:
+    """v2 where vLLM 0.33's use_flashinfer_autotune_v2 would say so. vLLM's world group is one
+    engine core's tp * pp ranks; data-parallel ranks are separate engine cores (each its own
+    world of one when tp = pp = 1), unless vLLM folds DP into the world group (external
+    launcher), which an argv does not show."""
+    version, fi = parse_version(vllm_version), parse_version(flashinfer_version)
+    if version is None or version < VLLM_V2_STORE:
+        return "v1"
+    if fi is not None and fi < FLASHINFER_V2_STORE:
+        return "v1"  # has_flashinfer_autotune_v2() is False
+    if args.elastic_ep or args.pp > 1 or args.nnodes > 1 or args.tp * args.pp > 1:
+        return "v1"
+    return "v2"
+
+
+def v2_root(environ: Mapping[str, str], home: Path | None = None) -> Path:
+    """The root vLLM 0.33 hands FlashInfer's v2 store (the store is `<root>/v2/`)."""
+    override = environ.get(VLLM_CACHE_DIR_ENV)
+    if override:
+        return Path(override).expanduser()
+    return flashinfer_default_root(environ, home)  # resolve_..._v2_root() None: FlashInfer's
+
+
+def rank_files(vllm_version: str | None, args: ServeArgs) -> list[str]:
+    """The v1 file names one serve writes into its hash dir (every DP rank x world rank)."""
+    version = parse_version(vllm_version)
+    if version is not None and version < PER_RANK_FILES:
+        return [VLLM_CACHE_FILE]
+    stem = VLLM_CACHE_FILE.removesuffix(".json")
+    return [
+        f"{stem}_dp{dp}_rank{r}.json" for dp in range(args.dp) for r in range(args.tp * args.pp)
+    ]

@@ -1,0 +1,70 @@
+"""Where each vLLM release keeps FlashInfer's autotune results when vLLM cannot be asked (the
+model of flashinfer_autotune_cache.py, docs/research/vllm-releases.md Q1)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from fi_cache.engines.vllm.args import parse_serve_args
+from fi_cache.engines.vllm.layout import rank_files, store_kind, v2_root
+
+
+@pytest.mark.parametrize(
+    "vllm, fi, argv, kind",
+    [
+        ("0.33.0", "0.7.2.post1", ["m"], "v2"),  # one GPU: the default case of the newest vLLM
+        ("0.33.0", "0.7.2.post1", ["m", "-dp", "2"], "v2"),  # each DP engine is a world of one
+        ("0.33.0", "0.7.2.post1", ["m", "-tp", "2"], "v1"),  # world size 2
+        ("0.33.0", "0.7.2.post1", ["m", "-pp", "2"], "v1"),
+        ("0.33.0", "0.7.2.post1", ["m", "--nnodes", "2"], "v1"),
+        ("0.33.0", "0.7.2.post1", ["m", "--enable-elastic-ep"], "v1"),
+        ("0.33.0", "0.6.18", ["m"], "v1"),  # no autotune_v2 in FlashInfer 0.6
+        ("0.32.0", "0.7.0.post1", ["m"], "v1"),
+        ("0.33.0", None, ["m"], "v2"),  # FlashInfer unknown: vLLM 0.33's pin has it
+    ],
+)
+def test_store_kind(vllm: str, fi: str | None, argv: list[str], kind: str) -> None:
+    assert store_kind(vllm, fi, parse_serve_args(argv)) == kind
+
+
+def test_v2_root_follows_vllm_then_flashinfer() -> None:
+    home = Path("/home/u")
+    default = home / ".cache/flashinfer/autotune"
+    assert v2_root({}, home) == default
+    ws = {"FLASHINFER_WORKSPACE_BASE": "/ws"}
+    assert v2_root(ws, home) == Path("/ws/.cache/flashinfer/autotune")
+    assert v2_root({"FLASHINFER_AUTOTUNE_CACHE_DIR": "~/a"}, home) == Path("~/a")  # as FlashInfer
+    env = {"VLLM_FLASHINFER_AUTOTUNE_CACHE_DIR": "/ns/vllm", "FLASHINFER_AUTOTUNE_CACHE_DIR": "/a"}
+    assert v2_root(env, home) == Path("/ns/vllm")
+    assert v2_root({"VLLM_FLASHINFER_AUTOTUNE_CACHE_DIR": ""}, home) == default  # "" is unset
+
+
+def test_rank_files() -> None:
+    assert rank_files("0.31.0", parse_serve_args(["m", "-tp", "2"])) == ["autotune_configs.json"]
+    assert rank_files("0.32.0", parse_serve_args(["m", "-tp", "2", "-dp", "2"])) == [
+        "autotune_configs_dp0_rank0.json", "autotune_configs_dp0_rank1.json",
+        "autotune_configs_dp1_rank0.json", "autotune_configs_dp1_rank1.json",
+    ]  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    "argv",
+    [
+        ["m", "-O0"], ["m", "-O", "0"], ["m", "-O=0"], ["m", "--optimization-level", "0"],
+        ["m", "--optimization-level=0"], ["m", "--no-enable-flashinfer-autotune"],
+        ["m", "--kernel-config.enable_flashinfer_autotune", "false"],
+        ["m", "--kernel-config.enable_flashinfer_autotune=false"],
+        ["m", "--kernel-config", '{"enable_flashinfer_autotune": false}'],
+    ],
+)  # fmt: skip
+def test_every_spelling_of_autotune_off(argv: list[str]) -> None:
+    parsed = parse_serve_args(argv)
+    assert parsed.autotune_off and not parsed.disable_flag and parsed.model == "m"
+
+
+def test_the_033_only_flag_is_told_apart() -> None:
+    parsed = parse_serve_args(["m", "--disable-flashinfer-autotune"])
+    assert parsed.autotune_off and parsed.disable_flag
+    assert not parse_serve_args(["m", "-O3"]).autotune_off
