@@ -15,6 +15,7 @@ import importlib.metadata as md
 import json
 import os
 import re
+import shutil
 import subprocess
 import sys
 from dataclasses import dataclass, field, replace
@@ -224,6 +225,24 @@ def vllm_info(dists: Dists) -> VllmInfo:
     return VllmInfo(found[1] if found else None, envs[0] if envs else None, supports)
 
 
+def nvcc_cuda_version(environ: dict[str, str]) -> str | None:
+    """The CUDA version FlashInfer reads first, nvcc's (jit/cpp_ext.py 0.7.2.post1 :48-87:
+    $CUDA_HOME, $CUDA_PATH, `which nvcc`, /usr/local/cuda); None: FlashInfer uses torch's."""
+    home = environ.get("CUDA_HOME") or environ.get("CUDA_PATH")
+    if home is None:
+        found = shutil.which("nvcc", path=environ.get("PATH"))
+        home = str(Path(found).parent.parent) if found else "/usr/local/cuda"
+    try:
+        out = subprocess.run(
+            [os.path.join(home, "bin", "nvcc"), "--version"],
+            capture_output=True, text=True, timeout=10, check=True,
+        )  # fmt: skip
+    except (OSError, subprocess.SubprocessError):
+        return None
+    m = re.search(r"release (\d+\.\d+),", out.stdout)
+    return m.group(1) if m else None
+
+
 def probe(dists: Dists | None = None) -> Environment:
     """Everything detectable cheaply (well under a second, no heavy imports); the packages as
     `dists` lists them (default: this interpreter's)."""
@@ -256,7 +275,11 @@ def probe(dists: Dists | None = None) -> Environment:
     if gpus:
         take("gpu", gpus[0].name, "nvidia-smi")  # FlashInfer records the current (first) device
         arch_list = os.environ.get("FLASHINFER_CUDA_ARCH_LIST")
-        arch = vllm_arch([g.compute_cap for g in gpus], values.get("cuda_version"), arch_list)
+        caps = [g.compute_cap for g in gpus]
+        cuda = values.get("cuda_version")
+        if any(c.startswith("12.") for c in caps):  # only SM12x names depend on the CUDA version
+            cuda = nvcc_cuda_version(dict(os.environ)) or cuda
+        arch = vllm_arch(caps, cuda, arch_list)
         take("arch", arch, "FLASHINFER_CUDA_ARCH_LIST" if arch_list else "nvidia-smi")
     fingerprint = Fingerprint(**{k: v for k, v in values.items() if v is not None})
     return Environment(

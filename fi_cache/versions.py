@@ -255,36 +255,55 @@ FLASHINFER_AUTOTUNE_ROOT_ENV = "FLASHINFER_AUTOTUNE_CACHE_DIR"
 VLLM_DISABLE_AUTOTUNE_FLAG = V("0.33.0")
 
 
-def _arch_name(major: int, minor: str, cuda: Version | None) -> str:
-    if minor and not minor.isdigit():
-        return f"{major}{minor}"  # an explicit suffix ("12.1a") is kept as written
-    # compilation_context._normalize_cuda_arch (FlashInfer 0.6.14-0.7.2.post1): SM90+ get the
-    # arch-specific "a"; SM120 gets the family "f" on CUDA >= 12.9 (FlashInfer 0.7.2 gives "120a"
-    # on CUDA 12.8). Run by hand on FlashInfer's code with a stubbed torch, see docs/facts.md.
-    if major < 9:
-        return f"{major}{minor}"
-    if (major, minor) == (12, "0") and (cuda is None or cuda >= V("12.9")):
-        return "120f"
-    return f"{major}{minor}a"
+class ArchUnknown(ValueError):
+    """FlashInfer itself gets no arch here (it raises, or its detection gives up)."""
+
+
+def _arch_name(major: int, minor: str, cuda: Version | None) -> tuple[int, str]:
+    """compilation_context._normalize_cuda_arch (FlashInfer 0.7.2.post1 :81-109; 0.6.16-0.6.18
+    :61): SM9x "a"; SM120 "f" from CUDA 12.9, "a" on 12.8 (0.7.2rc3+; 0.6.x and 0.7.0 raise
+    below 12.9, not modelled), raise below; SM121+ "a" from CUDA 12.9, raise below; SM10+ "a";
+    below SM90 none. `cuda` is nvcc's version, else torch's (jit/cpp_ext.py:68-87)."""
+    if major == 9 or (major >= 10 and major != 12):
+        return major, f"{minor}a"
+    if major == 12:
+        if minor == "0" and (cuda is None or cuda >= V("12.9")):
+            return major, "0f"
+        if minor == "0" and cuda is not None and cuda >= V("12.8"):
+            return major, "0a"
+        if minor != "0" and (cuda is None or cuda >= V("12.9")):
+            return major, f"{minor}a"
+        raise ArchUnknown(f"SM12{minor} needs CUDA >= {'12.8' if minor == '0' else '12.9'}")
+    return major, minor
 
 
 def vllm_arch(
     compute_caps: list[str], cuda_version: str | None = None, arch_list: str | None = None
 ) -> str | None:
-    """vLLM's arch dir level. vLLM copies the last level of FlashInfer's JIT workspace dir:
-    the normalised capabilities of every visible GPU (or `FLASHINFER_CUDA_ARCH_LIST`, which
-    overrides detection), distinct, sorted by major then minor, joined by "_" ("80_90a_100a")."""
+    """vLLM's arch dir level: the last level of FlashInfer's JIT workspace dir (jit/env.py
+    0.7.2.post1 :382-391): the set of normalised capabilities of every visible GPU, or of
+    `FLASHINFER_CUDA_ARCH_LIST` (split on single spaces; an explicit suffix is kept: "9.0 9.0a"
+    is one arch, "90a"), sorted by (major, minor), joined by "_" ("80_90a_100a"). None where
+    FlashInfer gets none: a malformed list (its import raises), or a GPU it cannot normalise
+    (detection stops at the first such GPU, compilation_context.py :128-133)."""
     cuda = parse_version(cuda_version)
-    caps = arch_list.split() if arch_list else compute_caps
     names: set[tuple[int, str]] = set()
-    for cap in caps:
-        major, _, minor = cap.strip().partition(".")
-        if not major.isdigit():
-            continue
-        names.add((int(major), minor or "0"))
+    for cap in arch_list.split(" ") if arch_list is not None else compute_caps:
+        major, dot, minor = cap.partition(".")
+        if not (major.isdigit() and dot and minor):
+            return None  # FlashInfer: int() or unpacking raises at import
+        try:
+            if minor[-1].isalpha() and arch_list is not None:
+                names.add((int(major), minor))
+            else:
+                names.add(_arch_name(int(major), minor, cuda))
+        except ArchUnknown:
+            if arch_list is not None:
+                return None  # raised at FlashInfer's import
+            break  # the detection loop's except: the GPUs before this one stay
     if not names:
         return None
-    return "_".join(_arch_name(ma, mi, cuda) for ma, mi in sorted(names))
+    return "_".join(f"{ma}{mi}" for ma, mi in sorted(names))
 
 
 # --- Known-bad vLLM configurations (doctor) -----------------------------------------------------
@@ -321,6 +340,12 @@ DOUBLE_REDUCE_BACKENDS = frozenset(
 # tuning all-reduce (kernel_warmup.py 0.27:278-298 ... 0.31:449-482). 0.32 has per-rank files and
 # loads only when every rank has a matching one (kernel_warmup.py:394-401, 453-476, PR #57635).
 WARM_CACHE_HANG = VersionRange(V("0.27.0"), V("0.32.0"), "vLLM issues #57423, #54618")
+# A read-only cache dir fails vLLM's start where it writes the file whatever it loaded: 0.25/0.26
+# rewrite it after loading (kernel_warmup.py 0.25:204, 0.26:263), 0.27-0.31 every rank rewrites
+# it before loading (0.27:280 ... 0.31:451). 0.32/0.33 save only after tuning something (0.32
+# :503-504, 0.33 :531-532): fully warm, they survive; 0.33's v2 store always does (FlashInfer
+# logs the failed write and goes on, autotune_cache.py 0.7.2.post1 :359-386).
+READ_ONLY_FAILS = VersionRange(V("0.25.0"), V("0.32.0"), "kernel_warmup.py 0.25-0.31")
 # The persistent cache is used only with world size 1 (no log line says so).
 CACHE_SINGLE_RANK_ONLY = VersionRange(V("0.25.0"), V("0.27.0"), "kernel_warmup.py 0.25-0.26")
 # First vLLM with a persistent FlashInfer autotune cache at all.

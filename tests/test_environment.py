@@ -11,6 +11,7 @@ import pytest
 
 from fi_cache import environment as envmod
 from fi_cache.environment import Gpu
+from tests.conftest import fake_gpu_bin
 
 SMI = """0, GPU-11111111-aaaa, NVIDIA H200, 9.0
 1, GPU-22222222-bbbb, NVIDIA H200, 9.0
@@ -144,3 +145,21 @@ def test_the_real_vllm_venvs_packages_name_the_environment() -> None:
     assert env.vllm.version == "0.32.0" and env.vllm.supports_finalize_env is False
     assert env.vllm.envs_path and env.vllm.envs_path.startswith(str(Path(python).parent.parent))
     assert env.torch_version == "2.13.0+cpu"
+
+
+def test_an_sm120_host_names_its_arch_from_nvcc_first(tmp_path: Path, monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    """FlashInfer reads nvcc's CUDA version before torch's: an RTX PRO 6000 (SM120) with a CUDA
+    12.8 toolkit is "120a" even when torch says 13.0, "120f" with nvcc 12.9."""
+    row = "0, GPU-5678, NVIDIA RTX PRO 6000 Blackwell Server Edition, 12.0"
+    bin_dir = fake_gpu_bin(tmp_path / "bin", row)
+    cuda = tmp_path / "cuda"
+    (cuda / "bin").mkdir(parents=True)
+    nvcc = cuda / "bin" / "nvcc"
+    monkeypatch.setenv("PATH", f"{bin_dir}{os.pathsep}{os.environ['PATH']}")
+    monkeypatch.setenv("CUDA_HOME", str(cuda))
+    monkeypatch.delenv("FLASHINFER_CUDA_ARCH_LIST", raising=False)
+    for release, arch in (("12.8", "120a"), ("12.9", "120f")):
+        say = f"Cuda compilation tools, release {release}, V{release}.41"
+        nvcc.write_text(f"#!/bin/sh\necho '{say}'\n")
+        nvcc.chmod(0o755)
+        assert envmod.probe().fingerprint.arch == arch

@@ -2,6 +2,12 @@
 
 from __future__ import annotations
 
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
 import pytest
 
 from fi_cache.versions import (
@@ -11,6 +17,7 @@ from fi_cache.versions import (
     parse_version,
     vllm_arch,
 )
+from tests.conftest import flashinfer_dir
 
 
 @pytest.mark.parametrize(
@@ -59,6 +66,10 @@ def test_finalize_boundary_is_0_6_18rc2() -> None:
         (["12.1"], "13.0", None, "121a"),
         (["9.0"], "13.0", "9.0 10.0a", "90a_100a"),
         (["9.0"], "13.0", "12.1a", "121a"),
+        (["9.0"], "13.0", "9.0 9.0a", "90a"),  # one arch, as FlashInfer's set has it
+        (["12.0"], "12.6", None, None),  # FlashInfer raises inside detection: no arch
+        (["9.0", "12.1"], "12.8", None, "90a"),  # detection stops at the GPU it cannot name
+        (["9.0"], "13.0", "9.0  10.0", None),  # a double space: FlashInfer's import raises
         ([], None, None, None),
     ],
 )
@@ -77,3 +88,45 @@ def test_version_ranges_read_in_the_wheels() -> None:
     # vLLM 0.32 already gates loading on every rank having a matching per-rank file.
     assert V("0.31.0") in WARM_CACHE_HANG and V("0.32.0") not in WARM_CACHE_HANG
     assert V("0.15.1") in DOUBLE_REDUCE and V("0.22.0") not in DOUBLE_REDUCE
+
+
+_FI_ARCH = """
+import json, os, sys
+from flashinfer.compilation_context import CompilationContext
+from flashinfer.jit import cpp_ext
+out = []
+for arch_list, cuda in json.loads(sys.argv[1]):
+    os.environ["FLASHINFER_CUDA_ARCH_LIST"] = arch_list
+    with open(os.path.join(os.environ["CUDA_HOME"], "bin", "nvcc"), "w") as f:
+        f.write(f"#!/bin/sh\\necho 'Cuda compilation tools, release {cuda}, V{cuda}.0'\\n")
+    os.chmod(os.path.join(os.environ["CUDA_HOME"], "bin", "nvcc"), 0o755)
+    cpp_ext.get_cuda_version.cache_clear()
+    try:
+        archs = CompilationContext().TARGET_CUDA_ARCHS
+        out.append("_".join(f"{ma}{mi}" for ma, mi in sorted(archs)) or None)
+    except Exception:
+        out.append(None)
+print(json.dumps(out))
+"""
+
+
+def test_vllm_arch_agrees_with_flashinfers_own_code(tmp_path: Path) -> None:
+    """FlashInfer 0.7.2.post1's CompilationContext, run on CPU with FLASHINFER_CUDA_ARCH_LIST and
+    an nvcc that reports the CUDA version (nvcc's is read before torch's), names the same arch."""
+    cases = [
+        ("9.0", "13.0"), ("9.0 9.0a", "13.0"), ("8.0 9.0 10.0", "12.8"), ("10.3", "13.0"),
+        ("12.0", "13.0"), ("12.0", "12.9"), ("12.0", "12.8"), ("12.0", "12.6"),
+        ("12.1", "12.9"), ("12.1", "12.8"), ("12.1a", "12.0"), ("9.0  10.0", "13.0"),
+    ]  # fmt: skip
+    (tmp_path / "cuda" / "bin").mkdir(parents=True)
+    env = {
+        **os.environ, "PYTHONPATH": str(flashinfer_dir("0.7.2.post1")),
+        "CUDA_HOME": str(tmp_path / "cuda"),
+    }  # fmt: skip
+    out = subprocess.run(
+        [sys.executable, "-c", _FI_ARCH, json.dumps(cases)],
+        env=env, capture_output=True, text=True, timeout=120, check=True,
+    )  # fmt: skip
+    theirs = json.loads(out.stdout.strip().splitlines()[-1])
+    ours = [vllm_arch([], cuda, arch_list) for arch_list, cuda in cases]
+    assert ours == theirs

@@ -87,6 +87,13 @@ def serve_command(
         render.warn(f"{f.severity} {f.check}: {f.path}: {f.message}\n    fix: {f.fix}")
     if errors and not force:
         raise FiCacheError(f"pre-flight found {len(errors)} error(s); fix them or pass --force")
+    if not _writable(ns_dir if ns_dir.is_dir() else ctx.store):
+        from fi_cache.engines.vllm.layout import read_only_problem
+
+        if (problem := read_only_problem(env.vllm.version, args)) and not force:
+            raise Refused(f"{problem} (or pass --force)", str(ns_dir))
+        if problem:
+            render.warn(f"{problem} (going on: --force)")
     if not engine.is_warm(ns_dir, m, args, finalize):
         if do_warm:
             run_vllm_warm(ns, env, vllm_args, vllm_path, timeout, None)
@@ -108,6 +115,12 @@ def serve_command(
         os.execve(cmd[0], cmd, launch_env)
     except OSError as exc:
         raise Refused(f"cannot run vLLM: {exc.strerror}", launcher.executable) from None
+
+
+def _writable(path: Path) -> bool:
+    while not path.exists() and path != path.parent:
+        path = path.parent
+    return os.access(path, os.W_OK)
 
 
 def _touch(ns_dir: Path) -> None:

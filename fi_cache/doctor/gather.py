@@ -75,10 +75,7 @@ def predicted_vllm_dir(
     override = environ.get(VLLM_CACHE_DIR_ENV)
     if override:
         return Path(override).expanduser()
-    root_env = environ.get("VLLM_CACHE_ROOT")
-    xdg = environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
-    root = Path(root_env).expanduser() if root_env else Path(xdg) / "vllm"
-    base = root / VLLM_CACHE_SUBDIR
+    base = Path(layout.vllm_cache_root(environ)) / VLLM_CACHE_SUBDIR
     fp = target.fingerprint
     if fp.flashinfer_version and fp.arch:
         return base / fp.flashinfer_version / fp.arch

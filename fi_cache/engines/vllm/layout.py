@@ -8,6 +8,7 @@ FlashInfer's v2 store `<root>/v2/<environment hash>/entries/` with no vLLM hash 
 
 from __future__ import annotations
 
+import os
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Literal
@@ -15,7 +16,9 @@ from typing import Literal
 from fi_cache.caches.discover import flashinfer_default_root
 from fi_cache.engines.vllm.args import ServeArgs
 from fi_cache.versions import (
+    CACHE_SINGLE_RANK_ONLY,
     FLASHINFER_V2_STORE,
+    READ_ONLY_FAILS,
     VLLM_CACHE_DIR_ENV,
     VLLM_CACHE_FILE,
     VLLM_V2_STORE,
@@ -50,6 +53,14 @@ def v2_root(environ: Mapping[str, str], home: Path | None = None) -> Path:
     return flashinfer_default_root(environ, home)  # resolve_..._v2_root() None: FlashInfer's
 
 
+def vllm_cache_root(environ: Mapping[str, str]) -> str:
+    """VLLM_CACHE_ROOT as vLLM reads it (envs.py 0.25:644 ... 0.33:714, get_default_cache_root
+    0.33:340): an empty value counts as set (so "" or "vllm", relative to the worker's cwd),
+    and one expanduser on the result, so "~" in XDG_CACHE_HOME is expanded too."""
+    xdg = environ.get("XDG_CACHE_HOME", os.path.join(os.path.expanduser("~"), ".cache"))
+    return os.path.expanduser(environ.get("VLLM_CACHE_ROOT", os.path.join(xdg, "vllm")))
+
+
 def rank_files(vllm_version: str | None, args: ServeArgs) -> list[str]:
     """The v1 file names one serve writes into its hash dir (every DP rank x world rank)."""
     version = parse_version(vllm_version)
@@ -59,3 +70,18 @@ def rank_files(vllm_version: str | None, args: ServeArgs) -> list[str]:
     return [
         f"{stem}_dp{dp}_rank{r}.json" for dp in range(args.dp) for r in range(args.tp * args.pp)
     ]
+
+
+def read_only_problem(vllm_version: str | None, args: ServeArgs) -> str | None:
+    """Why this vLLM fails on a read-only cache dir even when the namespace is fully warm; None
+    when it survives (0.32+, or 0.25/0.26 with more than one rank, which use no cache)."""
+    version = parse_version(vllm_version)
+    if version is None or version not in READ_ONLY_FAILS:
+        return None
+    if version in CACHE_SINGLE_RANK_ONLY and args.world_size > 1:
+        return None
+    return (
+        f"vLLM {version} writes its autotune file at every start, warm or not "
+        f"({READ_ONLY_FAILS.source}), so it fails on a read-only store; vLLM 0.32+ starts from "
+        "a fully warm read-only store"
+    )

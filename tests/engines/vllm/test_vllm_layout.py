@@ -3,12 +3,15 @@ model of flashinfer_autotune_cache.py, docs/research/vllm-releases.md Q1)."""
 
 from __future__ import annotations
 
+import json
+import os
+import subprocess
 from pathlib import Path
 
 import pytest
 
 from fi_cache.engines.vllm.args import parse_serve_args
-from fi_cache.engines.vllm.layout import rank_files, store_kind, v2_root
+from fi_cache.engines.vllm.layout import rank_files, store_kind, v2_root, vllm_cache_root
 
 
 @pytest.mark.parametrize(
@@ -68,3 +71,42 @@ def test_the_033_only_flag_is_told_apart() -> None:
     parsed = parse_serve_args(["m", "--disable-flashinfer-autotune"])
     assert parsed.autotune_off and parsed.disable_flag
     assert not parse_serve_args(["m", "-O3"]).autotune_off
+
+
+def test_vllm_cache_root_as_vllm_reads_it(monkeypatch: pytest.MonkeyPatch) -> None:
+    """envs.py: an empty value is set (relative paths follow), one expanduser at the end."""
+    monkeypatch.setenv("HOME", "/home/u")
+    assert vllm_cache_root({}) == "/home/u/.cache/vllm"
+    assert vllm_cache_root({"XDG_CACHE_HOME": "~/x"}) == "/home/u/x/vllm"
+    assert vllm_cache_root({"XDG_CACHE_HOME": ""}) == "vllm"
+    assert vllm_cache_root({"VLLM_CACHE_ROOT": ""}) == ""
+    assert vllm_cache_root({"VLLM_CACHE_ROOT": "~/v", "XDG_CACHE_HOME": "/x"}) == "/home/u/v"
+    assert vllm_cache_root({"VLLM_CACHE_ROOT": "$HOME/v"}) == "$HOME/v"  # no variable expansion
+
+
+_VLLM_ROOT = """
+import json, os, sys
+from vllm import envs
+out = []
+for case in json.loads(sys.argv[1]):
+    for k in ("VLLM_CACHE_ROOT", "XDG_CACHE_HOME"):
+        os.environ.pop(k, None)
+    os.environ.update(case)
+    out.append(envs.VLLM_CACHE_ROOT)
+print(json.dumps(out))
+"""
+
+
+@pytest.mark.skipif(not os.environ.get("FI_CACHE_TEST_VLLM_PYTHON"), reason="no vLLM venv")
+def test_vllm_cache_root_agrees_with_real_vllm() -> None:
+    cases = [
+        {}, {"XDG_CACHE_HOME": "~/x"}, {"XDG_CACHE_HOME": ""}, {"VLLM_CACHE_ROOT": ""},
+        {"VLLM_CACHE_ROOT": "~/v", "XDG_CACHE_HOME": "/x"}, {"VLLM_CACHE_ROOT": "$HOME/v"},
+        {"XDG_CACHE_HOME": "rel"},
+    ]  # fmt: skip
+    env = {k: v for k, v in os.environ.items() if k not in ("VLLM_CACHE_ROOT", "XDG_CACHE_HOME")}
+    out = subprocess.run(
+        [os.environ["FI_CACHE_TEST_VLLM_PYTHON"], "-c", _VLLM_ROOT, json.dumps(cases)],
+        env=env, capture_output=True, text=True, timeout=120, check=True,
+    )  # fmt: skip
+    assert json.loads(out.stdout.strip().splitlines()[-1]) == [vllm_cache_root(c) for c in cases]

@@ -384,8 +384,21 @@ def test_serve_works_on_a_prewarmed_read_only_store(rig: Rig) -> None:
         cold = rig.run("warm", "--", "other/model")
         assert cold.returncode == 2 and "Read-only file system" in cold.stderr
         assert "Traceback" not in cold.stderr
+        # vLLM 0.30 rewrites its file at every start: refused before it starts, not a crash later
+        old = rig.run("serve", "--", MODEL, **_vllm_dist(rig, "0.30.0"))
+        assert old.returncode == 2 and "vLLM 0.30.0 writes its autotune file" in old.stderr
+        assert len(rig.starts()) == 2
     finally:
         subprocess.run(["umount", str(rig.store)], check=False)
+
+
+def _vllm_dist(rig: Rig, version: str) -> dict[str, str]:
+    """fi-cache sees vLLM `version` installed (a dist-info, nothing to import)."""
+    site = rig.record / f"site-vllm-{version}"
+    meta = site / f"vllm-{version}.dist-info"
+    meta.mkdir(parents=True, exist_ok=True)
+    (meta / "METADATA").write_text(f"Metadata-Version: 2.1\nName: vllm\nVersion: {version}\n")
+    return {"PYTHONPATH": f"{rig.env['PYTHONPATH']}{os.pathsep}{site}"}
 
 
 def _cannot_write(path: Path) -> bool:
