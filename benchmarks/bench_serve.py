@@ -4,6 +4,12 @@ Measures wall time of the stand-in vLLM (tests/fake_vllm.py, FAKE_VLLM_MODE=exit
 its start and exits at once) run directly, versus through `fi-cache serve` on a namespace warmed
 first. The difference is fi-cache's overhead: interpreter start-up, imports, environment probe,
 manifest and pre-flight, exec. Run: .venv/bin/python benchmarks/bench_serve.py [--runs N]
+
+`--launcher python` measures the common install instead: fi-cache in its own venv, vLLM in
+another, `FI_CACHE_VLLM` naming that venv's Python. fi-cache then reads vLLM's packages in a child
+of that interpreter and runs `PYTHON -m vllm.entrypoints.openai.api_server --model M`. The other
+venv holds a stand-in `vllm` package (a dist-info and an api_server module that runs the same
+stand-in), so only fi-cache's side is measured.
 """
 
 from __future__ import annotations
@@ -29,17 +35,45 @@ def timed(cmd: list[str], env: dict[str, str]) -> float:
     return time.perf_counter() - start
 
 
+_API_SERVER = """import runpy, sys
+argv = sys.argv[1:]
+i = argv.index("--model")
+sys.argv = [{fake!r}, "serve", argv[i + 1], *argv[:i], *argv[i + 2 :]]
+runpy.run_path({fake!r}, run_name="__main__")
+"""
+
+
+def vllm_venv(tmp: str) -> Path:
+    """A venv whose `vllm` is the stand-in: returns its Python."""
+    venv = Path(tmp, "vllm-venv")
+    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(venv)], check=True)
+    [site] = venv.glob("lib/python*/site-packages")
+    meta = site / "vllm-0.32.0.dist-info"
+    meta.mkdir()
+    (meta / "METADATA").write_text("Metadata-Version: 2.1\nName: vllm\nVersion: 0.32.0\n")
+    pkg = site / "vllm" / "entrypoints" / "openai"
+    pkg.mkdir(parents=True)
+    for d in (site / "vllm", site / "vllm" / "entrypoints", pkg):
+        (d / "__init__.py").write_text("")
+    (site / "vllm" / "envs.py").write_text("environment_variables = {}\n")
+    (pkg / "api_server.py").write_text(_API_SERVER.format(fake=str(FAKE)))
+    return venv / "bin" / "python"
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--runs", type=int, default=15)
-    runs = parser.parse_args().runs
+    parser.add_argument("--launcher", choices=["script", "python"], default="script")
+    opts = parser.parse_args()
+    runs = opts.runs
     with tempfile.TemporaryDirectory(prefix="fi-cache-bench-serve-") as tmp:
         wrapper = Path(tmp, "vllm")
         wrapper.write_text(f'#!/bin/sh\nexec "{sys.executable}" "{FAKE}" "$@"\n')
         wrapper.chmod(0o755)
+        python = vllm_venv(tmp) if opts.launcher == "python" else None
         env = {
             **os.environ,
-            "FI_CACHE_VLLM": str(wrapper),
+            "FI_CACHE_VLLM": str(python or wrapper),
             "FAKE_VLLM_CACHE_SOURCE": str(FIXTURE),
             "PYTHONPATH": str(ROOT),
         }
@@ -47,6 +81,8 @@ def main() -> None:
         subprocess.run([*fi, "warm", "--", MODEL], env=env, check=True, capture_output=True)
         now = {**env, "FAKE_VLLM_MODE": "exit-now"}
         direct_cmd = [str(wrapper), "serve", MODEL]
+        if python is not None:
+            direct_cmd = [str(python), "-m", "vllm.entrypoints.openai.api_server", "--model", MODEL]
         serve_cmd = [*fi, "serve", "--", MODEL]
         timed(direct_cmd, now), timed(serve_cmd, now)  # warm-up
         direct, served = [], []
@@ -54,6 +90,7 @@ def main() -> None:
             direct.append(timed(direct_cmd, now))
             served.append(timed(serve_cmd, now))
     d, s = statistics.median(direct), statistics.median(served)
+    print(f"launcher: {opts.launcher}")
     print(
         f"stand-in vLLM directly     median {d * 1000:7.1f} ms  (min {min(direct) * 1000:.1f}, "
         f"max {max(direct) * 1000:.1f}, n={runs})"

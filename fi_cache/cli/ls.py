@@ -70,11 +70,13 @@ def _problem_json(p: ScanProblem) -> dict[str, str]:
 
 @click.command("ls")
 @_PATHS
-@click.option("--no-store", is_flag=True, help="Only the given paths, not the fi-cache store.")
+@click.option(
+    "--no-store", is_flag=True, help="Only the given paths: not the store, not FlashInfer's root."
+)
 @click.option("-l", "--long", "long_", is_flag=True, help="Add size, modified time and ops.")
 @click.option("--paths", "paths_only", is_flag=True, help="Print only paths, one per line.")
 def ls_command(paths: tuple[Path, ...], no_store: bool, long_: bool, paths_only: bool) -> int:
-    """List caches in the store and under PATHS (files, vLLM cache roots, v2 stores)."""
+    """List caches in the store, FlashInfer's v2 root and PATHS (files, vLLM roots, v2 stores)."""
     ctx = _ctx()
     inv = _scan(paths, include_store=not no_store)
     rows = [summary(c, ctx.store) for c in inv.caches]
