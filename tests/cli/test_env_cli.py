@@ -2,10 +2,9 @@
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
 
-import pytest
+from tests.conftest import VLLM_PYTHON, needs_vllm
 
 
 def test_env_json_names_a_namespace_per_finalize_mode(run, store: Path) -> None:  # type: ignore[no-untyped-def]
@@ -29,11 +28,11 @@ def test_a_relative_store_works(run, tmp_path: Path, monkeypatch) -> None:  # ty
     assert r.json()["store"] == str(tmp_path / "rel-store")
 
 
-@pytest.mark.skipif(not os.environ.get("FI_CACHE_TEST_VLLM_PYTHON"), reason="no vLLM venv")
+@needs_vllm
 def test_env_reads_the_vllm_of_another_venv(run, monkeypatch) -> None:  # type: ignore[no-untyped-def]
     """fi-cache in its own venv, vLLM in another (the usual install): `env` reports that vLLM,
     read from the interpreter its `vllm` script names, not "not installed"."""
-    python = Path(os.environ["FI_CACHE_TEST_VLLM_PYTHON"])
+    python = Path(VLLM_PYTHON)
     monkeypatch.setenv("FI_CACHE_VLLM", str(python.parent / "vllm"))
     doc = run("--format", "json", "env", "--no-exact").json()
     assert doc["python"] == str(python)

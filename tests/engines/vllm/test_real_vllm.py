@@ -21,10 +21,10 @@ from pathlib import Path
 import pytest
 
 from fi_cache.engines.vllm.launch import free_port
-from tests.conftest import ROOT
+from tests.conftest import ROOT, VLLM_PYTHON, needs_vllm
 
-PYTHON = os.environ.get("FI_CACHE_TEST_VLLM_PYTHON", "")
-pytestmark = pytest.mark.skipif(not PYTHON, reason="no vLLM venv (scripts/test.sh builds it)")
+PYTHON = VLLM_PYTHON
+pytestmark = needs_vllm
 FAST = ["--load-format", "dummy", "--enforce-eager", "--max-model-len", "256"]
 
 

@@ -12,6 +12,7 @@ import pytest
 
 from fi_cache.engines.vllm.args import parse_serve_args
 from fi_cache.engines.vllm.layout import rank_files, store_kind, v2_root, vllm_cache_root
+from tests.conftest import VLLM_PYTHON, needs_vllm
 
 
 @pytest.mark.parametrize(
@@ -97,7 +98,7 @@ print(json.dumps(out))
 """
 
 
-@pytest.mark.skipif(not os.environ.get("FI_CACHE_TEST_VLLM_PYTHON"), reason="no vLLM venv")
+@needs_vllm
 def test_vllm_cache_root_agrees_with_real_vllm() -> None:
     cases = [
         {}, {"XDG_CACHE_HOME": "~/x"}, {"XDG_CACHE_HOME": ""}, {"VLLM_CACHE_ROOT": ""},
@@ -106,7 +107,7 @@ def test_vllm_cache_root_agrees_with_real_vllm() -> None:
     ]  # fmt: skip
     env = {k: v for k, v in os.environ.items() if k not in ("VLLM_CACHE_ROOT", "XDG_CACHE_HOME")}
     out = subprocess.run(
-        [os.environ["FI_CACHE_TEST_VLLM_PYTHON"], "-c", _VLLM_ROOT, json.dumps(cases)],
+        [VLLM_PYTHON, "-c", _VLLM_ROOT, json.dumps(cases)],
         env=env, capture_output=True, text=True, timeout=120, check=True,
     )  # fmt: skip
     assert json.loads(out.stdout.strip().splitlines()[-1]) == [vllm_cache_root(c) for c in cases]

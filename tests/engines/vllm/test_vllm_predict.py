@@ -13,6 +13,7 @@ import json
 import os
 import signal
 import subprocess
+import sys
 import time
 import urllib.request
 from pathlib import Path
@@ -21,11 +22,10 @@ import pytest
 
 from fi_cache.engines.vllm.launch import free_port
 from fi_cache.engines.vllm.predict import predict
-from fi_cache.errors import Refused
-from tests.conftest import ROOT
+from fi_cache.errors import FiCacheError, Refused
+from tests.conftest import ROOT, VLLM_PYTHON, needs_vllm
 
-PYTHON = os.environ.get("FI_CACHE_TEST_VLLM_PYTHON", "")
-pytestmark = pytest.mark.skipif(not PYTHON, reason="no vLLM venv (scripts/test.sh builds it)")
+PYTHON = VLLM_PYTHON
 
 
 @pytest.fixture(scope="module")
@@ -77,6 +77,7 @@ ARGVS = {
 
 
 @pytest.mark.parametrize("extra", ARGVS.values(), ids=ARGVS.keys())
+@needs_vllm
 def test_the_predicted_hash_is_the_workers(model: Path, tmp_path: Path, extra: list[str]) -> None:
     argv = ["--model", str(model), "--load-format", "dummy", "--enforce-eager", *extra]
     if "--max-model-len" not in extra:
@@ -91,6 +92,25 @@ def test_the_predicted_hash_is_the_workers(model: Path, tmp_path: Path, extra: l
     assert time.monotonic() - started < 0.5
 
 
+@needs_vllm
 def test_an_argv_vllm_rejects_is_refused_in_vllms_words(model: Path, tmp_path: Path) -> None:
     with pytest.raises(Refused, match="vllm: error: unrecognized arguments: --bogus"):
         predict(PYTHON, "0.32.0", ["--model", str(model), "--bogus"], _env(tmp_path), None)
+
+
+def test_a_python_without_vllm_is_one_failure_line(tmp_path: Path) -> None:
+    """fi-cache's own Python has no vLLM: the child says so; doctor falls back (FiCacheError)."""
+    with pytest.raises(FiCacheError, match="vLLM could not compute its cache location: "
+                       "ModuleNotFoundError: No module named 'vllm'"):  # fmt: skip
+        predict(sys.executable, "0.32.0", ["m"], dict(os.environ), tmp_path)
+    assert list(tmp_path.iterdir()) == []  # nothing cached: the next run asks again
+
+
+def test_a_child_that_hangs_is_stopped(tmp_path: Path) -> None:
+    hang = tmp_path / "python"
+    hang.write_text("#!/bin/sh\nexec sleep 60\n")
+    hang.chmod(0o755)
+    started = time.monotonic()
+    with pytest.raises(FiCacheError, match="vLLM did not answer within 1s"):
+        predict(str(hang), "0.32.0", ["m"], dict(os.environ), tmp_path, timeout=1)
+    assert time.monotonic() - started < 10
