@@ -326,6 +326,68 @@ class VersionRange:
         return f"{self.first}–{self.end} (exclusive)" if self.end else f"{self.first}+"
 
 
+@dataclass(frozen=True)
+class MoeTacticLists:
+    """The CUTLASS fused MoE's tactic ids for one (FlashInfer, SM, dtype): GEMM1 ids
+    [0, gemm1), then GEMM2 ids per finalize mode as consecutive (config family, count) runs."""
+
+    flashinfer: VersionRange
+    sm: int
+    dtype: str
+    gemm1: int
+    gemm2: dict[str, tuple[tuple[str, int], ...]]
+    source: str
+
+    def gemm2_count(self, mode: str) -> int:
+        return sum(n for _, n in self.gemm2[mode])
+
+
+# Measured on an NVIDIA H200 (2026-12-01, bf16, Qwen3-30B-A3B shapes, a bf16-only test build of
+# FlashInfer's own fused_moe_90: same lists as the stock module, which come from
+# MoeGemmRunner::getConfigs): g1 45, g2 81 fused / 45 unfused on 0.6.17 and 0.6.18
+# (tests/fixtures/h200-moe-run/*/counts.json). Order from getTmaWarpSpecializedConfigs (fused:
+# base, finalize, swap-AB base, swap-AB finalize; unfused: base, swap-AB base) then the SM80
+# grouped configs, confirmed by a sweep of every GEMM2 tactic (tests/fixtures/h200-moe/
+# determinism-0.6.17.json: exactly the 36 finalize ids 63-80 and 99-116 were not bit-stable).
+MOE_TACTIC_LISTS: tuple[MoeTacticLists, ...] = (
+    MoeTacticLists(
+        VersionRange(V("0.6.17"), V("0.6.19"), "measured 0.6.17 and 0.6.18 on an H200"),
+        90,
+        "bf16",
+        45,
+        {
+            "fused": (
+                ("base", 18), ("finalize", 18), ("swap_base", 18), ("swap_finalize", 18),
+                ("sm80", 9),
+            ),
+            "unfused": (("base", 18), ("swap_base", 18), ("sm80", 9)),
+        },
+        "H200 run of benchmarks/moe_h200 (counts.json), layout from cutlass_heuristic",
+    ),
+)
+
+
+# The SM of a GPU FlashInfer names in `_metadata.gpu` (torch's device name), for files that say
+# no arch: NVIDIA's compute-capability table (developer.nvidia.com/cuda-gpus): Hopper is 9.0.
+GPU_SM = (("NVIDIA H100", 90), ("NVIDIA H200", 90), ("NVIDIA H800", 90), ("NVIDIA H20", 90),
+          ("NVIDIA GH200", 90))  # fmt: skip
+
+
+def sm_of_gpu(name: str | None) -> int | None:
+    for prefix, sm in GPU_SM:
+        if name and name.startswith(prefix):
+            return sm
+    return None
+
+
+def moe_tactic_lists(version: str | None, sm: int | None, dtype: str) -> MoeTacticLists | None:
+    v = parse_version(version)
+    for lists in MOE_TACTIC_LISTS:
+        if v is not None and v in lists.flashinfer and lists.sm == sm and lists.dtype == dtype:
+            return lists
+    return None
+
+
 # MoE output all-reduced over TP after FlashInfer's combine already reduced it (GSM8K 0.93 -> 0.81).
 # FlashInfer's combine already sums the top-k outputs, yet the prepare/finalize reports it
 # unreduced, so the MoE output is all-reduced over TP again: output_is_reduced() False in 0.15.1

@@ -11,13 +11,16 @@ from fi_cache.doctor import Check, Inputs
 from fi_cache.doctor.findings import Finding
 from fi_cache.model import v1
 from fi_cache.model.fingerprint import compare_metadata
+from fi_cache.model.moe import split_gemm2
 from fi_cache.versions import (
     FLASHINFER_FINALIZE_IN_KEY,
     MOE_GEMM2_OP,
     MOE_STAGE_OP,
     RECORDS_KEY,
     VLLM_FINALIZE_ENV,
+    moe_tactic_lists,
     parse_version,
+    sm_of_gpu,
 )
 
 
@@ -144,6 +147,57 @@ def _counts(view: Any) -> tuple[int, dict[str, int]] | None:
         return None
 
 
+def _sm(arch: str | None) -> int | None:
+    """vLLM's arch dir name ("90a", "100a", "120f") -> the SM number."""
+    digits = "".join(ch for ch in arch or "" if ch.isdigit())
+    return int(digits) if digits and "_" not in (arch or "") else None
+
+
+def _measured_split(
+    view: Any,
+    inp: Inputs,
+    tactics: list[int],
+    tuned: str,
+    counts: tuple[int, dict[str, int]] | None,
+) -> tuple[str, dict[str, Any]] | None:
+    """The exact split from tactic lists measured for this FlashInfer, SM and dtype, when there
+    are such lists and the namespace's recorded counts (if any) agree with them: counts a warm
+    read from this machine's own runner win over a table. <= 0.6.17 keys hold no dtype: the only
+    measured one, bf16, is assumed."""
+    target = inp.target
+    version = view.cache.flashinfer_version or target.fingerprint.flashinfer_version
+    sm = _sm(target.fingerprint.arch or view.cache.found.arch) or sm_of_gpu(
+        target.fingerprint.gpu or view.cache.fingerprint.gpu
+    )
+    lists = moe_tactic_lists(version, sm, "bf16")
+    if lists is None or tuned not in lists.gemm2 or target.finalize not in lists.gemm2:
+        return None
+    measured = {m: lists.gemm2_count(m) for m in lists.gemm2}
+    if counts is not None and (
+        counts[0] != lists.gemm1 or any(counts[1].get(m, n) != n for m, n in measured.items())
+    ):
+        return None  # this runner's lists are not the measured ones
+    s = split_gemm2(tactics, lists.gemm1, lists.gemm2[tuned], lists.gemm2[target.finalize])
+    details = {
+        "crash_ids": list(s.crash),
+        "other_kernel_ids": list(s.other_kernel),
+        "same_kernel_ids": list(s.same_kernel),
+        "tactic_counts": {"gemm1": lists.gemm1, "gemm2": measured},
+        "assumed": f"bf16 on SM{lists.sm} (keys before 0.6.18 hold no dtype)",
+        "source": lists.source,
+    }
+    text = (
+        f": ids {_ids(s.crash)} crash start-up with `Invalid gemm2 profile id`, "
+        f"{_ids(s.other_kernel)} silently run another kernel, {_ids(s.same_kernel)} the same "
+        f"kernel (tactic lists {lists.flashinfer.source}; bf16 assumed)"
+    )
+    return text, details
+
+
+def _ids(ids: tuple[int, ...]) -> str:
+    return "[" + ", ".join(map(str, ids)) + "]" if ids else "none"
+
+
 def stale_gemm2_profile(inp: Inputs) -> Iterator[Finding]:
     target = inp.target
     target_fi = parse_version(target.fingerprint.flashinfer_version)
@@ -160,7 +214,11 @@ def stale_gemm2_profile(inp: Inputs) -> Iterator[Finding]:
             continue
         counts = _counts(view)
         detail = f"{len(tactics)} GEMM2 tactic ids ({min(tactics)}..{max(tactics)})"
-        if counts and target.finalize in counts[1]:
+        split = _measured_split(view, inp, tactics, tuned, counts)
+        if split is not None:
+            text, details = split
+            detail += text
+        elif counts and target.finalize in counts[1]:
             limit = counts[0] + counts[1][target.finalize]
             crash = sum(t >= limit for t in tactics)
             detail += (
@@ -184,6 +242,7 @@ def stale_gemm2_profile(inp: Inputs) -> Iterator[Finding]:
             f"the target runs {target.finalize}. {detail}",
             f"keep {tuned} and {target.finalize} caches apart (fi-cache serve [--deterministic] "
             f"does); doctor --fix quarantines this file; {VLLM_FINALIZE_ENV} picks the mode",
+            details if split is not None else None,
         )
 
 

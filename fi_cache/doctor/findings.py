@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Literal
+from typing import Any, Literal
 
 Severity = Literal["error", "warning", "info"]
 
@@ -15,12 +15,16 @@ class Finding:
     path: str | None
     message: str
     fix: str
+    details: dict[str, Any] | None = None  # machine-readable facts behind the message
 
-    def to_json(self) -> dict[str, str | None]:
-        return {
+    def to_json(self) -> dict[str, Any]:
+        out: dict[str, Any] = {
             "check": self.check,
             "severity": self.severity,
             "path": self.path,
             "message": self.message,
             "fix": self.fix,
         }
+        if self.details is not None:
+            out["details"] = self.details
+        return out

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Literal
 
 from fi_cache.model.keys import CacheKey, KeyValue
@@ -49,3 +50,43 @@ def combine(modes: set[Finalize]) -> FileFinalize | None:
     if "unknown" in modes:
         return "unknown"
     return next(iter(known))
+
+
+@dataclass(frozen=True)
+class Gemm2Split:
+    """What GEMM2 ids tuned in one finalize mode do when replayed in the other (<= 0.6.17 keys):
+    crash with `Invalid gemm2 profile id`, silently run another kernel, or run the same one."""
+
+    crash: tuple[int, ...]
+    other_kernel: tuple[int, ...]
+    same_kernel: tuple[int, ...]
+
+
+def _config_at(runs: tuple[tuple[str, int], ...], index: int) -> tuple[str, int] | None:
+    """(config family, position in it) of the `index`-th GEMM2 tactic; None past the list."""
+    for family, count in runs:
+        if index < count:
+            return family, index
+        index -= count
+    return None
+
+
+def split_gemm2(
+    ids: list[int],
+    gemm1: int,
+    tuned: tuple[tuple[str, int], ...],
+    target: tuple[tuple[str, int], ...],
+) -> Gemm2Split:
+    """Split `ids` (global GEMM2 tactic ids, tuned in the list `tuned`) by what the `target`
+    list runs for them: the same id names the same kernel only where both lists hold the same
+    config there (the base configs lead both lists; the rest is shifted)."""
+    crash, other, same = set(), set(), set()
+    for t in ids:
+        theirs = _config_at(target, t - gemm1)
+        if t < gemm1 or theirs is None:
+            crash.add(t)
+        elif theirs == _config_at(tuned, t - gemm1):
+            same.add(t)
+        else:
+            other.add(t)
+    return Gemm2Split(tuple(sorted(crash)), tuple(sorted(other)), tuple(sorted(same)))

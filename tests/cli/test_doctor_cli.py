@@ -33,8 +33,13 @@ def test_json_contract_and_exit_1_on_error(run, vllm_root: Path) -> None:  # typ
     doc = r.json()
     assert set(doc) >= {"findings", "errors", "warnings"}
     for f in doc["findings"]:
-        assert set(f) == {"check", "severity", "path", "message", "fix"}
+        assert set(f) - {"details"} == {"check", "severity", "path", "message", "fix"}
     assert ("stale-gemm2-profile", "error") in _findings(r)
+    # cli.md: a stale-gemm2-profile finding carries the split where it is known (H200, bf16)
+    [stale] = [f for f in doc["findings"] if f["check"] == "stale-gemm2-profile"]
+    assert {"crash_ids", "other_kernel_ids", "same_kernel_ids", "tactic_counts"} <= set(
+        stale["details"]
+    )
     assert ("finalize-unsupported", "error") in _findings(r)
     assert doc["errors"] == sum(f["severity"] == "error" for f in doc["findings"])
 

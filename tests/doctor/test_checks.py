@@ -91,7 +91,9 @@ def test_known_tactic_counts_split_crash_from_silent(tmp_path: Path) -> None:
         {"tactic_counts": {"gemm1": 45, "gemm2": {"fused": 81, "unfused": 36}}},
     )
     view = _view(MOE_617_FUSED, "fused", m)
-    [f] = doctor.run(Inputs(_target(finalize="unfused"), (view,)), ["stale-gemm2-profile"])
+    # An SM no tactic lists were measured for (the H200's SM90 has them): the counts decide.
+    target = Target(Fingerprint.from_metadata(H200_617, "100a"), finalize="unfused")
+    [f] = doctor.run(Inputs(target, (view,)), ["stale-gemm2-profile"])
     tactics = [v[1] for k, v in json.loads(MOE_617_FUSED.read_text()).items() if "gemm2" in k]
     crash = sum(t >= 81 for t in tactics)
     assert crash == 8
@@ -354,3 +356,27 @@ def test_a_private_store_gets_no_sharing_advice(tmp_path: Path) -> None:
         _target(), (view,), modes={**modes, tmp_path.parent: 0o040755}, store=tmp_path.parent
     )
     assert [s for s, _ in _ids(shared, "unreadable-permissions")] == ["warning"]
+
+
+def test_the_stale_gemm2_split_is_what_the_h200_did() -> None:
+    """The fused-tuned 0.6.17 file from the H200 run, replayed unfused there: the buckets whose
+    GEMM2 id doctor calls a crash died with `Invalid gemm2 profile id`, the one it calls another
+    kernel ran (tests/fixtures/h200-moe-run/0.6.17/replay-unfused-under-fused.json)."""
+    import json
+
+    from tests.conftest import FIXTURES
+
+    run = FIXTURES / "h200-moe-run" / "0.6.17"
+    view = _view(run / "fused-namespace.json")
+    target = _target(vllm_version=None, vllm_supports_finalize=None, finalize="unfused")
+    [f] = [f for f in doctor.run(Inputs(target, (view,)), ["stale-gemm2-profile"])]
+    assert f.details is not None
+    replay = json.loads((run / "replay-unfused-under-fused.json").read_text())
+    died, ran = set(), set()
+    for bucket in replay["buckets"]:
+        [gemm2] = [c["tactic"] for c in bucket["choices"] if c["op"] == "gemm2"]
+        (ran if bucket["ok"] else died).add(gemm2)
+    assert set(f.details["crash_ids"]) == died == {99, 100, 102, 104}
+    assert set(f.details["other_kernel_ids"]) == ran == {75}
+    assert f.details["tactic_counts"] == {"gemm1": 45, "gemm2": {"fused": 81, "unfused": 45}}
+    assert "Invalid gemm2 profile id" in f.message and "bf16 assumed" in f.message

@@ -55,3 +55,22 @@ def test_file_mode_from_entry_modes() -> None:
 def test_moelayer_stage_ops_count_as_moe() -> None:
     assert moe.is_moe("moe_cutlass_sm90_gemm2") and moe.is_moe("trtllm::fused_moe::gemm1")
     assert not moe.is_moe("bf16_gemm") and not moe.is_moe("moe_align")
+
+
+# --- what a fused-tuned GEMM2 id does in an unfused run (<= 0.6.17 keys) --------------------------
+
+
+def test_the_measured_h200_lists_split_ids_as_the_issue_states() -> None:
+    """bf16 on SM90: ids 45-62 are the same configs in both lists, 63-89 differ, >= 90 crash."""
+    from fi_cache.model.moe import split_gemm2
+    from fi_cache.versions import moe_tactic_lists
+
+    lists = moe_tactic_lists("0.6.17", 90, "bf16")
+    assert lists is not None and (lists.gemm1, lists.gemm2_count("fused")) == (45, 81)
+    assert lists.gemm2_count("unfused") == 45
+    s = split_gemm2(list(range(45, 126)), 45, lists.gemm2["fused"], lists.gemm2["unfused"])
+    assert s.same_kernel == tuple(range(45, 63))
+    assert s.other_kernel == tuple(range(63, 90)) and s.crash == tuple(range(90, 126))
+    back = split_gemm2(list(range(45, 90)), 45, lists.gemm2["unfused"], lists.gemm2["fused"])
+    assert back.crash == () and back.same_kernel == tuple(range(45, 63))  # fused's list is longer
+    assert moe_tactic_lists("0.6.17", 100, "bf16") is None  # not measured: no split claimed
