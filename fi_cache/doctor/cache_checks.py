@@ -308,6 +308,32 @@ def unreadable_permissions(inp: Inputs) -> Iterator[Finding]:
             )
 
 
+def finalize_mode_miss(inp: Inputs) -> Iterator[Finding]:
+    """FlashInfer 0.6.18+ keys carry the finalize mode: a file whose MoE entries are all of the
+    other mode crashes nothing, but gives the target no hit at all (an H200 run: 0 of 12
+    buckets, both GEMMs ran the fallback tactic -1)."""
+    target = inp.target
+    target_fi = parse_version(target.fingerprint.flashinfer_version)
+    if target_fi is None or target_fi < FLASHINFER_FINALIZE_IN_KEY:
+        return  # older keys cannot tell the modes apart: stale-gemm2-profile's business
+    for view in inp.caches:
+        mode = view.cache.finalize()
+        if not view.applies or mode not in ("fused", "unfused") or mode == target.finalize:
+            continue
+        yield Finding(
+            "finalize-mode-miss",
+            "warning",
+            str(view.cache.path),
+            f"every MoE entry here was tuned {mode}; the target runs {target.finalize}, and "
+            f"FlashInfer {target_fi} keys carry the mode, so none matches: where tuning is off "
+            "(a replay-only engine, `autotune(False, ...)`) every MoE call runs FlashInfer's "
+            "untuned fallback tactic, and a tuning start tunes "
+            f"{target.finalize} into this same file (both modes then live in it)",
+            f"tune the {target.finalize} mode before serving without tuning "
+            f"(fi-cache warm --finalize {target.finalize} gives it a namespace of its own)",
+        )
+
+
 def tmp_leftover(inp: Inputs) -> Iterator[Finding]:
     for path, age in inp.tmp_files:
         if age >= TMP_MAX_AGE_S:
@@ -349,6 +375,12 @@ CHECKS = (
         "MoE GEMM2 entries tuned in another finalize mode than the "
         "target's, in keys that cannot tell (FlashInfer <= 0.6.17); or a log with the crash",
         stale_gemm2_profile,
+    ),
+    Check(
+        "finalize-mode-miss",
+        "MoE entries only of the other finalize mode (FlashInfer >= 0.6.18: no hit, fallback "
+        "tactic); or a log with FlashInfer's fallback lines",
+        finalize_mode_miss,
     ),
     Check(
         "records-unreadable",

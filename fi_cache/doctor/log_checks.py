@@ -6,11 +6,19 @@ from collections.abc import Iterator
 
 from fi_cache.doctor import Check, Inputs
 from fi_cache.doctor.findings import Finding
+from fi_cache.doctor.logs import ProfileIdError
+from fi_cache.model.moe import is_moe
 
 
 def log_profile_id(inp: Inputs) -> Iterator[Finding]:
+    """One finding per process that hit the error: a server's start-up dies at the first; a
+    process that caught it and went on (a sweep, a test) is one finding, not one per call."""
     for log in inp.logs:
+        by_process: dict[str, list[ProfileIdError]] = {}
         for e in log.errors:
+            by_process.setdefault(e.process, []).append(e)
+        for errors in by_process.values():
+            e = errors[0]
             source = (
                 f"after loading {e.last_loaded}"
                 if e.last_loaded
@@ -22,15 +30,44 @@ def log_profile_id(inp: Inputs) -> Iterator[Finding]:
                 else "the cache's GEMM1 ids do not fit this runner (finalize mode does not change "
                 "GEMM1: another MoE configuration or FlashInfer build tuned it)"
             )
+            if len(errors) == 1:
+                what = f"start-up died with `Invalid gemm{e.gemm} profile id: {e.tactic_id}`"
+            else:
+                ids = sorted({x.tactic_id for x in errors})
+                what = (
+                    f"{len(errors)} calls failed with `Invalid gemm{e.gemm} profile id` (ids "
+                    f"{', '.join(map(str, ids))}, last at line {errors[-1].line_no}); this "
+                    "process caught them and went on, a server's start-up dies at the first"
+                )
             yield Finding(
                 "stale-gemm2-profile",
                 "error",
                 e.last_loaded or log.path,
-                f"{log.path}:{e.line_no}: start-up died with `Invalid gemm{e.gemm} profile id: "
-                f"{e.tactic_id}` {source}: {why}",
+                f"{log.path}:{e.line_no}: {what} {source}: {why}",
                 "quarantine that cache (doctor --fix, or delete it) and give each finalize mode "
                 "its own cache dir (fi-cache serve [--deterministic])",
             )
+
+
+def log_fallbacks(inp: Inputs) -> Iterator[Finding]:
+    """FlashInfer ran its fallback tactic for MoE calls it found no entry for. Its message
+    blames the bucket range; on 0.6.18+ a cache tuned only in the other finalize mode misses
+    the same way (an H200 run: 0 of 12 buckets hit, both GEMMs, tactic -1 everywhere)."""
+    for log in inp.logs:
+        moe = [f for f in log.fallbacks if is_moe(f.op)]
+        if not moe:
+            continue
+        yield Finding(
+            "finalize-mode-miss",
+            "warning",
+            log.path,
+            f"{log.path}:{moe[0].line_no}: {len(moe)} MoE calls found no tuned entry and ran "
+            f"FlashInfer's fallback tactic {moe[0].tactic} (untuned kernels). FlashInfer's message "
+            "blames the bucket range; a cache tuned only in the other MoE finalize mode (keys "
+            "carry the mode from FlashInfer 0.6.18) misses the same way",
+            "check the cache the log loaded: `fi-cache doctor CACHE --finalize MODE`; warm this "
+            "mode into its own namespace (fi-cache warm --finalize MODE)",
+        )
 
 
 def log_ignored(inp: Inputs) -> Iterator[Finding]:
@@ -77,6 +114,7 @@ CHECKS = (
     # Same ids as the cache checks: their summaries there mention the log half.
     Check("stale-gemm2-profile", "", log_profile_id),
     Check("foreign-environment", "", log_ignored),
+    Check("finalize-mode-miss", "", log_fallbacks),
     Check(
         "log-summary",
         "which caches a log loaded and saved, how long tuning took (info)",

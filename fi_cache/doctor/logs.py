@@ -40,6 +40,16 @@ class ProfileIdError:
     tactic_id: int
     line_no: int
     last_loaded: str | None  # the cache file most recently "Loaded ... from" before this line
+    process: str = ""  # vLLM's `pid=N` prefix of the line ("" when it has none)
+
+
+@dataclass(frozen=True)
+class Fallback:
+    """FlashInfer found no tuned entry for a call and ran its fallback tactic (-1)."""
+
+    op: str
+    tactic: int
+    line_no: int
 
 
 @dataclass(frozen=True)
@@ -51,10 +61,11 @@ class LogFacts:
     errors: tuple[ProfileIdError, ...]
     tuning_seconds: tuple[float, ...]  # one per timestamped "process starts" .. "ends" pair
     lines: int
+    fallbacks: tuple[Fallback, ...] = ()
 
 
 # Every interesting line contains one of these; regexes run only on lines that do.
-_NEEDLES = ("utotune", "profile id", "cuDNN")
+_NEEDLES = ("utotune", "profile id", "cuDNN", "No tuned config")
 _BYTE_NEEDLES = tuple(needle.encode() for needle in _NEEDLES)
 
 # FlashInfer writes "[Autotuner]" in these messages and "[AutoTuner]" elsewhere; accept both.
@@ -67,6 +78,8 @@ _IGNORED = re.compile(
 )
 _SKIPPED = re.compile(_TAG + r"Skipped (\d+) legacy cuDNN config")
 _TUNING = re.compile(_TAG + r"Autotuning process (starts|ends)")
+# FlashInfer 0.6.18: "No tuned config covers OP input_shapes=...; falling back to ... tactic=-1"
+_FALLBACK = re.compile(r"No tuned config covers (\S+) .*?falling back to runner=\S+ tactic=(-?\d+)")
 _PROFILE_ID = re.compile(r"Invalid gemm([12]) profile id: (-?\d+)")
 # A pair starts with ", field: saved=" so values may hold spaces, commas and colons.
 _PAIR_START = re.compile(r"(?:^|, )([A-Za-z_]\w*): saved=")
@@ -91,7 +104,7 @@ class _Stamp:
 
 
 def _interesting(text: str) -> bool:
-    return "utotune" in text or "profile id" in text or "cuDNN" in text
+    return any(needle in text for needle in _NEEDLES)
 
 
 def _stamp(prefix: str) -> _Stamp | None:
@@ -175,6 +188,7 @@ class _Parser:
 
     events: list[CacheEvent] = field(default_factory=list)
     errors: list[ProfileIdError] = field(default_factory=list)
+    fallbacks: list[Fallback] = field(default_factory=list)
     tuning: list[float] = field(default_factory=list)
     # Open "process starts" stamps per process (vLLM's `pid=N` prefix), newest last.
     starts: dict[str, list[_Stamp | None]] = field(default_factory=dict)
@@ -190,12 +204,19 @@ class _Parser:
                     continue  # a number no real log line holds (4300+ digits): not our line
 
     def facts(self, path: str, lines: int) -> LogFacts:
-        return LogFacts(path, tuple(self.events), tuple(self.errors), tuple(self.tuning), lines)
+        return LogFacts(
+            path, tuple(self.events), tuple(self.errors), tuple(self.tuning), lines,
+            tuple(self.fallbacks),
+        )  # fmt: skip
 
     def _segment(self, line_no: int, text: str) -> None:
         if match := _PROFILE_ID.search(text):
             gemm, tactic = int(match.group(1)), int(match.group(2))
-            self.errors.append(ProfileIdError(gemm, tactic, line_no, self.last_loaded))
+            pid = _PID.search(text[: match.start()])
+            process = pid.group(1) if pid else ""
+            self.errors.append(ProfileIdError(gemm, tactic, line_no, self.last_loaded, process))
+        elif match := _FALLBACK.search(text):
+            self.fallbacks.append(Fallback(match.group(1), int(match.group(2)), line_no))
         elif match := _TUNING.search(text):
             self._tuning(text[: match.start()], match.group(1) == "starts")
         elif event := _event(text, line_no):

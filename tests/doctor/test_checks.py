@@ -380,3 +380,35 @@ def test_the_stale_gemm2_split_is_what_the_h200_did() -> None:
     assert set(f.details["other_kernel_ids"]) == ran == {75}
     assert f.details["tactic_counts"] == {"gemm1": 45, "gemm2": {"fused": 81, "unfused": 45}}
     assert "Invalid gemm2 profile id" in f.message and "bf16 assumed" in f.message
+
+
+def test_a_sweep_log_is_one_finding_per_process_not_one_per_call() -> None:
+    """The H200 sweep (one process, every bucket tried, each error caught): 11 failed calls, one
+    finding that says the process went on."""
+    from fi_cache.doctor.logs import read_log
+    from tests.conftest import FIXTURES
+
+    log = read_log(FIXTURES / "h200-moe-run" / "0.6.17" / "replay-unfused-under-fused.log")
+    assert len(log.errors) == 11
+    [f] = doctor.run(Inputs(_target(finalize="unfused"), logs=(log,)), ["stale-gemm2-profile"])
+    assert "11 calls failed with `Invalid gemm2 profile id` (ids 99, 100, 102, 104" in f.message
+    assert "went on" in f.message
+
+
+def test_the_other_modes_silent_cliff_on_0618() -> None:
+    """FlashInfer 0.6.18 keys carry the mode: a fused-only file gives an unfused target no hit
+    (the H200 replay: tactic -1 for all 24 GEMM calls); a file with both modes is fine."""
+    from fi_cache.doctor.logs import read_log
+    from tests.conftest import FIXTURES
+
+    run = FIXTURES / "h200-moe-run" / "0.6.18"
+    unfused = _target(H200_618, finalize="unfused")
+    fused_only = _view(run / "fused-namespace.json")
+    [f] = doctor.run(Inputs(unfused, (fused_only,)), ["finalize-mode-miss"])
+    assert f.severity == "warning" and "every MoE entry here was tuned fused" in f.message
+    both = _view(run / "both-modes.json")
+    assert doctor.run(Inputs(unfused, (both,)), ["finalize-mode-miss"]) == []
+    assert doctor.run(Inputs(_target(H200_618), (fused_only,)), ["finalize-mode-miss"]) == []
+    log = read_log(run / "replay-unfused-under-fused.log")
+    [g] = doctor.run(Inputs(unfused, logs=(log,)), ["finalize-mode-miss"])
+    assert "24 MoE calls found no tuned entry and ran FlashInfer's fallback tactic -1" in g.message

@@ -150,7 +150,8 @@ def test_gemm2_crash_names_the_cache_loaded_just_before() -> None:
             f"{FI_INFO}[Autotuner]: Loaded 1 configs from /tmp/later.json",
         ]
     )
-    assert facts.errors == (ProfileIdError(gemm=2, tactic_id=50, line_no=4, last_loaded=CACHE),)
+    expected = ProfileIdError(gemm=2, tactic_id=50, line_no=4, last_loaded=CACHE, process="1234")
+    assert facts.errors == (expected,)
 
 
 def test_gemm1_crash_from_a_worker_without_any_loaded_cache() -> None:
@@ -160,7 +161,8 @@ def test_gemm1_crash_from_a_worker_without_any_loaded_cache() -> None:
         "Invalid gemm1 profile id: -7"
     )
     facts = parse_log(["noise", line])
-    assert facts.errors == (ProfileIdError(gemm=1, tactic_id=-7, line_no=2, last_loaded=None),)
+    expected = ProfileIdError(gemm=1, tactic_id=-7, line_no=2, last_loaded=None, process="99")
+    assert facts.errors == (expected,)
 
 
 @pytest.mark.parametrize(
