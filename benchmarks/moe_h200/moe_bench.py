@@ -22,6 +22,7 @@ the same kernels and tactic lists as the stock module.
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import statistics
@@ -176,7 +177,7 @@ def replay(mode: str, cache: str, out: str) -> None:
                 moe(x, sel, sc, w1, w2, mode)
                 _torch().cuda.synchronize()
                 row["ok"] = True
-            except Exception as exc:  # noqa: BLE001  (what a server start-up would die of)
+            except Exception as exc:
                 row.update(ok=False, error=f"{type(exc).__name__}: {str(exc)[-300:]}")
                 traceback.print_exc()
             row["choices"] = CHOICES[before:]
@@ -209,7 +210,7 @@ def _graph(fn: Any) -> Any:
     try:
         with torch.cuda.graph(graph):
             fn()
-    except Exception as exc:  # noqa: BLE001
+    except Exception as exc:
         log(f"graph capture failed ({type(exc).__name__}: {exc}); timing eager calls")
         return None
     return graph
@@ -243,12 +244,10 @@ def time_mode(mode: str, cache: str, out: str) -> None:
             before = len(CHOICES)
             moe(x, sel, sc, w1, w2, mode, buf)  # the tactic lookup happens here, outside timing
             chosen = CHOICES[before:]
-            graph = _graph(lambda x=x, sel=sel, sc=sc, buf=buf: moe(x, sel, sc, w1, w2, mode, buf))
-            if graph is not None:
-                med, samples = _median_ms(graph.replay)
-            else:
-                med, samples = _median_ms(lambda: moe(x, sel, sc, w1, w2, mode, buf))
-            eager, _ = _median_ms(lambda: moe(x, sel, sc, w1, w2, mode, buf))
+            call = functools.partial(moe, x, sel, sc, w1, w2, mode, buf)
+            graph = _graph(call)
+            med, samples = _median_ms(graph.replay if graph is not None else call)
+            eager, _ = _median_ms(call)
             rows.append({"tokens": t, "ms": med, "samples_ms": samples, "eager_ms": eager,
                          "graph": graph is not None, "choices": chosen})  # fmt: skip
             log(f"{mode} T={t}: {med * 1000:.1f} us (graph={graph is not None}), eager "
@@ -302,15 +301,16 @@ def report(directory: str) -> int:
     if tf and tu:
         print(f"FlashInfer {tf['flashinfer']} on {tf['gpu']}: MoE layer time per call, median of "
               f"{tf['repeats']} x {tf['iters']} CUDA-graph replays (CUDA events)\n")  # fmt: skip
-        print("| tokens | fused (us) | gemm2 tactic | unfused (us) | gemm2 tactic | unfused / fused |")
+        print("| tokens | fused (us) | gemm2 id | unfused (us) | gemm2 id | unfused/fused |")
         print("| ---: | ---: | ---: | ---: | ---: | ---: |")
-        for a, b in zip(tf["buckets"], tu["buckets"]):
+        for a, b in zip(tf["buckets"], tu["buckets"], strict=True):
             print(f"| {a['tokens']} | {a['ms'] * 1e3:.1f} | {_gemm2(a)} | {b['ms'] * 1e3:.1f} | "
                   f"{_gemm2(b)} | {b['ms'] / a['ms']:.3f} |")  # fmt: skip
         mix_f = sum(a["ms"] for a in tf["buckets"] if a["tokens"] in DECODE_MIX)
         mix_u = sum(b["ms"] for b in tu["buckets"] if b["tokens"] in DECODE_MIX)
-        print(f"\ndecode-like mix (one step each at {DECODE_MIX} tokens): fused {mix_f * 1e3:.1f} us,"
-              f" unfused {mix_u * 1e3:.1f} us: unfused costs {100 * (mix_u / mix_f - 1):+.1f} %\n")
+        print(f"\ndecode-like mix (one step each at {DECODE_MIX} tokens): fused "
+              f"{mix_f * 1e3:.1f} us, unfused {mix_u * 1e3:.1f} us: unfused costs "
+              f"{100 * (mix_u / mix_f - 1):+.1f} %\n")  # fmt: skip
     for mode in ("unfused", "fused"):
         det = _load(d, f"determinism-{mode}.json")
         if not det:

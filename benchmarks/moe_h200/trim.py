@@ -28,7 +28,6 @@ from __future__ import annotations
 import dataclasses
 import importlib.util
 import json
-import os
 import sys
 import types
 from pathlib import Path
@@ -36,7 +35,8 @@ from pathlib import Path
 BINDING = "flashinfer_cutlass_fused_moe_binding.cu"
 INSTANTIATION = "cutlass_fused_moe_instantiation.cu"
 _KEEP_COMMENT = (
-    "    // keep consistent with cpp/tensorrt_llm/plugins/mixtureOfExperts/mixtureOfExpertsPlugin.cpp"
+    "    // keep consistent with "
+    "cpp/tensorrt_llm/plugins/mixtureOfExperts/mixtureOfExpertsPlugin.cpp"
 )
 _HUMMING = "    auto make_humming_runner = [&] {"  # FlashInfer 0.6.18+
 _RUNNER_IF = "    if (!mKernelRunner) {"
@@ -62,7 +62,7 @@ def _binding_bf16(src: str) -> str:
 def _instantiation_bf16(src: str) -> str:
     head = src[: src.index("namespace tensorrt_llm::kernels::cutlass_kernels {")]
     return head + """namespace tensorrt_llm::kernels::cutlass_kernels {
-// fi-cache test build: bf16 x bf16 only (the full file also instantiates float, half, fp8, fp4, int).
+// fi-cache test build: bf16 x bf16 only (the full file also has float, half, fp8, fp4, int).
 #ifdef ENABLE_BF16
 template class CutlassMoeFCRunner<__nv_bfloat16, __nv_bfloat16>;
 #endif
@@ -93,7 +93,8 @@ def sources(pkg: Path, out: Path, group: int) -> list[Path]:
         _instantiation_bf16((cb / INSTANTIATION).read_text())
     )
     # FlashInfer's own kernel generator, loaded without importing flashinfer (no torch needed).
-    for name in ["flashinfer", "flashinfer.jit", "flashinfer.jit.gemm", "flashinfer.jit.gemm.cutlass"]:
+    stubs = ["flashinfer", "flashinfer.jit", "flashinfer.jit.gemm", "flashinfer.jit.gemm.cutlass"]
+    for name in stubs:
         stub = types.ModuleType(name)
         stub.__path__ = []  # type: ignore[attr-defined]
         sys.modules.setdefault(name, stub)
@@ -162,7 +163,8 @@ def ninja(trimgen: Path, name: str = "fused_moe_90_trim_bf16") -> dict[str, obje
     for hdr in ["cublasLt.h", "curand_kernel.h", "nvrtc.h"]:
         if not (cuda_home / "include" / hdr).exists():
             found = [d for d in nv if (d / "include" / hdr).exists()]
-            notes.append(f"{hdr} missing in {cuda_home}/include" + (f"; using {found[0]}" if found else ""))
+            using = f"; using {found[0]}" if found else ""
+            notes.append(f"{hdr} missing in {cuda_home}/include{using}")
             if found:
                 extra_inc.add(f"-isystem {found[0] / 'include'}")
     cuda_flags += sorted(extra_inc)
