@@ -12,7 +12,7 @@ when ``FAKE_VLLM_PER_RANK=1``); the hash is over ``json.dumps([model, sorted(arg
 Environment (all optional): FAKE_VLLM_RECORD (dir; argv/env appended to starts.jsonl),
 FAKE_VLLM_MODE (ok|crash|hang|ignore-sigint|ignore-sigterm|exit-now), FAKE_VLLM_EXIT_CODE,
 FAKE_VLLM_CACHE_SOURCE, FAKE_VLLM_PER_RANK, FAKE_VLLM_NO_CACHE, FAKE_VLLM_TUNE_SECONDS,
-FAKE_VLLM_HEALTH_DELAY, FAKE_VLLM_SPAWN_CHILD, FAKE_VLLM_V2.
+FAKE_VLLM_HEALTH_DELAY, FAKE_VLLM_SPAWN_CHILD, FAKE_VLLM_V2, FAKE_VLLM_IGNORE_SIGNALS.
 
 FAKE_VLLM_V2=1 plays vLLM 0.33 with one rank: the entries go into FlashInfer's v2 store, written by
 the real FlashInfer (0.7.x on PYTHONPATH; its `_collect_metadata` and `ManagedAutotuneCache`, the
@@ -195,8 +195,11 @@ def main(argv: list[str]) -> int:
             with open(os.path.join(record, "child.pid"), "w", encoding="utf-8") as f:
                 f.write(f"{child.pid}\n")
     ign = signal.SIG_IGN
-    signal.signal(signal.SIGINT, ign if mode in ("ignore-sigint", "ignore-sigterm") else on_signal)
-    signal.signal(signal.SIGTERM, ign if mode == "ignore-sigterm" else on_signal)
+    deaf = os.environ.get("FAKE_VLLM_IGNORE_SIGNALS") == "1"  # any mode: only SIGKILL stops it
+    signal.signal(
+        signal.SIGINT, ign if deaf or mode in ("ignore-sigint", "ignore-sigterm") else on_signal
+    )
+    signal.signal(signal.SIGTERM, ign if deaf or mode == "ignore-sigterm" else on_signal)
     try:
         server = ThreadingHTTPServer((host, port), Health)
     except OSError as e:

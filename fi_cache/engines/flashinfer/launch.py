@@ -16,7 +16,9 @@ from typing import IO, Any
 
 import fi_cache
 from fi_cache.engines.api import WarmFailed
+from fi_cache.engines.guard import Guard
 from fi_cache.errors import Refused
+from fi_cache.store import locks
 
 _REFUSALS = {"no-gpu", "unsupported", "flashinfer", "job", "stopped"}
 _TAIL = 30  # lines of the child's stderr kept for a failure report
@@ -25,8 +27,13 @@ _TAIL = 30  # lines of the child's stderr kept for a failure report
 class TuningChild:
     """One tuning child; a context manager that stops it (its whole group) on the way out."""
 
-    def __init__(self, python: str, timeout: float, grace: float) -> None:
-        self.python, self.timeout, self.grace = python, timeout, grace
+    def __init__(
+        self, python: str, timeout: float, grace: float, lock_dir: Path | None = None
+    ) -> None:
+        """`lock_dir`: a lock this process holds (the GPU's); its guard keeps it held until the
+        child is stopped, if this process dies first (engines/guard.py)."""
+        self.python, self.timeout, self.grace, self.lock_dir = python, timeout, grace, lock_dir
+        self.guard: Guard | None = None
         self.tail: collections.deque[str] = collections.deque(maxlen=_TAIL)
         self.proc: subprocess.Popen[str] | None = None
 
@@ -49,6 +56,10 @@ class TuningChild:
             )
         except OSError as exc:
             raise Refused(f"cannot run {exc.strerror}", self.python) from None
+        fds = locks.guard_fds(self.lock_dir) if self.lock_dir else []
+        self.guard = Guard(self.proc.pid, self.grace, fds)
+        if self.lock_dir is not None:
+            locks.share_with_guard(self.lock_dir, self.guard.pid)
         self.reader = threading.Thread(target=self._drain, args=(self.proc.stderr,), daemon=True)
         self.reader.start()
         self.expired = False
@@ -59,6 +70,8 @@ class TuningChild:
     def __exit__(self, *exc: object) -> None:
         self.disarm()
         self.stop()
+        if self.guard is not None:
+            self.guard.release()
 
     def arm(self) -> None:
         """(Re)start the watchdog: a timer, not a check between lines, since a child stuck in a

@@ -125,14 +125,16 @@ def warm_plan(
     progress = progress or TuneProgress()
     attempts: list[tuple[FinalizeMode, Path, float]] = []
     try:
-        with _gpu_lock(store, env, options, progress):
-            _check_first(plan, modes[0], options, progress)
+        with _gpu_lock(store, env, options, progress) as gpu_dir:
+            _check_first(plan, modes[0], options, progress, gpu_dir)
             results = []
             for mode in modes:
                 ops = plan.for_mode(mode)
                 progress.note(f"{mode} finalize: {sum(o.n_calls for o in ops)} calls")
                 results.append(
-                    _one_mode(store, plan, plan_text, env, mode, options, progress, attempts)
+                    _one_mode(
+                        store, plan, plan_text, env, mode, options, progress, attempts, gpu_dir
+                    )
                 )
     except KeyboardInterrupt:
         raise TuneInterrupted(_recorded(attempts), modes) from None
@@ -164,13 +166,13 @@ def _recorded(
 @contextlib.contextmanager
 def _gpu_lock(
     store: Path, env: Environment, options: TuneOptions, progress: TuneProgress
-) -> Iterator[None]:
+) -> Iterator[Path | None]:
     """One tuning at a time on a GPU (for warms sharing this store): a warm measuring kernels
     while another runs on the same GPU would record the other's load. Taken before any namespace
     lock, always in that order. Without a GPU UUID from nvidia-smi there is nothing to key on."""
     uuid = env.gpus[0].uuid if env.gpus else ""
     if not uuid:
-        yield
+        yield None
         return
     gpu_dir = state_dir(store) / "gpus" / slug(uuid)
 
@@ -179,15 +181,19 @@ def _gpu_lock(
         progress.note(f"waiting for the GPU: {who} is tuning on it")
 
     with locks.namespace_lock(gpu_dir, "tune", options.lock_timeout, waiting):
-        yield
+        yield gpu_dir
 
 
 def _check_first(
-    plan: Plan, mode: FinalizeMode, options: TuneOptions, progress: TuneProgress
+    plan: Plan,
+    mode: FinalizeMode,
+    options: TuneOptions,
+    progress: TuneProgress,
+    gpu_dir: Path | None = None,
 ) -> None:
     """Every op and backend called once, untuned, in a process of its own (driver.py says why):
     a missing library or a failed kernel build is refused here, and JIT builds happen here."""
-    with TuningChild(options.python, options.timeout, options.grace) as child:
+    with TuningChild(options.python, options.timeout, options.grace, gpu_dir) as child:
         child.send(Job(mode, plan.ops, stage="check").to_json())
         child.close_input()  # it needs nothing more; a child that waits for input ends here
         for _event in child.until("checked", progress.call):
@@ -203,9 +209,10 @@ def _one_mode(
     options: TuneOptions,
     progress: TuneProgress,
     attempts: list[tuple[FinalizeMode, Path, float]],
+    gpu_dir: Path | None = None,
 ) -> TuneResult:
     job = Job(mode, plan.for_mode(mode))
-    with TuningChild(options.python, options.timeout, options.grace) as child:
+    with TuningChild(options.python, options.timeout, options.grace, gpu_dir) as child:
         child.send(job.to_json())
         ready = list(child.until("ready"))[-1]
         fp = with_flashinfer_metadata(env, dict(ready.get("metadata") or {})).fingerprint

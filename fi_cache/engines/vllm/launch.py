@@ -22,8 +22,10 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+from fi_cache.engines.guard import Guard
 from fi_cache.engines.vllm.args import with_model_flag
 from fi_cache.errors import Refused
+from fi_cache.store import locks
 from fi_cache.versions import VLLM_CACHE_DIR_ENV, VLLM_FINALIZE_ENV
 
 VLLM_ENV = "FI_CACHE_VLLM"
@@ -160,7 +162,16 @@ def port_in_use(port: int, host: str = "127.0.0.1") -> bool:
 class Server:
     """A `vllm serve` child in its own session, with its last log lines kept."""
 
-    def __init__(self, cmd: list[str], env: dict[str, str], keep_lines: int = 30) -> None:
+    def __init__(
+        self,
+        cmd: list[str],
+        env: dict[str, str],
+        keep_lines: int = 30,
+        lock_dir: Path | None = None,
+        grace: float = 10.0,
+    ) -> None:
+        """`lock_dir`: the namespace whose lock this process holds; a guard then stops vLLM's
+        group, and keeps the lock held until it has, if this process dies first."""
         self.lines: deque[str] = deque(maxlen=keep_lines)
         try:
             self.proc = subprocess.Popen(
@@ -175,6 +186,10 @@ class Server:
             )
         except OSError as exc:
             raise Refused(f"cannot start vLLM: {exc.strerror}", cmd[0]) from None
+        self._guard: Guard | None = None
+        if lock_dir is not None:
+            self._guard = Guard(self.proc.pid, grace, locks.guard_fds(lock_dir))
+            locks.share_with_guard(lock_dir, self._guard.pid)
         self._reader = threading.Thread(target=self._read, daemon=True)
         self._reader.start()
 
@@ -203,7 +218,10 @@ class Server:
         with contextlib.suppress(ProcessLookupError, PermissionError):
             os.killpg(self.proc.pid, signal.SIGKILL)
         self._reader.join(timeout=2)
-        return self.proc.wait()
+        code = self.proc.wait()
+        if self._guard is not None:
+            self._guard.release()
+        return code
 
 
 def health_ok(port: int, host: str = "127.0.0.1", timeout: float = 2.0) -> bool:

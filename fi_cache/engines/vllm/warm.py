@@ -141,7 +141,7 @@ def _run(
     cmd = launcher.command([*args.argv, "--host", "127.0.0.1", "--port", str(port)])
     started = time.time()
     progress.note(f"starting {' '.join(cmd[1:])}")
-    server = launch.Server(cmd, env)
+    server = launch.Server(cmd, env, lock_dir=ns_dir, grace=options.grace)
     try:
         state = launch.wait_healthy(server, port, options.timeout, on_tick=progress.tick)
         if state == "exited":

@@ -33,11 +33,13 @@ __all__ = [
     "Holder",
     "NamespaceBusy",
     "filesystem_type",
+    "guard_fds",
     "hold_in_use",
     "in_use",
     "lock_strategy",
     "namespace_lock",
     "probe_namespace_lock",
+    "share_with_guard",
     "try_namespace_lock",
 ]
 
@@ -119,6 +121,20 @@ def try_namespace_lock(directory: Path, purpose: str, strategy: str) -> Iterator
 def probe_namespace_lock(directory: Path, strategy: str) -> tuple[bool, Holder | None]:
     """(held, holder) of `directory`'s lock, creating and changing nothing."""
     return _by_name(strategy).probe(directory)
+
+
+def share_with_guard(directory: Path, guard: int) -> None:
+    """The lock this process holds on `directory` stays held by `guard` too, when this process
+    dies first: flock through the inherited descriptor (`guard_fds`), a lock file by naming the
+    guard in it (its holder is not stale while the guard lives)."""
+    flock.add_guard(directory, guard)
+    lockfile.add_guard(directory, guard)
+
+
+def guard_fds(directory: Path) -> list[int]:
+    """Descriptors a guard of `directory`'s lock must inherit (flock; none for a lock file)."""
+    fd = flock.HELD.get(str(directory))
+    return [fd] if fd is not None else []
 
 
 def hold_in_use(directory: Path) -> int | None:

@@ -31,10 +31,16 @@ class Holder:
     host: str
     since: float
     purpose: str
+    guard: int | None = None  # a process that keeps holding it while the holder's child lives
 
     def describe(self) -> str:
         when = time.strftime("%H:%M:%S", time.localtime(self.since))
         return f"{self.purpose} by pid {self.pid} on host {self.host} since {when}"
+
+    def live(self) -> bool:
+        """Is the holder (or its guard, still stopping what the holder started) alive? Only
+        meaningful on the holder's host."""
+        return alive(self.pid) or (self.guard is not None and alive(self.guard))
 
 
 OnWait = Callable[[Holder | None], None]
@@ -79,9 +85,11 @@ def this_holder(purpose: str) -> Holder:
 def read_holder(path: Path) -> Holder | None:
     try:
         data = json.loads(path.read_text())
+        guard = data.get("guard")
         return Holder(
-            int(data["pid"]), str(data["host"]), float(data["since"]), str(data["purpose"])
-        )
+            int(data["pid"]), str(data["host"]), float(data["since"]), str(data["purpose"]),
+            int(guard) if guard is not None else None,
+        )  # fmt: skip
     except (OSError, ValueError, KeyError, TypeError):
         return None
 

@@ -8,6 +8,7 @@ import os
 import tempfile
 import time
 from collections.abc import Iterator
+from dataclasses import replace
 from pathlib import Path
 
 from fi_cache.errors import Refused
@@ -26,6 +27,10 @@ from fi_cache.store.locks.api import (
 )
 from fi_cache.store.locks.in_use import in_use
 
+# Descriptors of the namespace locks this process holds, by dir: a guard process inherits them,
+# so the lock stays held (one open file description) until the guard has stopped the engine.
+HELD: dict[str, int] = {}
+
 
 class Flock(LockStrategy):
     name = "flock"
@@ -38,6 +43,7 @@ class Flock(LockStrategy):
 
         lock_file, holder_file = directory / LOCK_NAME, directory / HOLDER_NAME
         fd = _acquired(lock_file, holder_file, time.monotonic() + timeout, timeout, on_wait)
+        HELD[str(directory)] = fd
         try:
             mine: os.stat_result | None = None
             try:
@@ -49,6 +55,7 @@ class Flock(LockStrategy):
                     unlink_if_same(holder_file, mine)
                 fcntl.flock(fd, fcntl.LOCK_UN)
         finally:
+            HELD.pop(str(directory), None)
             os.close(fd)  # the kernel drops the lock with the last descriptor, even on SIGKILL
 
     @contextlib.contextmanager
@@ -208,3 +215,13 @@ def _excludes(a: int, probe: str) -> bool | None:
         return False
     finally:
         os.close(b)
+
+
+def add_guard(directory: Path, guard: int) -> None:
+    """Name `guard` in the holder file (what a waiting warm prints); the lock itself passes to
+    the guard with the descriptor in HELD."""
+    holder_file = directory / HOLDER_NAME
+    holder = read_holder(holder_file)
+    if holder is not None and holder.pid == os.getpid():
+        with contextlib.suppress(OSError):
+            atomic_write(holder_file, holder_bytes(replace(holder, guard=guard)), lock=False)

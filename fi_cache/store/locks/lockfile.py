@@ -9,6 +9,7 @@ import os
 import socket
 import time
 from collections.abc import Iterator
+from dataclasses import replace
 from pathlib import Path
 
 from fi_cache.errors import Refused
@@ -19,7 +20,6 @@ from fi_cache.store.locks.api import (
     LockStrategy,
     NamespaceBusy,
     OnWait,
-    alive,
     holder_bytes,
     read_holder,
     timeout_error,
@@ -92,7 +92,7 @@ class LockFile(LockStrategy):
         if not os.path.lexists(lock_file):
             return False, None
         holder = read_holder(lock_file)
-        if holder and holder.host == socket.gethostname() and not alive(holder.pid):
+        if holder and holder.host == socket.gethostname() and not holder.live():
             return False, holder  # a dead holder on this host: the next taker recovers it
         return True, holder
 
@@ -115,7 +115,7 @@ def _holding(fd: int, lock_file: Path, me: Holder) -> Iterator[None]:
 def _break_stale(lock_file: Path, holder: Holder | None, me: Holder) -> bool:
     """Remove the lock of a dead holder on this host, so that of several waiters exactly one
     takes it over: the lock is renamed away (atomic; one rename wins) and checked afterwards."""
-    if not holder or holder.host != me.host or alive(holder.pid):
+    if not holder or holder.host != me.host or holder.live():
         return False
     aside = lock_file.with_name(f"{lock_file.name}.stale-{me.pid}-{time.time_ns()}")
     try:
@@ -133,3 +133,17 @@ def _break_stale(lock_file: Path, holder: Holder | None, me: Holder) -> bool:
         with contextlib.suppress(OSError):
             aside.unlink()
     return True
+
+
+def add_guard(directory: Path, guard: int) -> None:
+    """Name `guard` in the lock file this process holds (same file, rewritten in place): the
+    lock is not stale while the guard lives, even after this process died."""
+    lock_file = directory / LOCK_NAME
+    holder = read_holder(lock_file)
+    if holder is None or holder.pid != os.getpid():
+        return
+    with open(lock_file, "r+b") as f:
+        f.write(holder_bytes(replace(holder, guard=guard)))
+        f.truncate()
+        f.flush()
+        os.fsync(f.fileno())

@@ -137,17 +137,28 @@ def test_eight_concurrent_warms_start_vllm_once(rig: Rig) -> None:
 
 
 @pytest.mark.parametrize("strategy", ["flock", "lockfile"])
-def test_warm_killed_with_sigkill_leaves_a_lock_the_next_warm_recovers(
+def test_a_sigkilled_warm_takes_vllm_with_it_and_holds_the_lock_until_then(
     rig: Rig, strategy: str
 ) -> None:
-    first = rig.popen("warm", "--", MODEL, FAKE_VLLM_MODE="hang", FI_CACHE_LOCK=strategy)
+    """SIGKILL reaches no handler: fi-cache's guard stops vLLM's whole group (here one that
+    ignores SIGINT/SIGTERM and writes nothing after start-up, with a child of its own), and
+    the namespace stays locked until it has; then the next warm goes ahead."""
+    deaf = {"FAKE_VLLM_MODE": "hang", "FAKE_VLLM_IGNORE_SIGNALS": "1", "FAKE_VLLM_SPAWN_CHILD": "1"}
+    first = rig.popen("warm", "--", MODEL, FI_CACHE_LOCK=strategy, FI_CACHE_STOP_GRACE="3", **deaf)
     deadline = time.time() + 30
-    while len(rig.starts()) < 1 and time.time() < deadline:
+    while not (rig.record / "child.pid").exists() and time.time() < deadline:
         time.sleep(0.1)
+    time.sleep(0.5)
     first.send_signal(signal.SIGKILL)
     first.wait(10)
-    hung = rig.starts()[0]["pid"]
-    os.kill(hung, signal.SIGKILL)  # the stand-in was orphaned with its killed parent
+    server, child = rig.starts()[0]["pid"], int((rig.record / "child.pid").read_text())
+    blocked = rig.run("warm", "--lock-timeout", "1", "--", MODEL, FI_CACHE_LOCK=strategy)
+    assert blocked.returncode == 1 and "timed out" in blocked.stderr
+    assert _alive(server)  # still being stopped: the lock was not free while vLLM ran
+    deadline = time.time() + 20
+    while (_alive(server) or _alive(child)) and time.time() < deadline:
+        time.sleep(0.1)
+    assert not _alive(server) and not _alive(child), "vLLM outlived its killed warm"
     again = rig.run("warm", "--lock-timeout", "20", "--", MODEL, FI_CACHE_LOCK=strategy)
     assert again.returncode == 0, again.stderr
     assert len(rig.starts()) == 2
