@@ -12,7 +12,14 @@ from typing import TYPE_CHECKING, Any
 import click
 
 from fi_cache.cli import render
-from fi_cache.cli.warm import VLLM_ARGS, VLLM_OPT, check_finalize_support, resolve, run_vllm_warm
+from fi_cache.cli.warm import (
+    SEED_OPT,
+    VLLM_ARGS,
+    VLLM_OPT,
+    check_finalize_support,
+    resolve,
+    run_vllm_warm,
+)
 from fi_cache.errors import FiCacheError, Refused
 
 if TYPE_CHECKING:
@@ -47,6 +54,7 @@ def _ctx() -> Any:
     show_default=True,
     help="Seconds to wait for vLLM's /health while warming.",
 )
+@SEED_OPT
 @VLLM_OPT
 @VLLM_ARGS
 def serve_command(
@@ -54,6 +62,7 @@ def serve_command(
     do_warm: bool,
     force: bool,
     timeout: float,
+    seed: bool,
     vllm_path: str | None,
     vllm_args: tuple[str, ...],
 ) -> int:
@@ -96,7 +105,7 @@ def serve_command(
             render.warn(f"{problem} (going on: --force)")
     if not engine.is_warm(ns_dir, m, args, finalize):
         if do_warm:
-            run_vllm_warm(ns, env, vllm_args, vllm_path, timeout, None)
+            run_vllm_warm(ns, env, vllm_args, vllm_path, timeout, None, seed=seed)
             signal.signal(signal.SIGTERM, signal.SIG_DFL)
         elif not ctx.quiet:
             render.warn("namespace is cold: vLLM tunes at start-up and saves into it")

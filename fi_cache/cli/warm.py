@@ -11,6 +11,7 @@ import click
 
 from fi_cache.cli import render
 from fi_cache.cli.process import show_tail, sigterm_as_interrupt, stop_grace
+from fi_cache.cli.seeding import seeder
 from fi_cache.engines import NAMES as ENGINE_NAMES
 from fi_cache.errors import Refused
 
@@ -100,6 +101,7 @@ def run_vllm_warm(
     timeout: float,
     port: int | None,
     lock_timeout: float = 3600.0,
+    seed: bool = True,
 ) -> Any:
     """Warm `ns` with `vllm serve ARGV`, progress on stderr (serve warms a cold namespace so)."""
     from fi_cache.engines import get
@@ -114,14 +116,39 @@ def run_vllm_warm(
     status = _Status(ctx.quiet)
     progress = warm_mod.Progress(status.waiting, status.tick, status.note)
     quiet_start = warm_mod.nothing_to_tune(env, args)
-    options = warm_mod.WarmOptions(timeout, port, lock_timeout, stop_grace(), quiet_start)
+    before = seeder(ctx.store, ns, env, argv, args, status.note) if seed else None
+    options = warm_mod.WarmOptions(
+        timeout, port, lock_timeout, stop_grace(), quiet_start, before_start=before
+    )
     sigterm_as_interrupt()
     try:
         return warm_mod.warm(ctx.store, ns, args, launcher, env.vllm, options, progress)
     except WarmFailed as exc:
         status.note("warm failed")  # the reason is the last line, after vLLM's output
         show_tail(exc.lines, "vLLM's output")
+        _keep_log(ctx.store, exc.log, status.note)
         raise
+
+
+def _keep_log(store: Path, lines: list[str], note: Any) -> None:
+    """Save a failed warm's whole output and say what a gemm profile-id crash means."""
+    from fi_cache.doctor.logs import PROFILE_ID
+    from fi_cache.errors import FiCacheError
+    from fi_cache.store.logs import save_failed_warm
+
+    if not lines:
+        return
+    try:
+        log = save_failed_warm(store, lines)
+    except (FiCacheError, OSError):
+        return  # a read-only store: the tail above is all there is
+    crash = next((m.group(0) for line in lines if (m := PROFILE_ID.search(line))), None)
+    if crash:
+        note(
+            f"vLLM died replaying a cached MoE tactic its kernels do not have ({crash}): a file "
+            "tuned in the other finalize mode is where this start looked"
+        )
+    note(f"vLLM's whole output: {log} (explain it: fi-cache doctor --log {log})")
 
 
 VLLM_ARGS = click.argument("vllm_args", nargs=-1, type=click.UNPROCESSED)
@@ -131,6 +158,15 @@ VLLM_OPT = click.option(
     default=None,
     help="vLLM to run: its executable, or a Python (runs -m vllm.entrypoints.openai.api_server) "
     "(default: $FI_CACHE_VLLM, else `vllm` on PATH).",
+)
+
+
+SEED_OPT = click.option(
+    "--seed/--no-seed",
+    "seed",
+    default=True,
+    show_default=True,
+    help="Fill the file vLLM will read from this namespace's earlier files for the same model.",
 )
 
 
@@ -181,6 +217,7 @@ VLLM_OPT = click.option(
     show_default=True,
     help="Seconds to wait for another warm of the same namespace.",
 )
+@SEED_OPT
 @VLLM_OPT
 @VLLM_ARGS
 def warm_command(
@@ -192,6 +229,7 @@ def warm_command(
     port: int | None,
     force: bool,
     lock_timeout: float,
+    seed: bool,
     vllm_path: str | None,
     vllm_args: tuple[str, ...],
 ) -> int:
@@ -219,7 +257,7 @@ def warm_command(
     timeout = 1800.0 if timeout is None else timeout
     ns, env = resolve("unfused" if finalize == "unfused" else "fused", vllm_path)
     check_finalize_support(env, finalize, force, "tune")
-    result = run_vllm_warm(ns, env, vllm_args, vllm_path, timeout, port, lock_timeout)
+    result = run_vllm_warm(ns, env, vllm_args, vllm_path, timeout, port, lock_timeout, seed)
     entries = sum(f.entries for f in result.files)
     doc = {
         "namespace": str(result.namespace_dir),
@@ -229,7 +267,10 @@ def warm_command(
         "vllm_version": result.record.vllm_version,
         "nothing_to_tune": result.nothing_to_tune,
         "files": [
-            {"path": str(result.namespace_dir / f.path), "entries": f.entries, "size": f.size}
+            {
+                "path": str(result.namespace_dir / f.path), "entries": f.entries, "size": f.size,
+                "seeded": f.seeded,
+            }
             for f in result.files
         ],
     }
@@ -244,7 +285,9 @@ def warm_command(
         if result.nothing_to_tune:
             click.echo(f"nothing to tune: {result.nothing_to_tune} (vLLM started and stopped)")
         else:
-            click.echo(f"{how}: {len(result.files)} cache file(s), {entries} entries")
+            seeded = sum(f.seeded for f in result.files)
+            from_seed = f" ({seeded} seeded from earlier files)" if seeded else ""
+            click.echo(f"{how}: {len(result.files)} cache file(s), {entries} entries{from_seed}")
         click.echo(f"namespace {result.namespace_dir}")
     return 0
 

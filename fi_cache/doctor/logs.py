@@ -80,7 +80,7 @@ _SKIPPED = re.compile(_TAG + r"Skipped (\d+) legacy cuDNN config")
 _TUNING = re.compile(_TAG + r"Autotuning process (starts|ends)")
 # FlashInfer 0.6.18: "No tuned config covers OP input_shapes=...; falling back to ... tactic=-1"
 _FALLBACK = re.compile(r"No tuned config covers (\S+) .*?falling back to runner=\S+ tactic=(-?\d+)")
-_PROFILE_ID = re.compile(r"Invalid gemm([12]) profile id: (-?\d+)")
+PROFILE_ID = re.compile(r"Invalid gemm([12]) profile id: (-?\d+)")
 # A pair starts with ", field: saved=" so values may hold spaces, commas and colons.
 _PAIR_START = re.compile(r"(?:^|, )([A-Za-z_]\w*): saved=")
 # FlashInfer: "2026-11-30 01:30:10,474"; vLLM: "INFO 11-30 02:00:00" (no year).
@@ -210,7 +210,7 @@ class _Parser:
         )  # fmt: skip
 
     def _segment(self, line_no: int, text: str) -> None:
-        if match := _PROFILE_ID.search(text):
+        if match := PROFILE_ID.search(text):
             gemm, tactic = int(match.group(1)), int(match.group(2))
             pid = _PID.search(text[: match.start()])
             process = pid.group(1) if pid else ""

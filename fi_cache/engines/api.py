@@ -24,9 +24,10 @@ def _present(path: Path) -> bool:
 class WarmFailed(FiCacheError):
     """The engine exited early, timed out, or wrote no cache; `lines` are its last log lines."""
 
-    def __init__(self, message: str, lines: list[str]) -> None:
+    def __init__(self, message: str, lines: list[str], log: list[str] | None = None) -> None:
         super().__init__(message)
         self.lines = lines
+        self.log = log if log is not None else lines  # all it printed (bounded), for a log file
 
 
 class Engine(ABC):

@@ -26,6 +26,7 @@ class CacheFileRecord:
     path: str  # relative to the namespace dir
     entries: int
     size: int
+    seeded: int = 0  # entries fi-cache put there from earlier files before vLLM started
 
 
 @dataclass(frozen=True)
@@ -76,6 +77,7 @@ class Manifest:
 
 # A newer fi-cache may record more about a warm; this one reads what it knows.
 _WARM_FIELDS = frozenset(f.name for f in fields(WarmRecord)) - {"files"}
+_FILE_FIELDS = frozenset(f.name for f in fields(CacheFileRecord))
 
 
 def to_json(m: Manifest) -> dict[str, Any]:
@@ -99,7 +101,10 @@ def from_json(data: Any) -> Manifest:
         warms = tuple(
             WarmRecord(
                 **{k: v for k, v in w.items() if k in _WARM_FIELDS},
-                files=[CacheFileRecord(**f) for f in w["files"]],
+                files=[
+                    CacheFileRecord(**{k: v for k, v in f.items() if k in _FILE_FIELDS})
+                    for f in w["files"]
+                ],
             )
             for w in data.get("warms", [])
         )

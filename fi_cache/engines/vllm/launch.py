@@ -24,6 +24,7 @@ from pathlib import Path
 
 from fi_cache.engines.guard import Guard
 from fi_cache.engines.vllm.args import with_model_flag
+from fi_cache.engines.vllm.logs import named_cache_file
 from fi_cache.errors import Refused
 from fi_cache.store import locks
 from fi_cache.versions import VLLM_CACHE_DIR_ENV, VLLM_FINALIZE_ENV
@@ -173,6 +174,8 @@ class Server:
         """`lock_dir`: the namespace whose lock this process holds; a guard then stops vLLM's
         group, and keeps the lock held until it has, if this process dies first."""
         self.lines: deque[str] = deque(maxlen=keep_lines)
+        self.log: deque[str] = deque(maxlen=50_000)  # for the log file a failed warm leaves
+        self.named_files: set[str] = set()  # autotune files its log says it read or wrote
         try:
             self.proc = subprocess.Popen(
                 cmd,
@@ -197,6 +200,9 @@ class Server:
         assert self.proc.stdout is not None
         for line in self.proc.stdout:
             self.lines.append(line.rstrip("\n"))
+            self.log.append(line.rstrip("\n"))
+            if (path := named_cache_file(line)) is not None:
+                self.named_files.add(path)  # every line, not only the kept tail
 
     @property
     def last_line(self) -> str:

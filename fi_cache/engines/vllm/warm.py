@@ -6,6 +6,7 @@ one it waited for when that one warmed the same vLLM arguments.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import time
 from collections.abc import Callable
@@ -63,6 +64,9 @@ class WarmOptions:
     lock_timeout: float = 3600.0
     grace: float = 10.0  # seconds between SIGINT, SIGTERM and SIGKILL
     nothing_to_tune: str | None = None  # known up front: a start that saves nothing is still ok
+    # Called under the namespace lock just before vLLM starts (seeding): returns the entries it
+    # put into each file, by path relative to the namespace.
+    before_start: Callable[[Path, Manifest], dict[str, int]] | None = None
 
 
 @dataclass(frozen=True)
@@ -74,8 +78,29 @@ class WarmResult:
     nothing_to_tune: str | None = None  # why this start saved nothing, and that this is fine
 
 
-def collect_files(ns_dir: Path) -> list[CacheFileRecord]:
-    """The caches vLLM left in the namespace, each parsed (a corrupt one raises WarmFailed)."""
+Snapshot = dict[Path, tuple[int, int]]
+
+
+def snapshot(root: Path) -> Snapshot:
+    """(mtime_ns, size) of every file under `root`: what a start changed shows against it."""
+    out: Snapshot = {}
+    if root.is_dir():
+        for p in root.rglob("*"):
+            with contextlib.suppress(OSError):
+                st = p.stat()
+                if p.is_file():
+                    out[p] = (st.st_mtime_ns, st.st_size)
+    return out
+
+
+def collect_files(
+    ns_dir: Path,
+    used: set[Path] | None = None,
+    seeded: dict[str, int] | None = None,
+) -> list[CacheFileRecord]:
+    """The caches this start used (`used`: files it wrote, changed or named in its log; None:
+    every cache in the namespace), each parsed (a corrupt one raises WarmFailed). A v2 store
+    counts as used when any file inside it is."""
     root = ENGINE.cache_dir(ns_dir)
     if not root.is_dir():
         return []
@@ -83,10 +108,22 @@ def collect_files(ns_dir: Path) -> list[CacheFileRecord]:
     if inv.problems:
         p = inv.problems[0]
         raise WarmFailed(f"vLLM wrote a cache fi-cache cannot read: {p.path}: {p.message}", [])
-    return [
-        CacheFileRecord(str(c.path.relative_to(ns_dir)), len(c.file.entries), c.size)
-        for c in inv.caches
-    ]
+    seeded = seeded or {}
+    out = []
+    for c in inv.caches:
+        here = c.path.resolve()
+        if used is not None and not any(u == here or here in u.parents for u in used):
+            continue
+        rel = str(c.path.relative_to(ns_dir))
+        out.append(CacheFileRecord(rel, len(c.file.entries), c.size, seeded.get(rel, 0)))
+    return out
+
+
+def _used(root: Path, before: Snapshot, named: set[str], seeded: dict[str, int]) -> set[Path]:
+    after = snapshot(root)
+    changed = {p for p, stamp in after.items() if before.get(p) != stamp}
+    said = {Path(n) for n in named}
+    return {p.resolve() for p in changed | said} | {(root.parent / s).resolve() for s in seeded}
 
 
 def warm(
@@ -113,7 +150,8 @@ def warm(
         prior = m.last_warm(args.key, since=asked) if waited else None
         if prior is not None:
             return WarmResult(prior, True, ns_dir, prior.files)
-        record = _run(ns_dir, ns, args, launcher, info, options, progress)
+        seeded = options.before_start(ns_dir, m) if options.before_start else {}
+        record = _run(ns_dir, ns, args, launcher, info, options, progress, seeded)
         share_like_store([ns_dir / f.path for f in record.files], store)
         manifests.save(ns_dir, m.with_warm(record))
         quiet = options.nothing_to_tune if not record.files else None
@@ -128,6 +166,7 @@ def _run(
     info: VllmInfo,
     options: WarmOptions,
     progress: Progress,
+    seeded: dict[str, int] | None = None,
 ) -> WarmRecord:
     port = options.port or launch.free_port()
     if options.port and launch.port_in_use(port):
@@ -140,6 +179,7 @@ def _run(
     # Warming never needs outside traffic: listen on loopback, on our port (last flag wins).
     cmd = launcher.command([*args.argv, "--host", "127.0.0.1", "--port", str(port)])
     started = time.time()
+    before = snapshot(root)
     progress.note(f"starting {' '.join(cmd[1:])}")
     server = launch.Server(cmd, env, lock_dir=ns_dir, grace=options.grace)
     try:
@@ -147,27 +187,35 @@ def _run(
         if state == "exited":
             code = server.stop(options.grace)
             raise WarmFailed(
-                f"vLLM exited with code {code} before it was healthy", list(server.lines)
+                f"vLLM exited with code {code} before it was healthy",
+                list(server.lines),
+                list(server.log),
             )
         if state == "timeout":
             server.stop(options.grace)
             raise WarmFailed(
-                f"vLLM was not healthy after {options.timeout:.0f}s (--timeout)", list(server.lines)
+                f"vLLM was not healthy after {options.timeout:.0f}s (--timeout)",
+                list(server.lines),
+                list(server.log),
             )
         progress.note("healthy: warm-up and the cache save are done; stopping vLLM")
         server.stop(options.grace)
     except BaseException:
         server.stop(options.grace)  # Ctrl-C, SIGTERM, errors: never leave vLLM behind
         raise
-    files = collect_files(ns_dir)
+    seeded = seeded or {}
+    used = _used(root, before, server.named_files, seeded)
+    files = collect_files(ns_dir, {u for u in used if u.is_relative_to(ns_dir.resolve())}, seeded)
     if not files and options.nothing_to_tune:
         progress.note(f"nothing to tune: {options.nothing_to_tune}")
     elif not files:
         raise WarmFailed(
-            "vLLM became healthy but wrote no autotune cache (FlashInfer autotune off: -O0, "
+            "vLLM became healthy but neither wrote nor read an autotune cache in the namespace "
+            "(FlashInfer autotune off: -O0, "
             "--no-enable-flashinfer-autotune or, on 0.33, --disable-flashinfer-autotune? a model "
             "without FlashInfer kernels? vLLM < 0.25?)",
             list(server.lines),
+            list(server.log),
         )
     return WarmRecord(
         started=started,

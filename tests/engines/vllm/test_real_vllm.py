@@ -171,3 +171,43 @@ def test_stopping_a_real_warm_ends_every_vllm_process(
         time.sleep(0.2)
     assert _vllm_processes(store) == []
     assert not list((store / "namespaces").rglob("manifest.json"))
+
+
+def test_a_changed_config_starts_from_a_seeded_file_at_the_path_vllm_reads(
+    model: Path, env: dict[str, str], tmp_path: Path
+) -> None:
+    """An earlier warm of the same model left a file (the real H200 GEMM cache stands in for what
+    it tuned); a start with another --max-model-len has a new config hash, so vLLM would start
+    from nothing. fi-cache seeds the file real vLLM 0.32's worker computes, before it starts."""
+    from tests.conftest import GEMM_618
+
+    store = tmp_path / "store"
+    first = subprocess.run(_fi(store, "warm", "--", str(model), *FAST), env=env,
+                           capture_output=True, text=True, timeout=400, check=False)  # fmt: skip
+    assert first.returncode == 0, first.stderr[-3000:]
+    [manifest] = list((store / "namespaces").rglob("manifest.json"))
+    earlier = f"vllm/{'a' * 64}/autotune_configs_dp0_rank0.json"
+    (manifest.parent / earlier).parent.mkdir(parents=True)
+    (manifest.parent / earlier).write_bytes(GEMM_618.read_bytes())
+    doc = json.loads(manifest.read_text())
+    doc["warms"][0]["files"] = [{"path": earlier, "entries": 38, "size": 1}]
+    manifest.write_text(json.dumps(doc))
+    hashes = tmp_path / "worker-hash.jsonl"
+    argv = [str(model), *FAST[:-1], "128"]  # --max-model-len 128: another config hash
+    second = subprocess.run(
+        _fi(store, "--format", "json", "warm", "--", *argv),
+        env={**env, "FI_CACHE_TEST_HASH_OUT": str(hashes)},
+        capture_output=True, text=True, timeout=400, check=False,
+    )  # fmt: skip
+    assert second.returncode == 0, second.stderr[-3000:]
+    worker_hash = json.loads(hashes.read_text().splitlines()[-1])["hash"]
+    seeded = manifest.parent / "vllm" / worker_hash / "autotune_configs_dp0_rank0.json"
+    assert f"seeded 38 entries from 1 earlier file(s): {seeded}" in second.stderr
+    assert seeded.read_bytes() == GEMM_618.read_bytes()  # FlashInfer's format, byte for byte
+    [f] = json.loads(second.stdout)["files"]
+    assert f["path"] == str(seeded) and f["seeded"] == 38
+    third = subprocess.run(
+        _fi(store, "warm", "--no-seed", "--", str(model), *FAST[:-1], "64"), env=env,
+        capture_output=True, text=True, timeout=400, check=False,
+    )  # fmt: skip
+    assert third.returncode == 0 and "seeded" not in third.stderr

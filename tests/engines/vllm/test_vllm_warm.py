@@ -235,7 +235,7 @@ def test_healthy_without_a_cache_is_a_failed_warm_where_vllm_should_tune(
     rig: Rig, tmp_path: Path
 ) -> None:
     p = rig.run("warm", "--", MODEL, FAKE_VLLM_NO_CACHE="1", **_gpu_host(rig, tmp_path))
-    assert p.returncode == 1 and "wrote no autotune cache" in p.stderr
+    assert p.returncode == 1 and "neither wrote nor read an autotune cache" in p.stderr
     assert rig.namespaces() == []
 
 
@@ -481,3 +481,30 @@ def test_a_v2_store_is_warm_and_the_second_serve_starts_vllm_once(rig: Rig) -> N
     assert listed.returncode == 0 and cache["path"].split("/")[-1] in listed.stdout
     doctor = rig.run("doctor", **env)
     assert doctor.returncode == 0, doctor.stdout + doctor.stderr
+
+
+def test_a_warm_is_the_files_that_start_used_not_the_namespace(rig: Rig, tmp_path: Path) -> None:
+    """A second model whose start wrote and read nothing is a failed warm, though the namespace
+    holds the first model's file; a start that loaded its existing file is a warm of it."""
+    gpu = _gpu_host(rig, tmp_path)  # vLLM should tune here: no file is a failure
+    assert rig.run("warm", "--", MODEL, **gpu).returncode == 0
+    other = rig.run("--format", "json", "warm", "--", "other/model", FAKE_VLLM_NO_CACHE="1", **gpu)
+    assert other.returncode == 1 and "neither wrote nor read" in other.stderr
+    again = rig.run("--format", "json", "warm", "--", MODEL, "--max-num-seqs", "8", **gpu)
+    [first_file] = json.loads(again.stdout)["files"]
+    reload = rig.run("--format", "json", "warm", "--", MODEL, "--max-num-seqs", "8", **gpu)
+    assert reload.returncode == 0, reload.stderr  # the file is unchanged: the log names it
+    assert json.loads(reload.stdout)["files"] == [first_file]
+
+
+def test_a_gemm_profile_crash_is_named_and_its_log_kept_for_doctor(rig: Rig) -> None:
+    p = rig.run("warm", "--", MODEL, FAKE_VLLM_MODE="crash")
+    assert p.returncode == 1 and "Traceback (most recent call last)" in p.stderr  # vLLM's own
+    assert "vLLM died replaying a cached MoE tactic" in p.stderr
+    assert "(Invalid gemm2 profile id: 50)" in p.stderr
+    said = [ln for ln in p.stderr.splitlines() if "fi-cache doctor --log " in ln]
+    log = said[0].rsplit("fi-cache doctor --log ", 1)[1].rstrip(")")
+    assert Path(log).is_file() and Path(log).is_relative_to(rig.store)
+    doctor = rig.run("--format", "json", "doctor", "--log", log)
+    checks = {f["check"] for f in json.loads(doctor.stdout)["findings"]}
+    assert doctor.returncode == 1 and "stale-gemm2-profile" in checks

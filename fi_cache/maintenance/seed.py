@@ -1,0 +1,105 @@
+"""Seed the file vLLM's next start will read from the namespace's earlier files for the same
+model, so a changed vLLM config hash (an upgrade, another flag) does not mean tuning again.
+
+Why it is safe: a namespace is one FlashInfer version, GPU, CUDA stack and finalize mode, so
+every entry in it is valid for every start on it; FlashInfer's entries depend on the op and its
+shapes only. Why only the same model: on FlashInfer <= 0.6.17 MoE keys carry no quantisation
+flags, so two models with equal shapes but other quantisation would share keys and must never
+share entries. Per-rank files are seeded rank by rank (same file name): on FlashInfer
+0.6.18-0.7.1 MoE keys carry the rank.
+
+`plan` is pure over what it reads; `write` goes through the store's atomic writer. The caller
+holds the namespace lock across both.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+from fi_cache.errors import FiCacheError
+from fi_cache.maintenance.merge import merge, read_source
+from fi_cache.model import v1
+from fi_cache.store.files import atomic_write
+from fi_cache.store.manifest import Manifest
+
+
+@dataclass(frozen=True)
+class Seed:
+    """One file to write before vLLM starts: `target` (inside the namespace) from `sources`."""
+
+    target: Path
+    file: v1.CacheFile
+    sources: tuple[Path, ...]
+
+    @property
+    def entries(self) -> int:
+        return len(self.file.entries)
+
+
+SameModel = Callable[[Sequence[str]], bool]  # does an earlier warm's argv serve this model?
+
+
+def sources_for(
+    ns_dir: Path,
+    manifest: Manifest | None,
+    same_model: SameModel,
+    name: str,
+    exclude: Iterable[Path] = (),
+) -> list[Path]:
+    """The namespace's files named `name` that earlier successful vLLM warms of the model recorded,
+    newest warm first, each once; `exclude` (what doctor's checks flagged) never counts."""
+    if manifest is None:
+        return []
+    skip = {p.resolve() for p in exclude}
+    found: list[Path] = []
+    for warm in sorted(manifest.warms, key=lambda w: w.started, reverse=True):
+        if not warm.ok or warm.engine != "vllm" or not same_model(warm.argv):
+            continue
+        for f in warm.files:
+            path = ns_dir / f.path
+            usable = path.name == name and path.is_file() and path.resolve() not in skip
+            if usable and path not in found:
+                found.append(path)
+    return found
+
+
+def plan(
+    ns_dir: Path,
+    manifest: Manifest | None,
+    same_model: SameModel,
+    targets: Sequence[Path],
+    exclude: Iterable[Path] = (),
+) -> tuple[list[Seed], list[str]]:
+    """(seeds, notes): a seed for each target that does not exist yet and has sources; a note
+    for each source that cannot be used (corrupt, another environment's metadata)."""
+    excluded = list(exclude)
+    seeds: list[Seed] = []
+    notes: list[str] = []
+    for target in targets:
+        if target.exists():
+            continue  # vLLM reads what is there; never overwrite a file it wrote
+        readable: list[tuple[str, v1.CacheFile]] = []
+        for src in sources_for(ns_dir, manifest, same_model, target.name, excluded):
+            if src.parent == target.parent:
+                continue
+            try:
+                readable.append((str(src), read_source(src)))
+            except FiCacheError as exc:
+                notes.append(f"not a seed source: {src}: {exc.message}")
+        if not readable:
+            continue
+        try:
+            merged = merge(readable, prefer="first")  # the newest warm's choice wins a conflict
+        except FiCacheError as exc:  # _metadata differs: files from two environments
+            notes.append(f"not seeding {target}: {exc.message}")
+            continue
+        if merged.entries:
+            seeds.append(Seed(target, merged.file, tuple(Path(n) for n, _ in readable)))
+    return seeds, notes
+
+
+def write(seed: Seed) -> None:
+    """Atomically, in FlashInfer's own format (`_generation` as that version writes it)."""
+    atomic_write(seed.target, v1.dumps(seed.file).encode(), lock=False)
