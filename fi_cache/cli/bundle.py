@@ -98,8 +98,9 @@ def import_command(bundle_path: Path, force: bool) -> int:
     from fi_cache.store.paths import state_dir
 
     ctx = _ctx()
-    here = environment.detect(state_dir(ctx.store)).fingerprint
-    bm = bundle.import_bundle(ctx.store, bundle_path, here, force)
+    with bundle.open_bundle(bundle_path) as opened:  # bad input is refused before any probing
+        here = environment.detect(state_dir(ctx.store)).fingerprint
+        bm = bundle.install_bundle(ctx.store, opened, here, force)
     if ctx.json:
         render.emit_json({"bundle": str(bundle_path), **_summary(bm)})
     else:

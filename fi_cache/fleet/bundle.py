@@ -1,9 +1,12 @@
 """Bundles: one or more store namespaces in a tar.gz with a manifest of sha256 and sizes.
 
-Export reads the store under each namespace's lock. Import trusts nothing: every member is
-checked (name, type, size, checksum, that each namespace's path is the one its fingerprint
-gives) before anything reaches the store, files land in a temp dir inside the store, and only
-then is each namespace renamed into place under its lock.
+A bundle carries cache data only: each namespace's manifest and the caches discovery finds in it
+(`content_files` says which; `content_refusal` is the rule on names). Export packs exactly that and
+import accepts exactly that. Export reads the store under each namespace's lock. Import trusts
+nothing: the manifest is vetted first (counts, declared sizes, names), then every tar header
+before its data is decompressed, then the bytes (sha256) and the contents (every cache parses and,
+without --force, was written in this environment) in a temp dir inside the store; only then is
+each namespace renamed into place under its lock.
 """
 
 from __future__ import annotations
@@ -13,26 +16,43 @@ import hashlib
 import io
 import json
 import os
+import re
+import stat
 import tarfile
 import time
+from collections.abc import Iterable, Iterator
 from dataclasses import asdict, dataclass
 from pathlib import Path, PurePosixPath
-from typing import Any
+from typing import IO, Any
 
 from fi_cache import __version__
-from fi_cache.caches.inventory import max_file_bytes
-from fi_cache.errors import CorruptCache, FiCacheError, Refused
-from fi_cache.model import v1
-from fi_cache.model.fingerprint import FINGERPRINT_FIELDS, Fingerprint
+from fi_cache.caches.discover import TMP_PATTERN, Found, discover
+from fi_cache.caches.inventory import max_file_bytes, scan
+from fi_cache.errors import CorruptCache, FiCacheError, Refused, read_refusal
+from fi_cache.model import v2
+from fi_cache.model.fingerprint import FINGERPRINT_FIELDS, Fingerprint, compare_metadata
 from fi_cache.store import install, locks, trash
 from fi_cache.store import manifest as manifests
 from fi_cache.store.files import TMP_PREFIX, atomic_write
-from fi_cache.store.namespace import NAMESPACES_DIR, Namespace
+from fi_cache.store.namespace import Namespace
 
 BUNDLE_MANIFEST = "fi-cache-bundle.json"
 FORMAT = "fi-cache-bundle"
 SCHEMA = 1
-_SKIP_NAMES = {locks.LOCK_NAME, locks.HOLDER_NAME, locks.IN_USE_NAME}
+# A namespace holds a few v1 files, or one v2 store with a file per tuned key shared by every
+# model served in that environment: thousands at most. A manifest lists each file in ~260 bytes.
+MAX_FILES = 50_000
+_MAX_MANIFEST_BYTES = 16 * 1024 * 1024
+# tarfile reads a PAX or GNU long-name header whole into memory before anyone sees the member;
+# an export's are a few hundred bytes (one long path).
+_MAX_EXTENDED_HEADER = 4096
+_EXTENDED = (tarfile.XHDTYPE, tarfile.XGLTYPE, tarfile.SOLARIS_XHDTYPE, tarfile.GNUTYPE_LONGNAME,
+             tarfile.GNUTYPE_LONGLINK)  # fmt: skip
+_LOCK_NAMES = {locks.LOCK_NAME, locks.HOLDER_NAME, locks.IN_USE_NAME}
+_NAME_PART = re.compile(
+    r"^[A-Za-z0-9][A-Za-z0-9._-]*$"
+)  # every name vLLM, FlashInfer, fi-cache write
+_NS_DEPTH = len(Namespace(Fingerprint(), "fused").relpath.parts)  # namespaces/<fi>/<arch>/<gpu>/<m>
 _MB = 1024 * 1024
 
 
@@ -91,6 +111,11 @@ def parse_manifest(data: Any) -> BundleManifest:
     try:
         if data["format"] != FORMAT or int(data["schema"]) != SCHEMA:
             raise Refused(f"not a schema-{SCHEMA} fi-cache bundle")
+        if not isinstance(data["files"], list) or not isinstance(data["namespaces"], list):
+            raise TypeError("files and namespaces must be lists")
+        count = max(len(data["files"]), len(data["namespaces"]))
+        if count > MAX_FILES:  # before building an object per entry
+            raise Refused(f"bundle manifest lists {count} entries, over the limit of {MAX_FILES}")
         namespaces = tuple(
             BundledNamespace(
                 str(n["path"]),
@@ -100,13 +125,20 @@ def parse_manifest(data: Any) -> BundleManifest:
             for n in data["namespaces"]
         )
         files = tuple(
-            BundleFile(str(f["path"]), int(f["size"]), str(f["sha256"])) for f in data["files"]
+            BundleFile(str(f["path"]), _size(f["size"]), str(f["sha256"])) for f in data["files"]
         )
         return BundleManifest(
             namespaces, files, float(data["created"]), str(data["fi_cache_version"])
         )
     except (KeyError, TypeError, ValueError, AttributeError, OverflowError) as exc:
         raise Refused(f"malformed bundle manifest ({exc})") from None
+
+
+def _size(value: Any) -> int:
+    size = int(value)
+    if size < 0:
+        raise ValueError(f"negative size {size}")
+    return size
 
 
 def _fingerprint(data: Any) -> Fingerprint:
@@ -116,20 +148,59 @@ def _fingerprint(data: Any) -> Fingerprint:
     return Fingerprint(**values)
 
 
+# --- what a bundle carries: export and import both go by these two ------------------------------
+
+
+def content_refusal(rel: PurePosixPath) -> str | None:
+    """Why the file at `rel` (inside a namespace dir) is no bundle content; None when it may be:
+    the namespace manifest or a JSON cache. Locks, temp files and anything else stay home."""
+    name = rel.name
+    if name in _LOCK_NAMES or name.startswith(locks.LOCK_NAME):
+        return "is a lock file"
+    if TMP_PATTERN.match(name) or name.startswith(TMP_PREFIX) or name.endswith(".tmp"):
+        return "is a temp file"
+    if not rel.parts or not all(_NAME_PART.match(part) for part in rel.parts):
+        return "has a name no cache has (hidden, or characters vLLM and FlashInfer never write)"
+    if rel.suffix != ".json":
+        return "is not a cache file"
+    return None
+
+
+def content_files(ns_dir: Path, found: Iterable[Found]) -> list[Path]:
+    """The files of `ns_dir` a bundle carries: its manifest and the caches `found` there (v1
+    files, v2 stores' manifest and entries), regular files only, by `content_refusal`."""
+    paths = [ns_dir / manifests.MANIFEST_NAME]
+    for f in found:
+        if f.format == "v1":
+            paths.append(f.path)
+            continue
+        paths.append(f.path / v2.MANIFEST)
+        entries = f.path / v2.ENTRIES_DIR
+        if entries.is_dir():
+            paths.extend(sorted(p for p in entries.iterdir() if p.name.endswith(".json")))
+    return [
+        p
+        for p in paths
+        if _is_regular(p)
+        and content_refusal(PurePosixPath(p.relative_to(ns_dir).as_posix())) is None
+    ]
+
+
+def _is_regular(path: Path) -> bool:
+    try:
+        return stat.S_ISREG(path.lstat().st_mode)
+    except OSError:
+        return False
+
+
 # --- export -------------------------------------------------------------------------------------
 
 
-def _namespace_files(store: Path, ns_dir: Path) -> list[Path]:
-    out = []
-    for dirpath, dirnames, filenames in os.walk(ns_dir):
-        dirnames.sort()
-        for name in sorted(filenames):
-            if name in _SKIP_NAMES or name.startswith(TMP_PREFIX) or name.endswith(".tmp"):
-                continue
-            path = Path(dirpath, name)
-            if path.is_file() and not path.is_symlink():
-                out.append(path)
-    return out
+def _namespace_files(ns_dir: Path) -> list[Path]:
+    found, problems = discover(ns_dir)
+    if problems:
+        raise Refused(problems[0].message, problems[0].path)
+    return content_files(ns_dir, found)
 
 
 def export(store: Path, namespace_dirs: list[Path], out: Path) -> BundleManifest:
@@ -140,23 +211,35 @@ def export(store: Path, namespace_dirs: list[Path], out: Path) -> BundleManifest
     for ns_dir in namespace_dirs:
         # A read-only store (a mounted snapshot) cannot change under us: no lock needed there.
         writable = os.access(ns_dir, os.W_OK)
-        lock = (
-            locks.namespace_lock(ns_dir, "export", 60) if writable else contextlib.nullcontext()
-        )
+        lock = locks.namespace_lock(ns_dir, "export", 60) if writable else contextlib.nullcontext()
         with lock:
             m = manifests.load(ns_dir)
             if m is None:
                 raise CorruptCache("namespace has no manifest (never warmed?)", ns_dir)
             rel = ns_dir.relative_to(store).as_posix()
             namespaces.append(BundledNamespace(rel, m.fingerprint, m.finalize))
-            for path in _namespace_files(store, ns_dir):
+            for path in _namespace_files(ns_dir):
+                if path.stat().st_size > max_member_bytes():  # import would refuse it
+                    raise Refused(f"over the {_member_limit()}", path)
                 data = path.read_bytes()  # read under the lock: a consistent snapshot
                 name = path.relative_to(store).as_posix()
                 files.append(BundleFile(name, len(data), hashlib.sha256(data).hexdigest()))
                 members.append((name, data))
+    if len(files) > MAX_FILES:
+        raise Refused(f"{len(files)} files to bundle, over the limit of {MAX_FILES}", store)
     bm = BundleManifest(tuple(namespaces), tuple(files), time.time(), __version__)
+    if bm.size > max_bundle_bytes():
+        raise Refused(f"{bm.size / _MB:.0f} MB to bundle, over the {_bundle_limit()}", store)
     atomic_write(out, _tar_bytes(bm, members), lock=False)
     return bm
+
+
+def _member_limit() -> str:
+    return f"{max_member_bytes() // _MB} MB limit (FI_CACHE_MAX_FILE_MB)"
+
+
+def _bundle_limit() -> str:
+    return f"{max_bundle_bytes() // _MB} MB limit (FI_CACHE_MAX_BUNDLE_MB)"
 
 
 def _tar_bytes(bm: BundleManifest, members: list[tuple[str, bytes]]) -> bytes:
@@ -172,7 +255,101 @@ def _tar_bytes(bm: BundleManifest, members: list[tuple[str, bytes]]) -> bytes:
     return buf.getvalue()
 
 
-# --- import -------------------------------------------------------------------------------------
+# --- import: reading and vetting, nothing written -----------------------------------------------
+
+
+class _Header(tarfile.TarInfo):
+    """A tar header that refuses, before tarfile reads it, what no export writes and what would
+    cost memory or time out of proportion: an oversized extended header, a sparse member."""
+
+    def _proc_member(self, tarfile_: tarfile.TarFile) -> tarfile.TarInfo:
+        if self.type == tarfile.GNUTYPE_SPARSE:
+            raise Refused(f"bundle member {self.name!r} is a sparse file")
+        if self.type in _EXTENDED and self.size > _MAX_EXTENDED_HEADER:
+            raise Refused(
+                f"bundle has a {self.size}-byte extended tar header (no export writes one)"
+            )
+        return super()._proc_member(tarfile_)  # type: ignore[misc, no-any-return]
+
+
+@dataclass(frozen=True)
+class OpenBundle:
+    """A bundle whose manifest and tar headers passed every check, still open for the install."""
+
+    path: Path
+    file: IO[bytes]
+    manifest: BundleManifest
+    members: list[tarfile.TarInfo]
+
+
+@contextlib.contextmanager
+def open_bundle(bundle: Path) -> Iterator[OpenBundle]:
+    """Open and vet a bundle without writing anything. Raises Refused (exit 2)."""
+    with _open_regular(bundle) as f:
+        bm, members = _read_headers(f, bundle)
+        yield OpenBundle(bundle, f, bm, members)
+
+
+def read_manifest(bundle: Path) -> tuple[BundleManifest, list[tarfile.TarInfo]]:
+    with open_bundle(bundle) as opened:
+        return opened.manifest, opened.members
+
+
+def _open_regular(bundle: Path) -> IO[bytes]:
+    """The bundle, opened without blocking: a FIFO or device named as one is refused at once."""
+    try:
+        fd = os.open(
+            bundle, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_NOCTTY", 0)
+        )
+    except OSError as exc:
+        raise read_refusal(exc, bundle, "bundle") from None
+    try:
+        st = os.fstat(fd)
+        if stat.S_ISDIR(st.st_mode):
+            raise Refused("is a directory, not a bundle", bundle)
+        if not stat.S_ISREG(st.st_mode):
+            raise Refused("not a regular file (a FIFO or device is no bundle)", bundle)
+        if st.st_size > max_bundle_bytes():
+            raise Refused(
+                f"bundle is {st.st_size / _MB:.0f} MB, over the {_bundle_limit()}", bundle
+            )
+        return os.fdopen(fd, "rb")  # O_NONBLOCK changes nothing for a regular file's reads
+    except BaseException:
+        os.close(fd)
+        raise
+
+
+def _read_headers(f: IO[bytes], bundle: Path) -> tuple[BundleManifest, list[tarfile.TarInfo]]:
+    """The manifest, vetted, then every tar header, each checked before its data is read."""
+    try:
+        with tarfile.open(fileobj=f, mode="r:gz", tarinfo=_Header) as tar:
+            first = tar.next()
+            if first is None or first.name != BUNDLE_MANIFEST or not _is_plain(first):
+                raise Refused(f"first member is not {BUNDLE_MANIFEST}", bundle)
+            if first.size > _MAX_MANIFEST_BYTES:
+                raise Refused(
+                    f"bundle manifest is implausibly large ({first.size / _MB:.0f} MB)", bundle
+                )
+            raw = tar.extractfile(first)
+            bm = _parse(raw.read() if raw else b"", bundle)
+            _vet_manifest(bm, bundle)
+            return bm, _vet_members(tar, bm, bundle)
+    except Refused as exc:
+        raise Refused(exc.message, exc.path or bundle) from None
+    except (tarfile.TarError, EOFError, OSError, ValueError, RecursionError) as exc:
+        raise Refused(f"not a readable tar.gz bundle ({exc})", bundle) from None
+
+
+def _parse(raw: bytes, bundle: Path) -> BundleManifest:
+    try:
+        data = json.loads(raw)
+    except (ValueError, RecursionError) as exc:
+        raise Refused(f"bundle manifest is not JSON ({exc})", bundle) from None
+    return parse_manifest(data)
+
+
+def _is_plain(m: tarfile.TarInfo) -> bool:
+    return m.type in (tarfile.REGTYPE, tarfile.AREGTYPE)  # what export writes, nothing sparse
 
 
 def _safe_name(name: str) -> PurePosixPath:
@@ -182,40 +359,15 @@ def _safe_name(name: str) -> PurePosixPath:
     return p
 
 
-def read_manifest(bundle: Path) -> tuple[BundleManifest, list[tarfile.TarInfo]]:
-    """Open and vet a bundle without writing anything. Raises Refused (exit 2)."""
-    try:
-        with tarfile.open(bundle, mode="r:gz") as tar:
-            members = tar.getmembers()  # reads the whole stream: a truncated gzip fails here
-            if not members or members[0].name != BUNDLE_MANIFEST or not members[0].isfile():
-                raise Refused(f"first member is not {BUNDLE_MANIFEST}", bundle)
-            if members[0].size > _MB:
-                raise Refused("bundle manifest is implausibly large", bundle)
-            raw = tar.extractfile(members[0])
-            data = json.loads(raw.read() if raw else b"")
-    except FileNotFoundError:
-        raise Refused("no such file", bundle) from None
-    except (tarfile.TarError, EOFError, OSError, ValueError) as exc:
-        raise Refused(f"not a readable tar.gz bundle ({exc})", bundle) from None
-    bm = parse_manifest(data)
-    _vet(bm, members[1:], bundle)
-    return bm, members[1:]
-
-
-def _vet(bm: BundleManifest, members: list[tarfile.TarInfo], bundle: Path) -> None:
-    declared = {f.path: f for f in bm.files}
+def _vet_manifest(bm: BundleManifest, bundle: Path) -> None:
+    """Everything the manifest alone can show, before any member's data is read."""
+    declared = {f.path for f in bm.files}
     if len(declared) != len(bm.files):
         raise Refused("bundle manifest lists a file twice", bundle)
     if bm.size > max_bundle_bytes():
-        raise Refused(
-            f"bundle declares {bm.size / _MB:.0f} MB, over the "
-            f"{max_bundle_bytes() // _MB} MB limit (FI_CACHE_MAX_BUNDLE_MB)",
-            bundle,
-        )
+        raise Refused(f"bundle declares {bm.size / _MB:.0f} MB, over the {_bundle_limit()}", bundle)
     ns_paths = {n.path for n in bm.namespaces}
-    if len(ns_paths) != len(bm.namespaces) or any(
-        a != b and a.startswith(b + "/") for a in ns_paths for b in ns_paths
-    ):
+    if len(ns_paths) != len(bm.namespaces):
         raise Refused("bundle lists a namespace twice, or one inside another", bundle)
     for n in bm.namespaces:
         _safe_name(n.path)
@@ -224,27 +376,53 @@ def _vet(bm: BundleManifest, members: list[tarfile.TarInfo], bundle: Path) -> No
             raise Refused(
                 f"namespace {n.path!r} does not match its fingerprint ({expected})", bundle
             )
-    seen = set()
-    for m in members:
-        name = _safe_name(m.name)
+        if f"{n.path}/{manifests.MANIFEST_NAME}" not in declared:
+            raise Refused(f"namespace {n.path!r} has no {manifests.MANIFEST_NAME}", bundle)
+    for f in bm.files:  # every path is a namespace's and of an expected depth: none nests
+        parts = _safe_name(f.path).parts
+        if len(parts) <= _NS_DEPTH or "/".join(parts[:_NS_DEPTH]) not in ns_paths:
+            raise Refused(f"bundle member {f.path!r} is outside its namespaces", bundle)
+        if reason := content_refusal(PurePosixPath(*parts[_NS_DEPTH:])):
+            raise Refused(
+                f"bundle member {f.path!r} {reason}: a bundle carries cache files and the "
+                "namespace manifest only",
+                bundle,
+            )
+        if f.size > max_member_bytes():
+            raise Refused(
+                f"bundle member {f.path!r} declares {f.size / _MB:.0f} MB, over the "
+                f"{_member_limit()}",
+                bundle,
+            )
+
+
+def _vet_members(tar: tarfile.TarFile, bm: BundleManifest, bundle: Path) -> list[tarfile.TarInfo]:
+    """Each header against the manifest as it comes: one that is not listed, or not as listed,
+    is refused before its data (or anything after it) is decompressed."""
+    declared = {f.path: f for f in bm.files}
+    members: list[tarfile.TarInfo] = []
+    seen: set[str] = set()
+    while (m := tar.next()) is not None:
+        _safe_name(m.name)
         if m.name in seen:
             raise Refused(f"bundle member {m.name!r} appears twice", bundle)
-        if not m.isfile():
+        if not _is_plain(m):
             kind = "symlink" if m.issym() else "hard link" if m.islnk() else "non-regular member"
             raise Refused(f"bundle member {m.name!r} is a {kind}", bundle)
         f = declared.get(m.name)
         if f is None:
             raise Refused(f"bundle member {m.name!r} is not in its manifest", bundle)
-        if m.size != f.size or m.size > max_member_bytes():
+        if m.size != f.size:
             raise Refused(
-                f"bundle member {m.name!r}: size {m.size} does not match or is over the limit",
+                f"bundle member {m.name!r}: its tar header says {m.size} bytes, "
+                f"its manifest {f.size}",
                 bundle,
             )
-        if name.parts[0] != NAMESPACES_DIR or not any(m.name.startswith(p + "/") for p in ns_paths):
-            raise Refused(f"bundle member {m.name!r} is outside its namespaces", bundle)
         seen.add(m.name)
+        members.append(m)
     if missing := set(declared) - seen:
         raise Refused(f"bundle is missing {sorted(missing)[0]!r}", bundle)
+    return members
 
 
 def foreign_fields(bm: BundleManifest, here: Fingerprint) -> list[str]:
@@ -258,9 +436,20 @@ def foreign_fields(bm: BundleManifest, here: Fingerprint) -> list[str]:
     return sorted(set(out))
 
 
+# --- import: installing -------------------------------------------------------------------------
+
+
 def import_bundle(store: Path, bundle: Path, here: Fingerprint, force: bool) -> BundleManifest:
     """Verify `bundle` completely, then install its namespaces. Raises Refused or FiCacheError."""
-    bm, members = read_manifest(bundle)
+    with open_bundle(bundle) as opened:
+        return install_bundle(store, opened, here, force)
+
+
+def install_bundle(
+    store: Path, opened: OpenBundle, here: Fingerprint, force: bool
+) -> BundleManifest:
+    """Install a vetted bundle: its bytes (sha256) and contents checked in a staging dir first."""
+    bm, bundle = opened.manifest, opened.path
     if (diff := foreign_fields(bm, here)) and not force:
         raise Refused(
             f"bundle is for another environment ({'; '.join(diff)}); --force to import anyway",
@@ -269,15 +458,16 @@ def import_bundle(store: Path, bundle: Path, here: Fingerprint, force: bool) -> 
     declared = {f.path: f for f in bm.files}
     staging = install.make_staging_dir(store)
     try:
-        with tarfile.open(bundle, mode="r:gz") as tar:
-            for m in members:
+        opened.file.seek(0)
+        with tarfile.open(fileobj=opened.file, mode="r:gz", tarinfo=_Header) as tar:
+            for m in opened.members:
                 src = tar.extractfile(m)
                 if src is None:
                     raise Refused(f"cannot read bundle member {m.name!r}", bundle)
                 digest = install.write_member(staging / m.name, src, m.size)
                 if digest != declared[m.name].sha256:
                     raise Refused(f"checksum mismatch for {m.name!r}", bundle)
-        _check_contents(staging, bm, bundle)
+        _check_contents(staging, bm, bundle, None if force else here)
         for n in bm.namespaces:
             install.install_dir(staging / n.path, store / n.path, store)
     except (tarfile.TarError, EOFError, OSError) as exc:
@@ -288,21 +478,56 @@ def import_bundle(store: Path, bundle: Path, here: Fingerprint, force: bool) -> 
     return bm
 
 
-def _check_contents(staging: Path, bm: BundleManifest, bundle: Path) -> None:
-    """Checksums say the bytes are the sender's; this says they are caches and manifests."""
+def _check_contents(
+    staging: Path, bm: BundleManifest, bundle: Path, here: Fingerprint | None
+) -> None:
+    """Checksums say the bytes are the sender's; this says they are a namespace manifest and
+    caches, every one of which parses and (unless `here` is None: --force) fits this machine."""
+    covered: set[str] = set()
     for n in bm.namespaces:
+        ns_dir = staging / n.path
         try:
-            m = manifests.load(staging / n.path)
+            m = manifests.load(ns_dir)
         except FiCacheError as exc:
             raise Refused(f"namespace {n.path}: {exc.message}", bundle) from None
         if m is None or m.fingerprint != n.fingerprint or m.finalize != n.finalize:
             raise Refused(f"namespace {n.path}: its manifest does not match the bundle's", bundle)
+        inv = scan([ns_dir], explicit=False)
+        for p in inv.problems:
+            raise Refused(f"bundled cache {_member(p.path, staging)}: {p.message}", bundle)
+        for cache in inv.caches:
+            member = _member(cache.path, staging)
+            if cache.found.format == "v2":
+                member = f"{member}/{v2.MANIFEST}"  # where a v2 store records its environment
+            for d in cache.read_defects:
+                if d.check == "corrupt-file":
+                    raise Refused(f"bundled cache {member}: {d.message}", bundle)
+            foreign = [x for x in compare_metadata(cache.metadata, here) if x.hard] if here else []
+            if foreign:
+                fields = "; ".join(
+                    f"{x.field}: cache {x.saved!r}, here {x.target!r}" for x in foreign
+                )
+                raise Refused(
+                    f"bundle member {member!r} was written in another environment ({fields}); "
+                    "--force to import anyway",
+                    bundle,
+                )
+        found = [c.found for c in inv.caches]
+        covered.update(_member(p, staging) for p in content_files(ns_dir, found))
     for f in bm.files:
-        if f.path.endswith(".json") and not f.path.endswith("/" + manifests.MANIFEST_NAME):
-            try:
-                v1.loads((staging / f.path).read_bytes())
-            except v1.FormatError as exc:
-                raise Refused(f"bundled cache {f.path}: {exc}", bundle) from None
+        if f.path not in covered:
+            raise Refused(
+                f"bundle member {f.path!r} is not a cache fi-cache can read (nor a namespace "
+                "manifest): a bundle carries cache files and the namespace manifest only",
+                bundle,
+            )
+
+
+def _member(path: Path, staging: Path) -> str:
+    try:
+        return path.relative_to(staging).as_posix()
+    except ValueError:
+        return str(path)
 
 
 def remote_key(fp: Fingerprint) -> str:

@@ -8,6 +8,7 @@ import io
 import json
 import shutil
 import tarfile
+import zlib
 from pathlib import Path
 
 import pytest
@@ -127,7 +128,7 @@ def _good_parts(store: Path) -> tuple[dict, list[tuple[tarfile.TarInfo, bytes]]]
         "schema": 1,
         "fi_cache_version": "0",
         "created": 1.0,
-        "namespaces": [{"path": rel, "fingerprint": FP.__dict__, "finalize": "fused"}],
+        "namespaces": [{"path": rel, "fingerprint": dict(FP.__dict__), "finalize": "fused"}],
         "files": [
             {"path": n, "size": len(b), "sha256": hashlib.sha256(b).hexdigest()} for n, b in files
         ],
@@ -336,3 +337,233 @@ def test_export_refuses_a_directory_or_a_missing_parent(run, store: Path, tmp_pa
     assert r.code == 2 and "is a directory" in r.err
     r = run("export", "-o", tmp_path / "no" / "such" / "b.tar.gz")
     assert r.code == 2 and "no such directory" in r.err and not (tmp_path / "no").exists()
+
+
+# --- a bundle carries cache data only -----------------------------------------------------------
+
+
+def _sha(data: bytes) -> str:
+    return hashlib.sha256(data).hexdigest()
+
+
+def _with_extra(tmp_path: Path, store: Path, name: str, data: bytes) -> tuple[Path, str]:
+    """A well-formed bundle plus one more member at `name` inside its namespace, listed and
+    checksummed in the manifest as export would list it."""
+    man, members = _good_parts(store)
+    full = f"{man['namespaces'][0]['path']}/{name}"
+    man["files"].append({"path": full, "size": len(data), "sha256": _sha(data)})
+    return _tar(tmp_path / "b.tar.gz", _with_manifest(man, [*members, _file(full, data)])), full
+
+
+@pytest.mark.parametrize(
+    ("name", "kind"),
+    [
+        (".fi-cache.lock", "is a lock file"),  # a lock naming pid 1 here: every warm would wait
+        (".fi-cache.lock.holder", "is a lock file"),
+        (".fi-cache.inuse", "is a lock file"),
+        (f"vllm/{HASH_A}/.autotuner_123.tmp", "is a temp file"),
+        ("vllm/v2/0123456789abcdef/.autotune_x.tmp", "is a temp file"),
+        (".fi-cache-abc.tmp", "is a temp file"),
+        ("warm.sh", "is not a cache file"),
+        ("vllm/evil.py", "is not a cache file"),
+        (f"vllm/{HASH_A}/.hidden.json", "has a name no cache has"),
+    ],
+)
+def test_locks_temp_files_and_scripts_are_refused_before_a_byte_is_written(
+    run,  # type: ignore[no-untyped-def]
+    store: Path,
+    tmp_path: Path,
+    here: Fingerprint,
+    name: str,
+    kind: str,
+) -> None:
+    path, full = _with_extra(tmp_path, tmp_path / "src", name, b"{}")  # parses as an empty cache
+    r = run("import", path)
+    assert r.code == 2 and r.err.count("\n") == 1, r.err
+    assert f"bundle member {full!r} {kind}" in r.err and str(path) in r.err
+    assert not store.exists(), "nothing may be written, not even a staging dir"
+
+
+@pytest.mark.parametrize("name", ["vllm/manifest.json", "vllm/package.json"])
+def test_json_that_is_no_cache_is_refused(tmp_path: Path, name: str) -> None:
+    store = tmp_path / "s"
+    path, full = _with_extra(tmp_path, store, name, b'{"name": "not a cache"}')
+    _refused(store, path, f"bundle member '{full}' is not a cache fi-cache can read")
+
+
+def test_export_bundles_the_manifest_and_caches_only(
+    run,  # type: ignore[no-untyped-def]
+    store: Path,
+    tmp_path: Path,
+    here: Fingerprint,
+) -> None:
+    d = _make_namespace(store)
+    for junk in (".fi-cache.lock", ".fi-cache.lock.holder", ".fi-cache.inuse", "warm.sh",
+                 f"vllm/{HASH_A}/.autotuner_1.tmp", f"vllm/{HASH_A}/notes.txt"):  # fmt: skip
+        (d / junk).write_text("x")
+    out = tmp_path / "b.tar.gz"
+    assert run("export", "-o", out).code == 0
+    rel = d.relative_to(store).as_posix()
+    with tarfile.open(out) as tar:
+        assert tar.getnames() == [
+            "fi-cache-bundle.json",
+            f"{rel}/manifest.json",
+            f"{rel}/vllm/{HASH_A}/autotune_configs.json",
+        ]
+    r = run("--store", tmp_path / "other", "import", out)  # what export makes, import takes
+    assert r.code == 0, r.err
+
+
+# --- the environment check trusts the caches ----------------------------------------------------
+
+
+def _v2_store(root: Path, metadata: dict) -> Path:  # type: ignore[type-arg]
+    from fi_cache.model import v2
+
+    manifest = {**metadata, "cache_schema": "v2"}
+    env_dir = root / "v2" / v2.env_hash(manifest)
+    (env_dir / "entries").mkdir(parents=True)
+    (env_dir / "manifest.json").write_text(json.dumps(manifest, sort_keys=True))
+    data = json.loads(MOE_618_FUSED.read_text())
+    for key in [k for k in data if k.startswith("(")][:3]:
+        entry = {"key": key, "runner": data[key][0], "tactic": data[key][1]}
+        (env_dir / "entries" / v2.entry_file_name(key)).write_text(json.dumps(entry))
+    return env_dir
+
+
+def test_caches_written_elsewhere_are_refused_though_the_manifest_matches(
+    run,  # type: ignore[no-untyped-def]
+    store: Path,
+    tmp_path: Path,
+    here: Fingerprint,
+) -> None:
+    src = tmp_path / "src"
+    d = _make_namespace(src)  # its manifest: this machine (an H200)
+    cache = d / "vllm" / HASH_A / "autotune_configs.json"
+    data = json.loads(cache.read_text())
+    data["_metadata"]["gpu"] = "NVIDIA B200"
+    cache.write_text(json.dumps(data))
+    out = tmp_path / "b.tar.gz"
+    bundle.export(src, [d], out)
+    r = run("import", out)
+    member = cache.relative_to(src).as_posix()
+    assert r.code == 2 and r.err.count("\n") == 1, r.err
+    assert f"bundle member {member!r} was written in another environment" in r.err
+    assert "gpu: cache 'NVIDIA B200', here 'NVIDIA H200'" in r.err
+    assert not (store / "namespaces").exists()
+    assert run("import", "--force", out).code == 0
+    assert (store / member).read_bytes() == cache.read_bytes()
+
+
+def test_a_v2_store_written_elsewhere_is_refused(
+    run,  # type: ignore[no-untyped-def]
+    store: Path,
+    tmp_path: Path,
+    here: Fingerprint,
+) -> None:
+    meta = json.loads(MOE_618_FUSED.read_text())["_metadata"]
+    src = tmp_path / "src"
+    d = _make_namespace(src)
+    ours = _v2_store(d / "vllm", meta)  # the v2 store of this environment travels and imports
+    out = tmp_path / "ours.tar.gz"
+    bundle.export(src, [d], out)
+    assert run("import", out).code == 0
+    assert sorted(p.name for p in (store / ours.relative_to(src)).rglob("*.json"))
+    shutil.rmtree(ours)
+    theirs = _v2_store(d / "vllm", {**meta, "flashinfer_version": "0.7.2.post1"})
+    bundle.export(src, [d], out)
+    r = run("import", out)
+    member = (theirs / "manifest.json").relative_to(src).as_posix()
+    assert r.code == 2 and f"bundle member {member!r} was written in another environment" in r.err
+    assert "flashinfer_version: cache '0.7.2.post1', here '0.6.18'" in r.err
+    assert not (store / theirs.relative_to(src)).exists()
+
+
+# --- nothing hangs, nothing is decompressed for nothing -----------------------------------------
+
+
+def test_import_of_a_fifo_is_refused_at_once(run, tmp_path: Path, here: Fingerprint) -> None:  # type: ignore[no-untyped-def]
+    import contextlib
+    import os
+    import threading
+
+    fifo = tmp_path / "bundle.tar.gz"
+    os.mkfifo(fifo)
+
+    def unblock() -> None:  # an import stuck opening the FIFO gets a writer, then EOF
+        with contextlib.suppress(OSError):  # no reader left: the import did not block
+            os.close(os.open(fifo, os.O_WRONLY | os.O_NONBLOCK))
+
+    timer = threading.Timer(5.0, unblock)
+    timer.start()
+    try:
+        r = run("import", fifo)
+    finally:
+        timer.cancel()
+        unblock()
+    assert r.code == 2 and f"{fifo}: not a regular file" in r.err, r.err
+
+
+def _truncated_after(prefix: bytes) -> bytes:
+    """A gzip stream of `prefix` that then stops: whatever would come later is unreadable."""
+    z = zlib.compressobj(wbits=31)  # gzip framing
+    return z.compress(prefix) + z.flush(zlib.Z_SYNC_FLUSH)  # no final block, no trailer
+
+
+def _header(name: str, size: int, pax: dict[str, str] | None = None) -> bytes:
+    info = tarfile.TarInfo(name)
+    info.size = size
+    if pax:
+        info.pax_headers = pax
+    return info.tobuf(format=tarfile.PAX_FORMAT)
+
+
+def _manifest_block(man: dict) -> bytes:  # type: ignore[type-arg]
+    data = json.dumps(man).encode()
+    return _header("fi-cache-bundle.json", len(data)) + data + b"\0" * (-len(data) % 512)
+
+
+def test_a_member_declared_over_the_file_cap_is_refused_from_the_manifest(tmp_path: Path) -> None:
+    store = tmp_path / "s"
+    man, _ = _good_parts(store)
+    man["files"][1]["size"] = 600 * 1024**2  # within the bundle cap, over the file cap
+    path = tmp_path / "b.tar.gz"
+    path.write_bytes(_truncated_after(_manifest_block(man)))  # and not a byte of it follows
+    _refused(store, path, "autotune_configs.json' declares 600 MB, over the 512 MB limit")
+
+
+def test_a_tar_header_unlike_the_manifest_is_refused_before_its_data(tmp_path: Path) -> None:
+    store = tmp_path / "s"
+    man, members = _good_parts(store)
+    name = members[0][0].name
+    path = tmp_path / "b.tar.gz"
+    path.write_bytes(_truncated_after(_manifest_block(man) + _header(name, 6 * 1024**3)))
+    _refused(store, path, "its tar header says 6442450944 bytes, its manifest")
+
+
+def test_members_the_manifest_does_not_list_are_refused_at_the_first(tmp_path: Path) -> None:
+    store = tmp_path / "s"
+    man, _ = _good_parts(store)
+    rel = man["namespaces"][0]["path"]
+    extra = b"".join(_header(f"{rel}/vllm/x{i}.json", 0) for i in range(2000))
+    path = tmp_path / "b.tar.gz"
+    path.write_bytes(_truncated_after(_manifest_block(man) + extra))
+    _refused(store, path, f"bundle member '{rel}/vllm/x0.json' is not in its manifest")
+
+
+def test_a_manifest_listing_absurdly_many_files_is_refused(tmp_path: Path) -> None:
+    store = tmp_path / "s"
+    man, _ = _good_parts(store)
+    man["files"] = [{"path": "a", "size": 0, "sha256": ""}] * 50_001
+    path = tmp_path / "b.tar.gz"
+    path.write_bytes(_truncated_after(_manifest_block(man)))
+    _refused(store, path, "lists 50001 entries, over the limit of 50000")
+
+
+def test_an_oversized_extended_header_is_refused(tmp_path: Path) -> None:
+    store = tmp_path / "s"
+    man, members = _good_parts(store)
+    info, data = members[1]
+    info.pax_headers = {"comment": "x" * 65536}  # tarfile would read it whole into memory
+    path = _tar(tmp_path / "b.tar.gz", _with_manifest(man, [members[0], (info, data)]))
+    _refused(store, path, "extended tar header")
