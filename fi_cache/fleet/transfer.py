@@ -360,6 +360,23 @@ def _exists(remote: Remote, key: str) -> bool:
         return bool(remote.fs.exists(remote.path(key)))
 
 
+def _check_bucket(remote: Remote) -> None:
+    """A missing bucket is the storage's failure (exit 1, as push says it), not a missing bundle:
+    object stores report both as "not found", so ask about the bucket itself."""
+    split = getattr(remote.fs, "split_path", None)  # s3fs, gcsfs, adlfs: (bucket, key, version)
+    if split is None or not remote.base:
+        return
+    bucket = str(split(remote.base)[0])
+    try:
+        remote.fs.ls(bucket, detail=False)
+    except FileNotFoundError:
+        raise FiCacheError(
+            f"pull failed: the bucket {bucket!r} does not exist", remote.url
+        ) from None
+    except Exception:  # denied or unreachable: the missing bundle is the news
+        return
+
+
 def _no_sidecar(remote: Remote, key: str) -> Refused:
     return Refused(
         f"bundle has no {SIDECAR_SUFFIX} sidecar to check it against (push it with fi-cache push)",
@@ -443,7 +460,10 @@ def _pull_once(
 ) -> Transferred:
     sidecar = _read_sidecar(remote, key)
     if sidecar is None:
-        raise _no_sidecar(remote, key) if _exists(remote, key) else _no_bundle(remote, key, here)
+        if _exists(remote, key):
+            raise _no_sidecar(remote, key)
+        _check_bucket(remote)
+        raise _no_bundle(remote, key, here)
     where = remote.display(key)
     if sidecar.size > bundle.max_bundle_bytes():
         raise Refused(

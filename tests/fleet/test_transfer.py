@@ -532,6 +532,19 @@ def test_s3_missing_bucket_is_one_line_exit_1(
     assert "upload failed" in result.err and "Traceback" not in result.err
 
 
+def test_s3_pull_from_a_missing_bucket_is_a_storage_failure(
+    run: Run, monkeypatch: pytest.MonkeyPatch, store_b: Path, s3: str
+) -> None:
+    _as_machine(monkeypatch, H200)
+    result = run("--store", str(store_b), "pull", "s3://no-such-bucket-here/fleet")
+    assert result.code == 1 and result.err.count("\n") == 1, result.err
+    assert "the bucket 'no-such-bucket-here' does not exist" in result.err
+    assert "no bundle for this machine" not in result.err and _files(store_b) == []
+    fsspec.filesystem("s3").mkdir("an-empty-bucket")  # there, but holding nothing: refused, 2
+    result = run("--store", str(store_b), "pull", "s3://an-empty-bucket/fleet")
+    assert result.code == 2 and "no bundle for this machine" in result.err
+
+
 def test_s3_unreachable_endpoint_is_one_line_exit_1(
     run: Run, monkeypatch: pytest.MonkeyPatch, store_b: Path, s3: str
 ) -> None:
