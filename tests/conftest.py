@@ -304,3 +304,23 @@ needs_vllm = pytest.mark.skipif(
     not VLLM_PYTHON and not os.environ.get("FI_CACHE_REQUIRE_FLASHINFER"),
     reason="no vLLM venv (scripts/test.sh builds it)",
 )
+
+
+@pytest.fixture
+def read_only() -> Iterator[Callable[[Path], None]]:
+    """read_only(path) makes `path` a read-only bind mount of itself until the test ends (root
+    with CAP_SYS_ADMIN; the test is skipped elsewhere). chmod is no test: root writes through it."""
+    mounted: list[Path] = []
+
+    def make(path: Path) -> None:
+        bind = subprocess.run(["mount", "--bind", str(path), str(path)], capture_output=True)
+        if bind.returncode != 0:
+            pytest.skip("cannot make a read-only mount here (needs root with CAP_SYS_ADMIN)")
+        mounted.append(path)
+        ro = subprocess.run(["mount", "-o", "remount,bind,ro", str(path)], capture_output=True)
+        if ro.returncode != 0:
+            pytest.skip("cannot remount read-only here")
+
+    yield make
+    for path in reversed(mounted):
+        subprocess.run(["umount", str(path)], check=False)

@@ -28,6 +28,11 @@ _HASH_DIR = re.compile(r"^[0-9a-f]{64}$")
 _ARCH_DIR = re.compile(r"^\d+a?(?:_\d+a?)*$")
 _SNIFF_BYTES = 4096
 _SKIP_DIRS = {".fi-cache", "quarantine", "__pycache__", ".git"}
+# fi-cache's own work dirs in a store: what a killed import is unpacking (store/install.py's
+# STAGING_PREFIX) and what a prune or import is deleting (store/trash.py's TRASH_DIR). Never
+# caches to list or verify: a staging dir is a leftover as a whole, the trash is emptied by prune.
+STAGING_PREFIX = ".import-"
+TRASH_DIR = ".trash"
 # Temp files of killed writers: FlashInfer v1 (.autotuner_), v2 (.autotune_), fi-cache (.fi-cache-).
 # Younger temp files may belong to a writer that is still running (doctor, prune leave them).
 TMP_MAX_AGE_S = 600
@@ -131,7 +136,7 @@ def discover(path: Path) -> tuple[list[Found], list[ScanProblem]]:
             found.append(Found(here, "v2", "v2"))
             dirnames[:] = []
             continue
-        dirnames[:] = sorted(d for d in dirnames if d not in _SKIP_DIRS)
+        dirnames[:] = sorted(d for d in dirnames if d not in _SKIP_DIRS and not _work_dir(d))
         for name in sorted(filenames):
             if not name.endswith(".json") or name == v2.MANIFEST:
                 continue
@@ -153,10 +158,35 @@ def discover(path: Path) -> tuple[list[Found], list[ScanProblem]]:
     return found, problems
 
 
+def _work_dir(name: str) -> bool:
+    return name == TRASH_DIR or name.startswith(STAGING_PREFIX)
+
+
 def tmp_leftovers(path: Path) -> list[Path]:
-    """Temp files that killed writers left under `path` (for doctor and prune)."""
+    """Temp files that killed writers left under `path` (for doctor and prune), and the staging
+    dirs of killed imports (each one whole). fi-cache's own state dir is searched too: a killed
+    pull leaves its download there."""
     out: list[Path] = []
     for dirpath, dirnames, filenames in os.walk(path):
-        dirnames[:] = [d for d in dirnames if d not in _SKIP_DIRS]
+        out.extend(Path(dirpath, d) for d in dirnames if d.startswith(STAGING_PREFIX))
+        dirnames[:] = [d for d in dirnames if d not in _LEFTOVER_SKIP and not _work_dir(d)]
         out.extend(Path(dirpath, n) for n in filenames if TMP_PATTERN.match(n))
     return sorted(out)
+
+
+_LEFTOVER_SKIP = _SKIP_DIRS - {".fi-cache"}
+
+
+def leftover_mtime(path: Path) -> float:
+    """When a leftover was last written: a staging dir's newest entry (an import still
+    unpacking, or installing, keeps touching it), else the file's mtime. Raises OSError."""
+    newest = path.lstat().st_mtime
+    if not path.is_dir() or path.is_symlink():
+        return newest
+    for dirpath, dirnames, filenames in os.walk(path):
+        for name in (*dirnames, *filenames):
+            try:
+                newest = max(newest, os.lstat(os.path.join(dirpath, name)).st_mtime)
+            except OSError:
+                continue
+    return newest

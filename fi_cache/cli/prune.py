@@ -59,9 +59,14 @@ def prune_command(
     )
     here = _here(obj.store) if foreign else None
     plan = prune.plan_store(obj.store, criteria, here)
+    cannot = None if plan.empty else prune.cannot_delete(obj.store)
     if plan.empty or dry_run:
         _report(plan, None, obj)
+        if cannot and not obj.json:
+            render.warn(f"{obj.store}: cannot delete any of this: {cannot}")
         return 0
+    if cannot:  # one line, before asking: every deletion would fail the same way
+        raise Refused(f"cannot delete: {cannot} (--dry-run shows what would go)", obj.store)
     shown = False
     if not yes:
         what = f"{_what(plan)} ({render.human_size(plan.bytes)})"
@@ -93,8 +98,11 @@ def _what(plan: Plan) -> str:
     parts = []
     if plan.namespaces:
         parts.append(_count(len(plan.namespaces), "namespace"))
-    if plan.tmp:
-        parts.append(_count(len(plan.tmp), "temp file"))
+    staging = sum(t.staging for t in plan.tmp)
+    if len(plan.tmp) > staging:
+        parts.append(_count(len(plan.tmp) - staging, "temp file"))
+    if staging:
+        parts.append(_count(staging, "staging dir"))
     if plan.trash:
         parts.append(_count(len(plan.trash), "trash entry", "trash entries"))
     return " and ".join(parts)
@@ -174,7 +182,7 @@ def _render_plan(plan: Plan, store: Path) -> None:
     now = time.time()
     for t in plan.tmp:
         age = prune.describe_age(now - t.mtime)
-        click.echo(f"temp file {render.display_path(t.path)}  ({age} old)")
+        click.echo(f"{t.what} {render.display_path(t.path)}  ({age} old)")
     for t in plan.trash:
         click.echo(f"trash of an interrupted prune or import {render.display_path(t.path)}")
     _render_locked(plan, store)

@@ -6,7 +6,7 @@ import stat
 from collections.abc import Iterator
 from typing import Any
 
-from fi_cache.caches.discover import TMP_MAX_AGE_S
+from fi_cache.caches.discover import STAGING_PREFIX, TMP_MAX_AGE_S
 from fi_cache.doctor import Check, Inputs
 from fi_cache.doctor.findings import Finding
 from fi_cache.model import v1
@@ -336,12 +336,15 @@ def finalize_mode_miss(inp: Inputs) -> Iterator[Finding]:
 
 def tmp_leftover(inp: Inputs) -> Iterator[Finding]:
     for path, age in inp.tmp_files:
+        staging = path.name.startswith(STAGING_PREFIX)
         if age >= TMP_MAX_AGE_S:
             yield Finding(
                 "tmp-leftover",
                 "warning",
                 str(path),
-                f"temp file of a killed writer, {age / 60:.0f} minutes old",
+                f"staging dir of a killed import, untouched for {age / 60:.0f} minutes"
+                if staging
+                else f"temp file of a killed writer, {age / 60:.0f} minutes old",
                 "delete it (doctor --fix does)",
             )
         else:
@@ -349,7 +352,9 @@ def tmp_leftover(inp: Inputs) -> Iterator[Finding]:
                 "tmp-leftover",
                 "info",
                 str(path),
-                f"temp file {age:.0f}s old: a writer may still be running",
+                f"staging dir touched {age:.0f}s ago: an import may still be running"
+                if staging
+                else f"temp file {age:.0f}s old: a writer may still be running",
                 "leave it; check again later",
             )
 

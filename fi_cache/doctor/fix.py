@@ -12,10 +12,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
 
-from fi_cache.caches.discover import TMP_MAX_AGE_S
+from fi_cache.caches.discover import STAGING_PREFIX, TMP_MAX_AGE_S
 from fi_cache.doctor import Inputs
 from fi_cache.doctor.findings import Finding
-from fi_cache.store import files, quarantine
+from fi_cache.store import files, quarantine, trash
 from fi_cache.versions import VLLM_CACHE_FILE_RE
 
 QUARANTINE_DIR = "quarantine"
@@ -49,9 +49,8 @@ def plan(findings: list[Finding], inputs: Inputs) -> list[Action]:
             if path.exists() and path not in actions:
                 actions[path] = Action("quarantine", path, f"{f.check}: {f.message}")
         elif f.check == "tmp-leftover" and f.severity == "warning":
-            actions[path] = Action(
-                "remove", path, f"temp file older than {TMP_MAX_AGE_S // 60} min"
-            )
+            what = "staging dir" if path.name.startswith(STAGING_PREFIX) else "temp file"
+            actions[path] = Action("remove", path, f"{what} older than {TMP_MAX_AGE_S // 60} min")
     return list(actions.values())
 
 
@@ -67,6 +66,9 @@ def apply(actions: list[Action], store: Path) -> list[tuple[Action, Path | None]
     for action in actions:
         if action.kind == "quarantine":
             done.append((action, quarantine.move_aside(action.path, folder, action.why)))
+        elif action.path.is_dir() and not action.path.is_symlink():
+            trash.remove_tree(action.path, action.path.parent)  # a staging dir: at its store top
+            done.append((action, None))
         else:
             files.remove_file(action.path)
             done.append((action, None))

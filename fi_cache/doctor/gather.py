@@ -9,7 +9,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from fi_cache.caches.discover import ScanProblem, tmp_leftovers
+from fi_cache.caches.discover import ScanProblem, leftover_mtime, tmp_leftovers
 from fi_cache.caches.inventory import Cache, scan
 from fi_cache.doctor import CacheView, Inputs, Target
 from fi_cache.doctor.logs import read_log
@@ -158,11 +158,16 @@ def gather(
         views.append(CacheView(cache, ns_dir, finalize, manifest, defects, applies))
     now = time.time()
     tmp = []
-    for root in [*roots_implicit, *paths]:
+    seen_tmp: set[Path] = set()
+    # The whole store, not only its namespaces: killed imports and pulls leave theirs at the top.
+    for root in [store, *(r for r in roots_implicit if store not in r.parents), *paths]:
         if root.is_dir():
             for t in tmp_leftovers(root):
+                if (key := t.resolve()) in seen_tmp:
+                    continue  # a PATH inside the store: report it once
+                seen_tmp.add(key)
                 try:
-                    tmp.append((t, now - t.stat().st_mtime))
+                    tmp.append((t, now - leftover_mtime(t)))
                 except OSError:
                     continue
     return Inputs(

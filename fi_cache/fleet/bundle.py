@@ -31,7 +31,7 @@ from fi_cache.caches.inventory import max_file_bytes, scan
 from fi_cache.errors import CorruptCache, FiCacheError, Refused, read_refusal
 from fi_cache.model import v2
 from fi_cache.model.fingerprint import FINGERPRINT_FIELDS, Fingerprint, compare_metadata
-from fi_cache.store import install, locks, trash
+from fi_cache.store import install, locks
 from fi_cache.store import manifest as manifests
 from fi_cache.store.files import TMP_PREFIX, atomic_write
 from fi_cache.store.namespace import Namespace
@@ -474,7 +474,7 @@ def install_bundle(
         raise Refused(f"bundle could not be read to the end ({exc})", bundle) from None
     finally:
         if staging.exists():
-            trash.remove_tree(staging, store)
+            install.discard_staging_dir(staging)
     return bm
 
 

@@ -18,13 +18,19 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from fi_cache.caches.discover import TMP_MAX_AGE_S, tmp_leftovers
+from fi_cache.caches.discover import (
+    STAGING_PREFIX,
+    TMP_MAX_AGE_S,
+    leftover_mtime,
+    tmp_leftovers,
+)
 from fi_cache.errors import CorruptCache, FiCacheError, Refused
 from fi_cache.model.fingerprint import Fingerprint
 from fi_cache.store import files, locks
 from fi_cache.store import manifest as manifests
 from fi_cache.store import trash as store_trash
 from fi_cache.store.namespace import NAMESPACES_DIR, slug
+from fi_cache.store.paths import state_dir
 
 if TYPE_CHECKING:
     from fi_cache.environment import Environment
@@ -105,6 +111,15 @@ class Leftover:
     path: Path
     size: int
     mtime: float
+
+    @property
+    def staging(self) -> bool:
+        """A killed import's `<store>/.import-*` (a dir), not a temp file."""
+        return self.path.name.startswith(STAGING_PREFIX)
+
+    @property
+    def what(self) -> str:
+        return "staging dir of a killed import" if self.staging else "temp file"
 
 
 @dataclass(frozen=True)
@@ -203,6 +218,11 @@ def read_namespace(directory: Path, strategy: str) -> NamespaceInfo:
     )
 
 
+def cannot_delete(store: Path) -> str | None:
+    """Why nothing in `store` can be deleted (a read-only mount, no permission), or None."""
+    return files.unwritable_reason(store)
+
+
 def lock_strategy(store: Path) -> str:
     return locks.lock_strategy(store)[0] if store.is_dir() else "flock"
 
@@ -217,6 +237,10 @@ def scan_store(store: Path, strategy: str | None = None) -> list[NamespaceInfo]:
     return [read_namespace(d, kind) for d in dirs]
 
 
+def _is_dir(path: Path) -> bool:
+    return path.is_dir() and not path.is_symlink()
+
+
 def scan_leftovers(store: Path) -> tuple[list[Leftover], list[Leftover]]:
     """(temp files of killed writers, entries of `<store>/.trash/`) of any age."""
     if not store.is_dir():
@@ -224,16 +248,17 @@ def scan_leftovers(store: Path) -> tuple[list[Leftover], list[Leftover]]:
     tmp = []
     for path in tmp_leftovers(store):
         top = path.relative_to(store).parts[0]
-        if top.startswith(".") and top != path.name:
-            continue  # in the trash (goes with it) or in an import's staging dir (its business)
+        if top.startswith(".") and top not in (path.name, state_dir(store).name):
+            continue  # in a hidden dir that is not ours (a filer's .snapshot, say)
         with contextlib.suppress(OSError):
-            st = path.lstat()
-            tmp.append(Leftover(path, st.st_size, st.st_mtime))
+            # A killed import's staging dir is one leftover, as old as its newest entry.
+            size = _walk_size(path)[0] if _is_dir(path) else path.lstat().st_size
+            tmp.append(Leftover(path, size, leftover_mtime(path)))
     junk = []
     for path in store_trash.trash_leftovers(store):
         with contextlib.suppress(OSError):
             st = path.lstat()
-            size = _walk_size(path)[0] if path.is_dir() and not path.is_symlink() else st.st_size
+            size = _walk_size(path)[0] if _is_dir(path) else st.st_size
             junk.append(Leftover(path, size, st.st_mtime))
     return tmp, junk
 
@@ -451,7 +476,10 @@ def apply(p: Plan, store: Path, strategy: str | None = None) -> Outcome:
         store_trash.remove_empty_parents(ns.dir, namespaces_root)
     for t in p.tmp:
         try:
-            files.remove_file(t.path)
+            if _is_dir(t.path):  # a killed import's staging dir
+                store_trash.remove_tree(t.path, store)
+            else:
+                files.remove_file(t.path)
             out.removed_tmp.append(t)
         except FiCacheError as exc:
             out.failed.append((t.path, exc.message))

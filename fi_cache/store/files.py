@@ -66,6 +66,21 @@ def atomic_write(
         _replace(path, data, mode)
 
 
+def unwritable_reason(directory: Path) -> str | None:
+    """Why nothing can be written in the existing `directory` (a read-only mount, no
+    permission), or None when it can (or when it does not exist: creating it will say)."""
+    if not os.path.isdir(directory):
+        return None
+    try:
+        if os.statvfs(directory).f_flag & os.ST_RDONLY:
+            return "read-only file system"
+    except (OSError, AttributeError):  # no statvfs on this platform: access() still answers
+        pass
+    if not os.access(directory, os.W_OK | os.X_OK):
+        return "not writable by this user"
+    return None
+
+
 def check_writable(directory: Path) -> None:
     """Refuse early (filelock would retry a read-only lock file until its timeout)."""
     for attempt in range(3):

@@ -16,7 +16,7 @@ from typing import IO
 
 from fi_cache.errors import FiCacheError, Refused
 from fi_cache.store import trash
-from fi_cache.store.files import DEFAULT_LOCK_TIMEOUT, check_writable, ensure_dir, fsync_dir
+from fi_cache.store.files import DEFAULT_LOCK_TIMEOUT, ensure_dir, fsync_dir
 from fi_cache.store.locks import in_use, namespace_lock
 
 STAGING_PREFIX = ".import-"
@@ -24,11 +24,21 @@ _INSTALL_ATTEMPTS = 20  # each retry waits for a newcomer's lock: only a storm o
 
 
 def make_staging_dir(store: Path) -> Path:
+    """A fresh `<store>/.import-*`. One a killed import leaves is a leftover: scans skip it, and
+    prune and doctor --fix delete it once it has been untouched for 10 minutes."""
     ensure_dir(store)
     try:
         return Path(tempfile.mkdtemp(dir=store, prefix=STAGING_PREFIX))
     except OSError as exc:
         raise Refused(f"store is not writable: {exc.strerror}", store) from None
+
+
+def discard_staging_dir(staging: Path) -> None:
+    """Delete an import's own staging dir where it is: nobody else reads it, so it needs no
+    trip through `.trash/` (and a refused import leaves no `.trash/` behind). What cannot be
+    deleted now is a leftover prune removes later: never a reason to fail the import."""
+    with contextlib.suppress(FiCacheError):
+        trash.delete_tree(staging)
 
 
 def write_member(path: Path, src: IO[bytes], size: int) -> str:
@@ -59,9 +69,9 @@ def install_dir(
     (NFS) it is two renames, and a process that creates `target` in between is waited for."""
     if not new.is_dir():  # never move the old one aside without a replacement in hand
         raise Refused("staged namespace is missing", new)
+    _touch(new)  # the staging dir is in use: prune judges its age by its newest entry
     ensure_dir(target.parent)
-    ensure_dir(store / trash.TRASH_DIR)
-    check_writable(store / trash.TRASH_DIR)  # before anything moves: the old dir must have a place
+    trash.check_usable(store)  # before anything moves: the old dir must have a place
     with namespace_lock(target, "import", timeout):
         if in_use(target):  # its in-use mark would go with the old dir, and prune ignore it
             raise FiCacheError(
@@ -75,6 +85,11 @@ def install_dir(
             trash.delete_tree(trash.to_trash(new, store, target.name))
         return
     _install_in_two_renames(new, target, store, timeout)
+
+
+def _touch(path: Path) -> None:
+    with contextlib.suppress(OSError):
+        os.utime(path)
 
 
 def _exchange(a: Path, b: Path) -> bool:
@@ -97,6 +112,7 @@ def _install_in_two_renames(new: Path, target: Path, store: Path, timeout: float
     trashed: list[Path] = []
     try:
         for _ in range(_INSTALL_ATTEMPTS):
+            _touch(new)
             with namespace_lock(target, "import", timeout):
                 aside = trash.to_trash(target, store, target.name)
                 trashed.append(aside)

@@ -13,7 +13,7 @@ import time
 from pathlib import Path
 
 from fi_cache.errors import FiCacheError, Refused
-from fi_cache.store.files import ensure_dir, fsync_dir, remove_file
+from fi_cache.store.files import check_writable, ensure_dir, fsync_dir, remove_file
 
 TRASH_DIR = ".trash"
 INSTALLING_PREFIX = "installing-"
@@ -72,6 +72,17 @@ def remove_empty_parents(path: Path, stop: Path) -> None:
             os.rmdir(parent)
         except OSError:
             return
+
+
+def check_usable(store: Path) -> None:
+    """Refuse (before anything moves) a store whose trash cannot take a dir: a `.trash` that is
+    not a writable dir, or no `.trash` and a store it cannot be made in. Creates nothing."""
+    trash = store / TRASH_DIR
+    if os.path.lexists(trash):
+        ensure_dir(trash)  # a file there: "cannot create directory"
+        check_writable(trash)
+    else:
+        check_writable(store)
 
 
 def to_trash(path: Path, store: Path, name: str) -> Path:

@@ -8,10 +8,17 @@ from pathlib import Path
 
 import pytest
 
-from fi_cache.caches.discover import classify_file, discover, tmp_leftovers
+from fi_cache.caches.discover import (
+    STAGING_PREFIX,
+    TRASH_DIR,
+    classify_file,
+    discover,
+    tmp_leftovers,
+)
 from fi_cache.caches.inventory import read, scan
 from fi_cache.errors import Refused
 from fi_cache.model import v2
+from fi_cache.store import install, trash
 from tests.conftest import GEMM_618, HASH_A, HASH_B, MOE_618_FUSED
 
 
@@ -135,3 +142,25 @@ def test_real_moe_file_summary_fields(tmp_path: Path) -> None:
     [cache] = scan([tmp_path / "c.json"]).caches
     assert cache.flashinfer_version == "0.6.18" and cache.finalize() == "fused"
     assert cache.file.ops() == ["trtllm::fused_moe::gemm1", "trtllm::fused_moe::gemm2"]
+
+
+def test_fi_caches_work_dirs_are_not_caches_and_staging_dirs_are_leftovers(tmp_path: Path) -> None:
+    """A killed import's `<store>/.import-*` and a killed prune's `.trash/` hold namespaces that
+    are not the store's: scans skip them; a staging dir is one leftover; so is a killed pull's
+    download in the state dir."""
+    store = tmp_path / "store"
+    real = store / "namespaces" / "0.6.18" / "90a" / "h200" / "fused-0123456789ab" / "vllm" / HASH_A
+    for top in (real, store / ".import-k1ll3d" / "namespaces" / "x" / HASH_A,
+                store / ".trash" / "123-4-fused-x" / "vllm" / HASH_A):  # fmt: skip
+        top.mkdir(parents=True)
+        shutil.copy(MOE_618_FUSED, top / "autotune_configs.json")
+        (top / ".autotuner_dead.tmp").write_text("")
+    (store / ".fi-cache").mkdir()
+    pull = store / ".fi-cache" / ".fi-cache-pull-42-abcdef.tar.gz.tmp"
+    pull.write_text("")
+    found, problems = discover(store)
+    assert [f.path.parent for f in found] == [real] and problems == []
+    assert (STAGING_PREFIX, TRASH_DIR) == (install.STAGING_PREFIX, trash.TRASH_DIR)  # one name
+    assert tmp_leftovers(store) == sorted(
+        [pull, store / ".import-k1ll3d", real / ".autotuner_dead.tmp"]
+    )

@@ -19,6 +19,7 @@ from tests.conftest import (
     needs_vllm,
     write_v2_store,
 )
+from tests.maintenance.test_prune import killed_import, make_namespace
 
 TARGET = ["--flashinfer-version", "0.6.17", "--vllm-version", "0.30.0"]
 
@@ -324,3 +325,26 @@ def test_doctor_names_the_file_vllm_itself_will_use(run, tmp_path: Path, monkeyp
     ]
     bad = run("doctor", "--", "--model", model, "--no-such-flag")
     assert bad.code == 2 and "vllm: error: unrecognized arguments: --no-such-flag" in bad.err
+
+
+def test_a_killed_imports_staging_dir_is_a_tmp_leftover_and_fix_removes_it(  # type: ignore[no-untyped-def]
+    run, store: Path
+) -> None:
+    make_namespace(store)
+    dead = killed_import(store, age=3600)
+    live = killed_import(store, age=5)
+    pull = store / ".fi-cache" / ".fi-cache-pull-42-abcdef.tar.gz.tmp"  # a killed pull's download
+    pull.parent.mkdir(exist_ok=True)
+    pull.write_text("")
+    past = time.time() - 3600
+    os.utime(pull, (past, past))
+    for args in ([], [str(store)]):  # the store by default, or given: each leftover once
+        r = run("--format", "json", "doctor", *args)
+        found = r.json()["findings"]
+        tmp = {(f["path"], f["severity"]) for f in found if f["check"] == "tmp-leftover"}
+        assert tmp == {(str(dead), "warning"), (str(live), "info"), (str(pull), "warning")}, tmp
+        assert not [f for f in found if f["check"] == "corrupt-file"]
+    human = run("doctor", "--fix")
+    assert "staging dir of a killed import, untouched for 60 minutes" in human.out
+    assert not dead.exists() and not pull.exists() and live.is_dir()
+    assert not list((store / ".trash").iterdir())

@@ -1,10 +1,12 @@
-"""`fi-cache env` as a user runs it: a namespace per finalize mode, a relative store."""
+"""`fi-cache env` as a user runs it: a namespace per finalize mode, a relative store, the lock
+strategy of a read-only store."""
 
 from __future__ import annotations
 
 from pathlib import Path
 
 from tests.conftest import VLLM_PYTHON, needs_vllm
+from tests.maintenance.test_prune import make_namespace
 
 
 def test_env_json_names_a_namespace_per_finalize_mode(run, store: Path) -> None:  # type: ignore[no-untyped-def]
@@ -39,3 +41,17 @@ def test_env_reads_the_vllm_of_another_venv(run, monkeypatch) -> None:  # type: 
     assert doc["vllm"]["version"] == "0.32.0"
     assert doc["vllm"]["supports_fused_finalize_env"] is False
     assert doc["vllm"]["envs_path"].startswith(str(python.parent.parent))
+
+
+def test_env_says_a_read_only_store_is_read_only(  # type: ignore[no-untyped-def]
+    run, store: Path, read_only
+) -> None:
+    """Not "does not honour flock": nothing can be locked there, nor tested."""
+    make_namespace(store)
+    read_only(store)
+    r = run("env", "--no-exact")
+    assert r.code == 0, r.err
+    [line] = [x for x in r.out.splitlines() if x.startswith("store ")]
+    assert "read-only file system" in line and "honour" not in line, line
+    why = run("--format", "json", "env", "--no-exact").json()["lock"]["why"]
+    assert "read-only file system: nothing here can be locked or written" in why

@@ -6,7 +6,8 @@ import os
 import shutil
 from pathlib import Path
 
-from tests.conftest import GEMM_618, HASH_A, MOE_617_FUSED, write_v2_store
+from tests.conftest import GEMM_618, HASH_A, MOE_617_FUSED, MOE_618_FUSED, write_v2_store
+from tests.maintenance.test_prune import killed_import, make_namespace
 
 LS_FIELDS = {
     "path",
@@ -107,3 +108,15 @@ def test_a_fifo_named_json_does_not_hang_the_scan(run, tmp_path: Path) -> None: 
     shutil.copy(GEMM_618, tmp_path / "c.json")
     r = run("--format", "json", "ls", tmp_path)
     assert r.code == 0 and [Path(c["path"]).name for c in r.json()["caches"]] == ["c.json"]
+
+
+def test_ls_of_the_store_lists_neither_staging_nor_trash(run, store: Path) -> None:  # type: ignore[no-untyped-def]
+    """What a killed import or prune left holds whole caches: they are not the store's."""
+    make_namespace(store)
+    killed_import(store, age=3600, cache=MOE_618_FUSED.read_bytes())
+    half = store / ".trash" / "123-45-fused-0123456789ab" / "vllm" / HASH_A
+    half.mkdir(parents=True)
+    shutil.copy(MOE_618_FUSED, half / "autotune_configs.json")
+    for args in ([], [store]):
+        r = run("--format", "json", "ls", *args)
+        assert r.code == 0 and [c["namespace"] is not None for c in r.json()["caches"]] == [True]

@@ -24,7 +24,7 @@ from fi_cache.model.fingerprint import Fingerprint
 from fi_cache.store import locks, trash
 from fi_cache.store.namespace import NAMESPACES_DIR
 from tests.conftest import MOE_617_FUSED, MOE_617_UNFUSED, Result
-from tests.maintenance.test_prune import DAY, make_namespace
+from tests.maintenance.test_prune import DAY, killed_import, make_namespace
 
 cli.add_command(prune_cli.prune_command)  # the lead registers it in fi_cache/cli/__init__.py
 
@@ -215,6 +215,64 @@ def test_a_locked_namespace_is_never_touched(
         assert human.code == 0 and "skipped" in human.err and "locked for warm" in human.err
     assert spaces["ancient"].is_dir() and not spaces["month"].exists()
     assert (spaces["ancient"] / "manifest.json").is_file()
+
+
+def test_leftovers_of_killed_imports_and_pulls_are_pruned(
+    run: Run, store: Path, spaces: dict[str, Path]
+) -> None:
+    dead = killed_import(store, age=3600)
+    live = killed_import(store, age=60)  # an import still unpacking
+    pull = store / ".fi-cache" / ".fi-cache-pull-42-abcdef.tar.gz.tmp"
+    pull.parent.mkdir(exist_ok=True)
+    pull.write_text("partial")
+    past = time.time() - 3600
+    os.utime(pull, (past, past))
+    dry = run("prune", "--dry-run")
+    assert dry.code == 0 and f"staging dir of a killed import {dead}  (1h old)" in dry.out
+    assert "1 temp file and 1 staging dir, " in dry.out and str(live) not in dry.out
+    r = run("--format", "json", "prune", "--yes")
+    assert r.code == 0 and sorted(r.json()["tmp"]) == sorted([str(dead), str(pull)])
+    assert not dead.exists() and not pull.exists() and live.is_dir()
+    assert all(d.is_dir() for d in spaces.values())
+
+
+def _flock_leftovers(spaces: dict[str, Path]) -> None:
+    """The empty `.fi-cache.lock` the flock strategy leaves in each namespace it ever locked."""
+    then = time.time() - DAY
+    for d in spaces.values():
+        (d / locks.LOCK_NAME).touch()
+        os.utime(d / locks.LOCK_NAME, (then, then))
+
+
+def test_lock_files_the_flock_strategy_left_are_not_locks_to_a_lockfile_prune(
+    run: Run, spaces: dict[str, Path], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A store moved to NFS (or FI_CACHE_LOCK=lockfile): not every namespace "locked"."""
+    monkeypatch.setenv("FI_CACHE_LOCK", "lockfile")
+    _flock_leftovers(spaces)
+    r = run("--format", "json", "prune", "--older-than", "30d", "--yes")
+    assert r.code == 0, r.err
+    doc = r.json()
+    assert doc["skipped_locked"] == [] and doc["failed"] == []
+    assert doc["removed"] == [str(spaces["ancient"]), str(spaces["month"])]
+    assert spaces["fresh"].is_dir() and not spaces["ancient"].exists()
+
+
+def test_a_read_only_store_says_once_that_it_cannot_be_pruned(
+    run: Run, store: Path, spaces: dict[str, Path], read_only: Callable[[Path], None]
+) -> None:
+    _flock_leftovers(spaces)
+    read_only(store)
+    dry = run("prune", "--older-than", "30d", "--dry-run")
+    assert dry.code == 0 and "locked" not in dry.err, dry.err
+    assert "2 namespaces" in dry.out
+    assert dry.err == f"fi-cache: {store}: cannot delete any of this: read-only file system\n"
+    r = run("prune", "--older-than", "30d", "--yes")
+    assert r.code == 2 and r.out == ""
+    assert r.err == (
+        f"fi-cache: {store}: cannot delete: read-only file system (--dry-run shows what would go)\n"
+    )
+    assert all(d.is_dir() for d in spaces.values())
 
 
 # --- SIGKILL at random moments --------------------------------------------------------------------

@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 
 from tests.conftest import GEMM_617, GEMM_618, MOE_618_FUSED, cli_main_exit
+from tests.maintenance.test_prune import killed_import, make_namespace
 
 
 def test_verify_clean_files(run) -> None:  # type: ignore[no-untyped-def]
@@ -113,3 +114,12 @@ def test_numbers_and_escapes_past_python_limits_are_corrupt_not_a_crash(  # type
     path.write_bytes(content)
     r = run("verify", path)
     assert r.code == 1 and words in r.err
+
+
+def test_verify_of_the_store_skips_a_killed_imports_staging_dir(run, store: Path) -> None:  # type: ignore[no-untyped-def]
+    """The half-written cache in `.import-*` is not the store's: no "corrupt" for it."""
+    ns = make_namespace(store)
+    killed_import(store, age=3600)
+    r = run("verify", store)
+    assert r.code == 0 and ".import-" not in r.out + r.err, r.out + r.err
+    assert str(ns) in r.out and "1 ok" in r.err + r.out

@@ -146,6 +146,7 @@ def _refused(store: Path, path: Path, words: str) -> None:
         bundle.import_bundle(store, path, FP, force=True)
     assert not (store / "namespaces").exists(), "nothing may be written"
     assert not list(store.glob(".import-*")) if store.exists() else True
+    assert not (store / ".trash").exists(), "nor an empty .trash/"
 
 
 def test_a_well_formed_hand_made_bundle_imports(tmp_path: Path) -> None:
@@ -246,6 +247,43 @@ def test_not_a_bundle(tmp_path: Path, run) -> None:  # type: ignore[no-untyped-d
     assert r.code == 2 and "not a readable tar.gz bundle" in r.err and "Traceback" not in r.err
     r = run("import", tmp_path / "missing.tar.gz")
     assert r.code == 2 and "no such file" in r.err
+
+
+def test_a_refused_import_leaves_the_store_as_it_was(tmp_path: Path) -> None:
+    """Refused after unpacking (a checksum): no `.import-*`, and no `.trash/` it never needed."""
+    store = tmp_path / "s"
+    man, members = _good_parts(store)
+    _make_namespace(store)
+    before = sorted(p.relative_to(store) for p in store.rglob("*"))
+    info, data = members[1]
+    path = _tar(tmp_path / "b.tar.gz", _with_manifest(man, [members[0], (info, data[:-1] + b" ")]))
+    with pytest.raises(Refused, match="checksum mismatch"):
+        bundle.import_bundle(store, path, FP, force=True)
+    assert sorted(p.relative_to(store) for p in store.rglob("*")) == before
+
+
+def test_a_lock_file_the_flock_strategy_left_does_not_stop_a_lockfile_import(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import os
+    import time
+
+    from fi_cache.store import locks
+
+    src = tmp_path / "src"
+    out = tmp_path / "b.tar.gz"
+    bundle.export(src, [_make_namespace(src)], out)
+    store = tmp_path / "s"
+    old = _make_namespace(store)
+    (old / "vllm" / HASH_A / "autotune_configs.json").write_text('{"_metadata": {}}')
+    (old / locks.LOCK_NAME).touch()  # the flock strategy's, from before the store moved to NFS
+    then = time.time() - 3600
+    os.utime(old / locks.LOCK_NAME, (then, then))
+    monkeypatch.setenv("FI_CACHE_LOCK", "lockfile")
+    t0 = time.monotonic()
+    bundle.import_bundle(store, out, FP, force=False)
+    assert time.monotonic() - t0 < 10  # not the 60 s lock timeout
+    assert _files(store / "namespaces") == _files(src / "namespaces")
 
 
 # --- reliability --------------------------------------------------------------------------------

@@ -2,16 +2,19 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import shutil
 import socket
+import threading
 import time
 from pathlib import Path
+from typing import Any
 
 import pytest
 
-from fi_cache.errors import Refused
+from fi_cache.errors import FiCacheError, Refused
 from fi_cache.maintenance import prune
 from fi_cache.model.fingerprint import Fingerprint
 from fi_cache.store import locks, trash
@@ -52,6 +55,22 @@ def make_namespace(
         for p in [directory, *directory.rglob("*")]:
             os.utime(p, (mtime, mtime))
     return directory
+
+
+def killed_import(store: Path, age: float, cache: bytes = b'{"_metadata": {}, "(trunc') -> Path:
+    """What an import SIGKILLed while unpacking leaves: `<store>/.import-*` holding part of a
+    namespace (a cache cut short), last written `age` seconds ago."""
+    from fi_cache.store import install
+
+    staging = install.make_staging_dir(store)
+    ns = staging / NAMESPACES_DIR / "0.6.18" / "90a" / "nvidia-h200" / "fused-0123456789ab"
+    member = ns / "vllm" / HASH_A / "autotune_configs.json"
+    member.parent.mkdir(parents=True)
+    member.write_bytes(cache)
+    then = time.time() - age
+    for path in [staging, *staging.rglob("*")]:
+        os.utime(path, (then, then))
+    return staging
 
 
 def info(
@@ -314,6 +333,35 @@ def test_apply_empties_the_trash_of_an_interrupted_prune(store: Path) -> None:
     assert [t.path for t in p.trash] == [half] and p.bytes == 2 and p.namespaces == []
     out = prune.apply(p, store)
     assert out.emptied_trash and not half.exists() and len(prune.scan_store(store)) == 1
+
+
+def test_old_staging_dirs_of_killed_imports_are_removed_live_ones_kept(store: Path) -> None:
+    """A killed import's `.import-*` is a temp leftover (same 10-minute rule); an import still
+    unpacking or waiting for a namespace lock keeps its own fresh."""
+    from fi_cache.store import install
+
+    make_namespace(store)
+    dead = killed_import(store, age=3600)
+    alive = killed_import(store, age=3600)
+    new = next((alive / NAMESPACES_DIR).glob("*/*/*/*"))
+    target = store / new.relative_to(alive)
+    waiting = threading.Thread(target=lambda: _install_quietly(install, new, target, store))
+    with locks.namespace_lock(target, "warm"):
+        waiting.start()  # blocked on our lock, like an import behind a long warm
+        time.sleep(0.3)
+        p = prune.plan_store(store, prune.Selection())
+        assert [t.path for t in p.tmp] == [dead] and p.tmp[0].what.startswith("staging dir")
+        assert p.tmp[0].size == len(b'{"_metadata": {}, "(trunc')
+        out = prune.apply(p, store)
+        assert out.removed_tmp == p.tmp and not out.failed
+        assert not dead.exists() and alive.is_dir()
+    waiting.join(10)
+    assert (target / "vllm" / HASH_A / "autotune_configs.json").is_file()  # and it went on
+
+
+def _install_quietly(install: Any, new: Path, target: Path, store: Path) -> None:
+    with contextlib.suppress(FiCacheError):
+        install.install_dir(new, target, store, timeout=2)
 
 
 def test_an_installs_young_trash_entry_is_left_alone(store: Path) -> None:

@@ -175,6 +175,7 @@ def test_install_into_a_served_namespace_is_refused(tmp_path: Path) -> None:
     finally:
         os.close(fd)
     assert (target / "autotune_configs.json").read_text() == "old" and new.is_dir()
+    assert not (store / TRASH_DIR).exists()  # refused: nothing made that it did not need
 
 
 @pytest.mark.parametrize("trash", ["a-file", "read-only"])

@@ -1,5 +1,6 @@
 """fi_cache/store/locks/: namespace locks of both strategies name their holder, recover a dead
-holder on this host, and survive the namespace being moved or replaced while they are taken."""
+holder on this host, take over lock files nobody holds, and survive the namespace being moved or
+replaced while they are taken."""
 
 from __future__ import annotations
 
@@ -7,6 +8,7 @@ import json
 import os
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -74,8 +76,14 @@ def test_network_filesystems_use_a_lock_file(
     assert locks.lock_strategy(tmp_path) == ("flock", "set by FI_CACHE_LOCK")
 
 
-def test_waiters_on_a_dead_holders_lockfile_take_it_one_at_a_time(tmp_path: Path) -> None:
-    _plant_dead_holder(tmp_path)
+@pytest.mark.parametrize("left", ["dead holder", "empty"])
+def test_waiters_on_a_dead_holders_lockfile_take_it_one_at_a_time(
+    tmp_path: Path, left: str
+) -> None:
+    if left == "empty":  # what the flock strategy leaves
+        _leftover_lock(tmp_path)
+    else:
+        _plant_dead_holder(tmp_path)
     code = (
         "import os, sys, time; from pathlib import Path; from fi_cache.store import locks\n"
         "d = Path(sys.argv[1])\n"
@@ -201,3 +209,93 @@ def test_prune_lock_on_a_namespace_moved_away_is_busy_not_an_error(
         locks.try_namespace_lock(tmp_path / "gone", "prune", strategy),
     ):
         pass
+
+
+# --- lock files without a live holder ------------------------------------------------------------
+
+
+def _leftover_lock(directory: Path, content: bytes = b"", age: float = 3600.0) -> Path:
+    """A `.fi-cache.lock` nobody holds: what the flock strategy leaves in every namespace (empty),
+    or a killed writer's garbage, written `age` seconds ago."""
+    lock = directory / locks.LOCK_NAME
+    lock.write_bytes(content)
+    then = time.time() - age
+    os.utime(lock, (then, then))
+    return lock
+
+
+def _no_hard_links(*a: object) -> None:
+    raise PermissionError(1, "Operation not permitted")
+
+
+@pytest.mark.parametrize("content", [b"", b"\x00garbage{", b'{"pid": "x"}'])
+@pytest.mark.parametrize("links", [True, False])
+def test_a_lock_file_without_a_holder_is_not_a_lock(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, content: bytes, links: bool
+) -> None:
+    """NFS stores used with flock before (or FI_CACHE_LOCK=lockfile on one): the leftover
+    lock file must not make every warm wait out its timeout nor every prune skip."""
+    if not links:  # a filesystem without hard links: the lock is made in place
+        monkeypatch.setattr(os, "link", _no_hard_links)
+    _leftover_lock(tmp_path, content)
+    assert locks.probe_namespace_lock(tmp_path, "lockfile") == (False, None)
+    with locks.namespace_lock(tmp_path, "warm", timeout=0.5, strategy="lockfile") as me:
+        taken = json.loads((tmp_path / locks.LOCK_NAME).read_text())
+        assert taken["pid"] == me.pid == os.getpid()
+        assert locks.probe_namespace_lock(tmp_path, "lockfile")[0]  # and it is held now
+    assert not (tmp_path / locks.LOCK_NAME).exists()
+    _leftover_lock(tmp_path, content)
+    with locks.try_namespace_lock(tmp_path, "prune", "lockfile"):
+        pass
+    assert [p.name for p in tmp_path.iterdir()] == []  # no temp file, no moved-aside lock left
+
+
+def test_an_empty_lock_file_being_written_is_waited_for(tmp_path: Path) -> None:
+    """O_EXCL then write (no hard links, or an older fi-cache): a fresh empty lock file is a
+    holder that has not written its name yet; an old one is a leftover."""
+    _leftover_lock(tmp_path, age=0)
+    assert locks.probe_namespace_lock(tmp_path, "lockfile") == (True, None)
+    with (
+        pytest.raises(FiCacheError, match="timed out after 0s waiting for another process"),
+        locks.namespace_lock(tmp_path, "warm", timeout=0.3, strategy="lockfile"),
+    ):
+        pass
+    _leftover_lock(tmp_path, age=60)
+    with locks.namespace_lock(tmp_path, "warm", timeout=0.3, strategy="lockfile"):
+        pass
+
+
+def test_a_live_flock_holder_blocks_the_lockfile_strategy(tmp_path: Path) -> None:
+    """One node forced to lock files, another on flock, one local store: the lock file the flock
+    holder has open is empty, yet held, and its holder is named."""
+    code = (
+        "import sys, time; from pathlib import Path; from fi_cache.store import locks\n"
+        "with locks.namespace_lock(Path(sys.argv[1]), 'warm', strategy='flock'):\n"
+        "    print('held', flush=True); time.sleep(30)\n"
+    )
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    holder = subprocess.Popen(
+        [sys.executable, "-c", code, str(tmp_path)], env=env, stdout=subprocess.PIPE, text=True
+    )
+    try:
+        assert holder.stdout is not None and holder.stdout.readline() == "held\n"
+        lock = tmp_path / locks.LOCK_NAME
+        then = time.time() - 3600
+        os.utime(lock, (then, then))  # old: only the flock says it is held
+        held, who = locks.probe_namespace_lock(tmp_path, "lockfile")
+        assert held and who is not None and who.pid == holder.pid
+        with (
+            pytest.raises(FiCacheError, match=f"waiting for warm by pid {holder.pid} on host"),
+            locks.namespace_lock(tmp_path, "import", timeout=0.3, strategy="lockfile"),
+        ):
+            pass
+        with (
+            pytest.raises(locks.NamespaceBusy),
+            locks.try_namespace_lock(tmp_path, "prune", "lockfile"),
+        ):
+            pass
+    finally:
+        holder.kill()
+        holder.wait(10)
+    with locks.namespace_lock(tmp_path, "warm", timeout=0.5, strategy="lockfile"):
+        pass  # its holder is gone: the empty file is a leftover now

@@ -12,7 +12,12 @@ import os
 from collections.abc import Iterator
 from pathlib import Path
 
-from fi_cache.store.files import DEFAULT_LOCK_TIMEOUT, check_writable, ensure_dir
+from fi_cache.store.files import (
+    DEFAULT_LOCK_TIMEOUT,
+    check_writable,
+    ensure_dir,
+    unwritable_reason,
+)
 from fi_cache.store.locks import flock, lockfile
 from fi_cache.store.locks.api import (
     HOLDER_NAME,
@@ -74,6 +79,14 @@ def filesystem_type(path: Path) -> str | None:
 def lock_strategy(directory: Path) -> tuple[str, str]:
     """("flock" | "lockfile", why) for locks under `directory` (created if missing)."""
     fs = filesystem_type(directory) or "unknown"
+    kind, why = _strategy(directory, fs)
+    if os.path.isdir(directory) and (cannot := unwritable_reason(directory)):
+        # Said whatever the strategy: nobody here can take a lock, warm, import or prune.
+        why = f"{why}; {cannot}: nothing here can be locked or written"
+    return kind, why
+
+
+def _strategy(directory: Path, fs: str) -> tuple[str, str]:
     if os.environ.get("FI_CACHE_LOCK") in ("flock", "lockfile"):
         return os.environ["FI_CACHE_LOCK"], "set by FI_CACHE_LOCK"
     if fs.startswith(_UNTRUSTED_FS):
@@ -83,7 +96,11 @@ def lock_strategy(directory: Path) -> tuple[str, str]:
     try:
         directory.mkdir(parents=True, exist_ok=True)
     except OSError:
-        return "flock", f"{fs} filesystem (not writable, untested)"
+        return "flock", f"{fs} filesystem (cannot be created, untested)"
+    if unwritable_reason(directory):
+        # No probe file can be made, so flock cannot be tested (lock_strategy says why); a probe
+        # by flock still sees a holder that writes through another (writable) mount of the files.
+        return "flock", f"{fs} filesystem"
     if flock.honoured(directory):
         return "flock", f"{fs} filesystem honours flock"
     return "lockfile", f"{fs} filesystem does not honour flock"

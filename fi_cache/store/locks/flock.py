@@ -112,6 +112,30 @@ class Flock(LockStrategy):
             os.close(fd)
 
 
+def held(lock_file: Path) -> bool:
+    """Does a live process hold `lock_file` by flock (a flock-strategy holder)? Creates nothing;
+    False where flock is not available."""
+    try:
+        import fcntl
+    except ImportError:
+        return False
+    try:
+        fd = os.open(lock_file, os.O_RDONLY)
+    except OSError:
+        return False
+    try:
+        fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)  # shared: two lookers never block each other
+    except BlockingIOError:
+        return True
+    except OSError:
+        return False
+    else:
+        fcntl.flock(fd, fcntl.LOCK_UN)
+        return False
+    finally:
+        os.close(fd)
+
+
 def _same_file(fd: int, path: Path) -> bool:
     """Is the locked descriptor still the file at `path`? (An import or prune may have moved
     the namespace, and its lock file with it, while we waited.)"""

@@ -508,3 +508,17 @@ def test_a_gemm_profile_crash_is_named_and_its_log_kept_for_doctor(rig: Rig) -> 
     doctor = rig.run("--format", "json", "doctor", "--log", log)
     checks = {f["check"] for f in json.loads(doctor.stdout)["findings"]}
     assert doctor.returncode == 1 and "stale-gemm2-profile" in checks
+
+
+def test_a_lock_file_the_flock_strategy_left_does_not_stop_a_lockfile_warm(rig: Rig) -> None:
+    """The store moves to NFS, or one node sets FI_CACHE_LOCK=lockfile: the empty lock file of
+    the flock strategy is no holder, and the warm does not wait for one."""
+    first = rig.run("--format", "json", "warm", "--", MODEL, FI_CACHE_LOCK="flock")
+    assert first.returncode == 0, first.stderr
+    lock = Path(json.loads(first.stdout)["namespace"]) / locks.LOCK_NAME
+    assert lock.read_bytes() == b""  # what flock leaves
+    then = time.time() - 3600
+    os.utime(lock, (then, then))
+    again = rig.run("warm", "--lock-timeout", "2", "--", "other/model", FI_CACHE_LOCK="lockfile")
+    assert again.returncode == 0, again.stderr
+    assert "waiting for" not in again.stderr and len(rig.starts()) == 2
