@@ -7,6 +7,7 @@ reports every bucket FlashInfer profiles. Per run, in a namespace-shaped temp di
   cold      FILE_A empty                           (the first start: everything is tuned)
   no-seed   FILE_B empty (a new config hash)       (what vLLM does today after a config change)
   seeded    FILE_C seeded by fi-cache from FILE_A  (maintenance/seed.py, what warm/serve do)
+  same-file FILE_A again                           (the floor: a restart with nothing changed)
 Printed: tuning seconds (FlashInfer's autotune context), profiled buckets, calls that tuned.
 
     python benchmarks/bench_seed_gpu.py --plan examples/plans/h200-gemm.toml --runs 3 [--out F]
@@ -65,6 +66,7 @@ def one_run(plan: plans.Plan, mode: str, tmp: Path) -> dict[str, dict[str, Any]]
     assert seeds and not notes, notes
     seed.write(seeds[0])
     out["seeded"] = {**start(plan, mode, target), "seeded_entries": seeds[0].entries}
+    out["same-file"] = start(plan, mode, file_a)
     return out
 
 
@@ -81,7 +83,7 @@ def main() -> None:
         with tempfile.TemporaryDirectory(prefix="fi-cache-seed-") as tmp:
             runs.append(one_run(plan, opts.mode, Path(tmp)))
         print(f"run {i + 1}: {json.dumps(runs[-1])}", flush=True)
-    for kind in ("cold", "no-seed", "seeded"):
+    for kind in ("cold", "no-seed", "seeded", "same-file"):
         secs = [r[kind]["seconds"] for r in runs]
         tuned = [r[kind]["calls_tuned"] for r in runs]
         buckets = [r[kind]["buckets"] for r in runs]
