@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import stat
 
 # Exit codes from ../shared/cli.md: 1 = a problem was found / operation failed, 2 = refused input.
 EXIT_PROBLEM = 1
@@ -44,3 +45,33 @@ def read_refusal(exc: OSError, path: str | os.PathLike[str], what: str) -> Refus
     if isinstance(exc, FileNotFoundError):
         return Refused("no such file", path)
     return Refused(f"cannot read: {exc.strerror}", path)
+
+
+_SPECIAL_KINDS = (
+    (stat.S_ISFIFO, "a FIFO"),
+    (stat.S_ISCHR, "a character device"),
+    (stat.S_ISBLK, "a block device"),
+    (stat.S_ISSOCK, "a socket"),
+)
+
+
+def special_kind(mode: int) -> str | None:
+    """What a file of `mode` is ("a FIFO", "a character device"...) when it is neither a regular
+    file nor a directory (nor a link); None otherwise. Opening or reading one can wait forever
+    (a FIFO nobody writes to, a terminal), so fi-cache reads only regular files."""
+    return next((kind for test, kind in _SPECIAL_KINDS if test(mode)), None)
+
+
+def special_message(kind: str, what: str) -> str:
+    return f"is {kind}, not a {what} (reading it could wait forever)"
+
+
+def refuse_special(path: str | os.PathLike[str], what: str) -> None:
+    """Refused (exit 2) when `path` is a FIFO, device or socket (through symlinks), found
+    without opening it; a missing or unreadable path is left to the caller's own read."""
+    try:
+        mode = os.stat(path).st_mode
+    except OSError:
+        return
+    if (kind := special_kind(mode)) is not None:
+        raise Refused(special_message(kind, what), path)

@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import shutil
+import signal
 import subprocess
 import sys
 from collections.abc import Callable, Iterator
@@ -324,3 +326,45 @@ def read_only() -> Iterator[Callable[[Path], None]]:
     yield make
     for path in reversed(mounted):
         subprocess.run(["umount", str(path)], check=False)
+
+
+# --- Nothing hangs (issue 12): a blocking open() of a FIFO fails the test, not the suite ---------
+
+
+class Hung(Exception):  # not an OSError: the CLI's error path must not swallow it
+    """Raised in the main thread when a `no_hang` block runs past its limit."""
+
+
+@contextlib.contextmanager
+def no_hang(seconds: float = 5.0) -> Iterator[None]:
+    """Run the block under a SIGALRM timer: a read of a FIFO nobody writes to, or any other wait
+    that never ends, raises Hung (the signal interrupts the blocking system call)."""
+
+    def _alarm(signum: int, frame: object) -> None:
+        raise Hung(f"still waiting after {seconds:.0f} s: this hangs")
+
+    previous = signal.signal(signal.SIGALRM, _alarm)
+    signal.setitimer(signal.ITIMER_REAL, seconds)
+    try:
+        yield
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.signal(signal.SIGALRM, previous)
+
+
+# --- JSON no FlashInfer writes (issue 12) ---------------------------------------------------------
+
+SURROGATE_SPOTS = ("gpu", "key", "_generation")
+
+
+def with_surrogate(source: Path, spot: str) -> str:
+    """`source`'s text with a lone surrogate (the valid JSON escape \\ud800) in the GPU name, the
+    first entry key or `_generation` (the file must have one)."""
+    text = source.read_text()
+    old, new = {
+        "gpu": ('"gpu": "', '"gpu": "\\ud800'),
+        "key": ("\"('", "\"('\\ud800"),
+        "_generation": ('"_generation": "', '"_generation": "\\ud800'),
+    }[spot]
+    assert old in text
+    return text.replace(old, new, 1)

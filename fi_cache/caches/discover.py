@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
 
-from fi_cache.errors import Refused
+from fi_cache.errors import Refused, refuse_special
 from fi_cache.model import v2
 from fi_cache.versions import FLASHINFER_AUTOTUNE_ROOT_ENV, VLLM_CACHE_FILE, VLLM_RANK_FILE
 
@@ -116,6 +116,7 @@ def discover(path: Path) -> tuple[list[Found], list[ScanProblem]]:
             return [Found(path.parent, "v2", "v2")], []
         return [classify_file(path)], []
     if not path.is_dir():
+        refuse_special(path, "cache file or directory")
         raise Refused("not a regular file or directory", path)
     if is_v2_env_dir(path):
         return [Found(path, "v2", "v2")], []

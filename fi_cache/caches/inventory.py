@@ -13,8 +13,15 @@ from pathlib import Path
 from typing import Any
 
 from fi_cache.caches.discover import Found, ScanProblem, discover
-from fi_cache.errors import CorruptCache, FiCacheError, Refused, read_refusal
-from fi_cache.model import moe, v1, v2
+from fi_cache.errors import (
+    CorruptCache,
+    FiCacheError,
+    Refused,
+    read_refusal,
+    special_kind,
+    special_message,
+)
+from fi_cache.model import jsoncheck, moe, v1, v2
 from fi_cache.model.fingerprint import Fingerprint
 
 # Real caches are kilobytes to tens of MB (100,000 entries is about 25 MB). Refuse far
@@ -62,7 +69,10 @@ class Cache:
 
 def _read_bytes(path: Path) -> bytes:
     try:
-        size = path.stat().st_size
+        st = path.stat()
+        if (kind := special_kind(st.st_mode)) is not None:  # before open(): a FIFO blocks there
+            raise Refused(special_message(kind, "cache file"), path)
+        size = st.st_size
         if size > max_file_bytes():
             raise Refused(
                 f"{size / 2**20:.0f} MB is far larger than any autotune cache "
@@ -93,12 +103,17 @@ def read(found: Found) -> Cache:
 
 def _read_v2(found: Found) -> Cache:
     manifest_path = found.path / v2.MANIFEST
+    raw_manifest = _read_bytes(manifest_path)
     try:
-        manifest = json.loads(_read_bytes(manifest_path))
-    except (ValueError, RecursionError) as exc:
+        manifest = json.loads(raw_manifest)
+    except RecursionError:
+        raise CorruptCache("manifest is JSON nested too deeply", manifest_path) from None
+    except ValueError as exc:
         raise CorruptCache(f"manifest is not valid JSON ({exc})", manifest_path) from None
     if not isinstance(manifest, dict):
         raise CorruptCache("manifest is not a JSON object", manifest_path)
+    if (why := jsoncheck.problem(manifest, raw_manifest)) is not None:
+        raise CorruptCache(f"manifest: {why}", manifest_path)
     entries: dict[str, list[Any]] = {}
     defects: list[v1.Defect] = []
     size = manifest_path.stat().st_size
@@ -114,11 +129,17 @@ def _read_v2(found: Found) -> Cache:
         path = entries_dir / name
         try:
             raw = _read_bytes(path)
-            entry = v2.parse_entry(name, json.loads(raw))
+            data = json.loads(raw)
+            if (why := jsoncheck.problem(data, raw)) is not None:
+                raise ValueError(why)
+            entry = v2.parse_entry(name, data)
         except FiCacheError as exc:
             defects.append(v1.Defect("corrupt-file", f"{name}: {exc.message}"))
             continue
-        except (ValueError, RecursionError) as exc:
+        except RecursionError:
+            defects.append(v1.Defect("corrupt-file", f"{name}: JSON nested too deeply"))
+            continue
+        except ValueError as exc:
             defects.append(v1.Defect("corrupt-file", f"{name}: {exc}"))
             continue
         entries[entry.key] = entry.value

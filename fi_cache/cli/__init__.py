@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import codecs
+import io
 import json
 import sys
 from dataclasses import dataclass
@@ -89,8 +91,29 @@ def _json_error(argv: list[str] | None, message: str, path: str | None, code: in
         click.echo(json.dumps({"error": {"message": message, "path": path, "exit_code": code}}))
 
 
+def _escape_unencodable(exc: UnicodeError) -> tuple[str | bytes, int]:
+    """Bytes of a file name that were not UTF-8 (`\\udcff` after os.fsdecode) go out as they
+    came; any other character the stream cannot encode goes out escaped, not as a traceback."""
+    if not isinstance(exc, UnicodeEncodeError):
+        raise exc
+    try:
+        return codecs.lookup_error("surrogateescape")(exc)
+    except UnicodeError:
+        return codecs.lookup_error("backslashreplace")(exc)
+
+
+codecs.register_error("fi-cache-escape", _escape_unencodable)
+
+
+def _printable_streams() -> None:
+    for stream in (sys.stdout, sys.stderr):
+        if isinstance(stream, io.TextIOWrapper):
+            stream.reconfigure(errors="fi-cache-escape")
+
+
 def main(argv: list[str] | None = None) -> None:
     """Console entry point: one line on stderr and a documented exit code for every failure."""
+    _printable_streams()
     try:
         code = cli.main(args=argv, prog_name="fi-cache", standalone_mode=False)
     except click.exceptions.ClickException as exc:

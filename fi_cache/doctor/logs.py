@@ -7,7 +7,9 @@ Everything here is pure except `read_log`, which streams one file.
 
 from __future__ import annotations
 
+import os
 import re
+import stat
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
@@ -15,7 +17,7 @@ from pathlib import Path
 from typing import BinaryIO, Literal
 
 from fi_cache.engines.vllm import logs as vllm_logs
-from fi_cache.errors import Refused, read_refusal
+from fi_cache.errors import Refused, read_refusal, refuse_special
 
 EventKind = Literal["loaded", "saved", "ignored", "skipped-cudnn"]
 
@@ -249,26 +251,57 @@ def parse_log(lines: Iterable[str], path: str = "<log>") -> LogFacts:
 
 
 def read_log(path: Path) -> LogFacts:
-    """Read and parse a log file, streaming it.
+    """Read and parse a log file, streaming it; a pipe or FIFO only while something writes to it.
 
-    Raises Refused (exit 2) for a missing, unreadable or binary file, or a directory.
+    Raises Refused (exit 2) for a missing, unreadable or binary file, a directory, a device or
+    socket, and a FIFO with no writer (opening that one would wait forever).
     """
     try:
+        if stat.S_ISFIFO(path.stat().st_mode):
+            return _read_pipe(path)
+        refuse_special(path, "log file")
         with path.open("rb") as stream:
             return _read_stream(stream, path)
     except OSError as exc:
         raise read_refusal(exc, path, "log file") from None
 
 
-def _read_stream(stream: BinaryIO, path: Path) -> LogFacts:
+def _read_pipe(path: Path) -> LogFacts:
+    """`--log <(kubectl logs POD)`, `--log /dev/stdin`: read while a writer holds the pipe.
+    A non-blocking open never waits; its first read tells a writer (data, or EAGAIN: none yet)
+    from none (EOF), where a blocking open or read would hang."""
+    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK)
+    with os.fdopen(fd, "rb", buffering=0) as stream:
+        try:
+            first = os.read(fd, _HEAD_BYTES)
+        except BlockingIOError:
+            first = None  # a writer is there, nothing written yet
+        if first == b"":
+            raise Refused(
+                "is a FIFO nothing is writing to (give a file, or start the writer first)", path
+            )
+        os.set_blocking(fd, True)
+        return _read_stream(stream, path, first or b"")
+
+
+def _read_stream(stream: BinaryIO, path: Path, start: bytes = b"") -> LogFacts:
     # Read the head first and keep it, so pipes (`--log <(kubectl logs ...)`) work too.
-    head = stream.read(_HEAD_BYTES)
+    head = start + _read_upto(stream, _HEAD_BYTES - len(start))
     reason = _binary_reason(head)
     if reason:
         raise Refused(reason, path)
     parser = _Parser()
     lines = _feed_chunks(parser, _chunks(head, stream))
     return parser.facts(str(path), lines)
+
+
+def _read_upto(stream: BinaryIO, size: int) -> bytes:
+    """Up to `size` bytes, fewer only at the end (a pipe's read returns what it has so far)."""
+    parts: list[bytes] = []
+    while size > 0 and (block := stream.read(size)):
+        parts.append(block)
+        size -= len(block)
+    return b"".join(parts)
 
 
 def _binary_reason(head: bytes) -> str | None:

@@ -29,7 +29,7 @@ from fi_cache import __version__
 from fi_cache.caches.discover import TMP_PATTERN, Found, discover
 from fi_cache.caches.inventory import max_file_bytes, scan
 from fi_cache.errors import CorruptCache, FiCacheError, Refused, read_refusal
-from fi_cache.model import v2
+from fi_cache.model import jsoncheck, v2
 from fi_cache.model.fingerprint import FINGERPRINT_FIELDS, Fingerprint, compare_metadata
 from fi_cache.store import install, locks
 from fi_cache.store import manifest as manifests
@@ -108,6 +108,8 @@ class BundleManifest:
 
 def parse_manifest(data: Any) -> BundleManifest:
     """Raises Refused with the reason for anything that is not a bundle manifest."""
+    if (why := jsoncheck.problem(data)) is not None:
+        raise Refused(f"malformed bundle manifest ({why})")
     try:
         if data["format"] != FORMAT or int(data["schema"]) != SCHEMA:
             raise Refused(f"not a schema-{SCHEMA} fi-cache bundle")

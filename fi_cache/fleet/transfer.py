@@ -285,7 +285,7 @@ def _parse_sidecar(raw: bytes, key: str, where: str) -> Sidecar:
             float(data["created"]),
             dict(data["fingerprint"]),
         )
-    except (KeyError, TypeError, ValueError, AttributeError, OverflowError) as exc:
+    except (KeyError, TypeError, ValueError, AttributeError, OverflowError, RecursionError) as exc:
         raise Refused(f"malformed sidecar ({exc})", where) from None
     if sidecar.key != key or not _SHA256.match(sidecar.sha256) or sidecar.size < 0:
         raise Refused("sidecar does not describe this bundle (key, sha256 or size)", where)

@@ -21,7 +21,7 @@ from typing import Any, Literal
 
 from fi_cache.caches import inventory
 from fi_cache.caches.discover import classify_file, is_v2_env_dir
-from fi_cache.errors import CorruptCache, FiCacheError, Refused
+from fi_cache.errors import CorruptCache, FiCacheError, Refused, refuse_special
 from fi_cache.model import v1, v2
 from fi_cache.store.files import DEFAULT_LOCK_TIMEOUT, atomic_write, locked
 from fi_cache.versions import RECORDS_KEY, flashinfer_writes_generation
@@ -284,6 +284,7 @@ def merge_into(
     check_metadata(files)  # refuse before creating OUT's directory or lock file
     if out.is_dir():
         raise Refused("output is a directory; -o takes a file path", out)
+    refuse_special(out, "cache file")  # before its lock file is made: nothing written
     with locked(out, timeout):
         existing = _read_existing(out)
         inputs = files if existing is None else [(str(out), existing[0]), *files]

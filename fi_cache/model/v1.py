@@ -17,8 +17,8 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
+from fi_cache.model import jsoncheck, moe
 from fi_cache.model import keys as keymod
-from fi_cache.model import moe
 from fi_cache.versions import GENERATION_KEY, METADATA_KEY, RECORDS_KEY
 
 # Tactics nest a few levels (cuDNN: [plan, [[k, v]]]); anything deeper is not FlashInfer's.
@@ -105,7 +105,8 @@ def heads(raw_keys: list[str]) -> list[tuple[str, str]]:
 
 
 def loads(text: str | bytes) -> CacheFile:
-    """Parse a v1 file's bytes. Raises FormatError for anything FlashInfer could not load."""
+    """Parse a v1 file's bytes. Raises FormatError for anything FlashInfer could not load, and for
+    JSON no FlashInfer writes (nested too deeply, lone surrogates: model/jsoncheck.py)."""
     try:
         if isinstance(text, bytes):
             text = text.decode("utf-8")  # FlashInfer reads text; json's UTF-16/32 sniffing is not
@@ -123,6 +124,8 @@ def loads(text: str | bytes) -> CacheFile:
         raise FormatError(f"invalid JSON: {exc}") from None
     if not isinstance(data, dict):
         raise FormatError(f"top level is a JSON {_json_type(data)}, not an object")
+    if (why := jsoncheck.problem(data, text)) is not None:
+        raise FormatError(why)
     return from_json(data)
 
 

@@ -112,11 +112,19 @@ def _replace(path: Path, data: bytes, mode: int) -> None:
             os.fsync(f.fileno())
         os.chmod(tmp, mode)
         os.replace(tmp, path)
-    except BaseException:
+    except BaseException as exc:
         with contextlib.suppress(OSError):
             os.unlink(tmp)
+        if isinstance(exc, OSError):
+            raise write_failure(exc, path) from None
         raise
     fsync_dir(path.parent)
+
+
+def write_failure(exc: OSError, path: Path) -> FiCacheError:
+    """A write that failed half-way (ENOSPC, EDQUOT, EIO) as one line naming the file: a
+    storage failure (exit 1). The OSError alone names no file: write(2) has no path."""
+    return FiCacheError(f"cannot write: {exc.strerror or exc} (nothing was replaced)", path)
 
 
 def fsync_dir(directory: Path) -> None:

@@ -10,13 +10,19 @@ import contextlib
 import errno
 import hashlib
 import os
+import tarfile
 import tempfile
 from pathlib import Path
 from typing import IO
 
 from fi_cache.errors import FiCacheError, Refused
 from fi_cache.store import trash
-from fi_cache.store.files import DEFAULT_LOCK_TIMEOUT, ensure_dir, fsync_dir
+from fi_cache.store.files import (
+    DEFAULT_LOCK_TIMEOUT,
+    ensure_dir,
+    fsync_dir,
+    write_failure,
+)
 from fi_cache.store.locks import in_use, namespace_lock
 
 STAGING_PREFIX = ".import-"
@@ -46,17 +52,28 @@ def write_member(path: Path, src: IO[bytes], size: int) -> str:
     ensure_dir(path.parent)
     digest = hashlib.sha256()
     left = size
-    with open(path, "xb") as f:  # "x": never follow or overwrite anything already there
-        while left > 0:
-            block = src.read(min(left, 1 << 20))
-            if not block:
-                raise Refused("bundle member ends early (truncated)", path)
-            digest.update(block)
-            f.write(block)
-            left -= len(block)
-        f.flush()
-        os.fsync(f.fileno())
+    try:
+        with open(path, "xb") as f:  # "x": never follow or overwrite anything already there
+            while left > 0:
+                block = _read_bundle(src, min(left, 1 << 20))
+                if not block:
+                    raise Refused("bundle member ends early (truncated)", path)
+                digest.update(block)
+                f.write(block)
+                left -= len(block)
+            f.flush()
+            os.fsync(f.fileno())
+    except OSError as exc:  # ENOSPC, EDQUOT: the store's disk failed, not the bundle
+        raise write_failure(exc, path) from None
     return digest.hexdigest()
+
+
+def _read_bundle(src: IO[bytes], size: int) -> bytes:
+    """A read of the bundle: its failures stay the bundle's (a TarError), not a failed write."""
+    try:
+        return src.read(size)
+    except OSError as exc:
+        raise tarfile.ReadError(str(exc)) from None
 
 
 def install_dir(

@@ -12,7 +12,8 @@ from dataclasses import asdict, dataclass, field, fields, replace
 from pathlib import Path
 from typing import Any
 
-from fi_cache.errors import CorruptCache
+from fi_cache.errors import CorruptCache, Refused, refuse_special
+from fi_cache.model import jsoncheck
 from fi_cache.model.fingerprint import FINGERPRINT_FIELDS, Fingerprint
 from fi_cache.store.files import atomic_write
 from fi_cache.store.namespace import Namespace
@@ -96,24 +97,19 @@ def from_json(data: Any) -> Manifest:
     """Raises ValueError (with a reason) for anything that is not a manifest."""
     if not isinstance(data, dict):
         raise ValueError("not a JSON object")
+    if (why := jsoncheck.problem(data)) is not None:
+        raise ValueError(why)
     try:
         fp = {k: v for k, v in dict(data["fingerprint"]).items() if k in FINGERPRINT_FIELDS}
-        warms = tuple(
-            WarmRecord(
-                **{k: v for k, v in w.items() if k in _WARM_FIELDS},
-                files=[
-                    CacheFileRecord(**{k: v for k, v in f.items() if k in _FILE_FIELDS})
-                    for f in w["files"]
-                ],
-            )
-            for w in data.get("warms", [])
-        )
+        _check(all(v is None or isinstance(v, str) for v in fp.values()), "fingerprint")
+        warms = tuple(_warm(w) for w in _list(data.get("warms", []), "warms"))
         known = {"schema", "fingerprint", "finalize", "created", "last_used", "warms"}
+        _check(isinstance(data["finalize"], str), "finalize")
         return Manifest(
             Fingerprint(**fp),
-            str(data["finalize"]),
-            float(data["created"]),
-            float(data["last_used"]),
+            data["finalize"],
+            _number(data["created"], "created"),
+            _number(data["last_used"], "last_used"),
             warms,
             {k: v for k, v in data.items() if k not in known},
         )
@@ -121,17 +117,73 @@ def from_json(data: Any) -> Manifest:
         raise ValueError(f"malformed manifest ({exc})") from None
 
 
+# What each warm field holds; a value of another type is a malformed manifest, not a crash later.
+_WARM_TYPES: dict[str, tuple[type, ...]] = {
+    "vllm_version": (str, type(None)),
+    "argv_key": (str,),
+    "supports_finalize_env": (bool, type(None)),
+    "ok": (bool,),
+    "engine": (str,),
+}
+
+
+def _warm(w: Any) -> WarmRecord:
+    _check(isinstance(w, dict), "warms")
+    fields_ = {k: v for k, v in w.items() if k in _WARM_FIELDS}
+    for name, types in _WARM_TYPES.items():
+        if name in fields_:
+            _check(isinstance(fields_[name], types), f"warms: {name}")
+    for name in ("started", "seconds"):
+        if name in fields_:
+            fields_[name] = _number(fields_[name], f"warms: {name}")
+    argv = _list(fields_.get("argv", []), "warms: argv")
+    _check(all(isinstance(a, str) for a in argv), "warms: argv")
+    files = [_file(f) for f in _list(w["files"], "warms: files")]
+    return WarmRecord(**fields_, files=files)
+
+
+def _file(f: Any) -> CacheFileRecord:
+    _check(isinstance(f, dict), "warms: files")
+    rec = CacheFileRecord(**{k: v for k, v in f.items() if k in _FILE_FIELDS})
+    _check(isinstance(rec.path, str), "warms: files: path")
+    for n in (rec.entries, rec.size, rec.seeded):
+        _check(isinstance(n, int) and not isinstance(n, bool), "warms: files: entries/size")
+    return rec
+
+
+def _list(value: Any, what: str) -> list[Any]:
+    _check(isinstance(value, list), what)
+    return value  # type: ignore[no-any-return]
+
+
+def _number(value: Any, what: str) -> float:
+    _check(isinstance(value, (int, float)) and not isinstance(value, bool), what)
+    return float(value)
+
+
+def _check(ok: bool, what: str) -> None:
+    if not ok:
+        raise ValueError(f"{what} has the wrong type")
+
+
 def load(directory: Path) -> Manifest | None:
     """The namespace's manifest, None when there is none yet. Raises CorruptCache."""
     path = directory / MANIFEST_NAME
     try:
+        refuse_special(path, "manifest file")  # before open(): a FIFO would block there
         text = path.read_text(encoding="utf-8")
+    except Refused as exc:
+        raise CorruptCache(exc.message, path) from None
     except FileNotFoundError:
         return None
+    except UnicodeDecodeError as exc:
+        raise CorruptCache(f"manifest is not UTF-8 text ({exc.reason})", path) from None
     except OSError as exc:
         raise CorruptCache(f"cannot read manifest: {exc.strerror}", path) from None
     try:
         return from_json(json.loads(text))
+    except RecursionError:
+        raise CorruptCache("manifest is JSON nested too deeply", path) from None
     except ValueError as exc:
         raise CorruptCache(str(exc), path) from None
 

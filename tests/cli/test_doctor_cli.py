@@ -5,18 +5,24 @@ from __future__ import annotations
 import os
 import shutil
 import subprocess
+import threading
 import time
 from pathlib import Path
 
 import pytest
 
 from tests.conftest import (
+    GEMM_618,
+    H200,
     HASH_A,
     HASH_B,
     MOE_617_FUSED,
     ROOT,
+    SURROGATE_SPOTS,
     VLLM_PYTHON,
     needs_vllm,
+    no_hang,
+    with_surrogate,
     write_v2_store,
 )
 from tests.maintenance.test_prune import killed_import, make_namespace
@@ -348,3 +354,67 @@ def test_a_killed_imports_staging_dir_is_a_tmp_leftover_and_fix_removes_it(  # t
     assert "staging dir of a killed import, untouched for 60 minutes" in human.out
     assert not dead.exists() and not pull.exists() and live.is_dir()
     assert not list((store / ".trash").iterdir())
+
+
+def _store_cache(store: Path, text: str) -> Path:
+    cache = store / "namespaces" / "0.6.18" / "90a" / "nvidia-h200" / "fused-0123456789ab"
+    cache = cache / "vllm" / HASH_A / "autotune_configs.json"
+    cache.parent.mkdir(parents=True)
+    cache.write_text(text)
+    return cache
+
+
+@pytest.mark.parametrize("spot", SURROGATE_SPOTS)
+def test_a_lone_surrogate_in_the_store_is_one_corrupt_finding(run, store, spot) -> None:  # type: ignore[no-untyped-def]
+    bad = _store_cache(store, with_surrogate(GEMM_618, spot))
+    r = run("doctor", *TARGET)
+    assert r.code == 1, r.err
+    corrupt = [line for line in r.out.splitlines() if "corrupt-file" in line]
+    assert len(corrupt) == 1 and "lone UTF-16 surrogate" in corrupt[0], r.out
+    doc = run("--format", "json", "doctor", *TARGET).json()
+    assert [(f["check"], f["path"]) for f in doc["findings"] if f["severity"] == "error"] == [
+        ("corrupt-file", str(bad))
+    ]
+
+
+@pytest.mark.parametrize(
+    "manifest",
+    [
+        '{"fingerprint": {}, "finalize": "fused", "created": 1, "last_used": 1, "warms": [5]}',
+        '{"fingerprint": {"gpu": 5}, "finalize": "fused", "created": 1, "last_used": 1}',
+        '{"fingerprint": {"gpu": "\\ud800"}, "finalize": "fused", "created": 1, "last_used": 1}',
+        '{"fingerprint": {}, "finalize": "fused", "created": 1, "last_used": 1, "warms": '
+        '[{"started": "x", "seconds": 1, "vllm_version": null, "argv": [], "argv_key": "k", '
+        '"files": [], "supports_finalize_env": null}]}',
+        "[" * 100_000 + "]" * 100_000,
+        b"\xff\xfe{}",
+    ],
+)
+def test_a_malformed_namespace_manifest_is_named(run, store: Path, manifest) -> None:  # type: ignore[no-untyped-def]
+    cache = _store_cache(store, GEMM_618.read_text())
+    path = cache.parents[2] / "manifest.json"
+    path.write_bytes(manifest if isinstance(manifest, bytes) else manifest.encode())
+    doc = run("--format", "json", "doctor", *TARGET).json()
+    named = [f for f in doc["findings"] if f["path"] == str(path)]
+    assert [f["check"] for f in named] == ["corrupt-file"], doc["findings"]
+
+
+def test_a_fifo_log_is_refused_at_once_and_read_while_written(run, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+    fifo = tmp_path / "vllm.log"
+    os.mkfifo(fifo)
+    with no_hang():
+        r = run("doctor", "--log", fifo, "--flashinfer-version", "0.6.18")
+    assert r.code == 2 and str(fifo) in r.err and "FIFO" in r.err and r.err.count("\n") == 1
+    # With a writer (`--log <(kubectl logs POD)`, `cmd | fi-cache doctor --log /dev/stdin`).
+    reader = os.open(fifo, os.O_RDONLY | os.O_NONBLOCK)  # lets the writer open without waiting
+    writer = os.open(fifo, os.O_WRONLY | os.O_NONBLOCK)
+    os.write(writer, (H200 / "flashinfer-0.6.18-tune.log").read_bytes())  # < a pipe buffer
+    os.close(reader)  # what was written stays in the pipe while the writer holds it
+    done = threading.Timer(0.3, os.close, [writer])  # the writer ends while doctor reads
+    done.start()
+    with no_hang():
+        r = run("--format", "json", "doctor", "--log", fifo, "--flashinfer-version", "0.6.18")
+    done.join()
+    assert r.code == 0, r.err
+    [summary] = [f for f in r.json()["findings"] if f["check"] == "log-summary"]
+    assert "h200-618.json" in summary["message"]  # what the log says it saved

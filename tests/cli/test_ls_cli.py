@@ -6,7 +6,17 @@ import os
 import shutil
 from pathlib import Path
 
-from tests.conftest import GEMM_618, HASH_A, MOE_617_FUSED, MOE_618_FUSED, write_v2_store
+from click.testing import CliRunner
+
+from tests.conftest import (
+    GEMM_618,
+    HASH_A,
+    MOE_617_FUSED,
+    MOE_618_FUSED,
+    cli_main_exit,
+    with_surrogate,
+    write_v2_store,
+)
 from tests.maintenance.test_prune import killed_import, make_namespace
 
 LS_FIELDS = {
@@ -120,3 +130,29 @@ def test_ls_of_the_store_lists_neither_staging_nor_trash(run, store: Path) -> No
     for args in ([], [store]):
         r = run("--format", "json", "ls", *args)
         assert r.code == 0 and [c["namespace"] is not None for c in r.json()["caches"]] == [True]
+
+
+def test_one_cache_with_a_lone_surrogate_does_not_break_ls_for_the_store(run, store: Path) -> None:  # type: ignore[no-untyped-def]
+    good = store / "namespaces" / "0.6.18" / "90a" / "nvidia-h200" / "fused-0123456789ab"
+    bad = store / "namespaces" / "0.6.18" / "90a" / "nvidia-h200" / "fused-ba9876543210"
+    for ns in (good, bad):
+        (ns / "vllm" / HASH_A).mkdir(parents=True)
+    shutil.copy(GEMM_618, good / "vllm" / HASH_A / "autotune_configs.json")
+    broken = bad / "vllm" / HASH_A / "autotune_configs.json"
+    broken.write_text(with_surrogate(GEMM_618, "gpu"))
+    r = run("ls")
+    assert r.code == 1  # a corrupt file was found
+    assert "autotune_configs.json" in r.out and "H200" in r.out  # the good one is listed
+    assert str(broken) in r.err and "lone UTF-16 surrogate" in r.err
+    doc = run("--format", "json", "ls").json()
+    assert [c["namespace"] for c in doc["caches"]] == [str(good)]
+    assert [(p["path"], p["check"]) for p in doc["problems"]] == [(str(broken), "corrupt-file")]
+
+
+def test_a_file_name_that_is_not_utf8_is_printed_not_a_traceback(tmp_path: Path) -> None:
+    shutil.copy(GEMM_618, tmp_path / os.fsdecode(b"x\xff.json"))  # '\udcff' once decoded
+    runner = CliRunner()  # its streams are strict UTF-8, as under a en_US.UTF-8 locale
+    with runner.isolation() as (out, err, _):
+        code = cli_main_exit(["--store", str(tmp_path / "s"), "ls", "--no-store", str(tmp_path)])
+    assert code == 0, err.getvalue()
+    assert b"x\xff.json" in out.getvalue() and b"H200" in out.getvalue()  # the name's own bytes

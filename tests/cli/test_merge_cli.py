@@ -2,13 +2,23 @@
 
 from __future__ import annotations
 
+import errno
 import json
+import os
+import stat
 from pathlib import Path
 
 from fi_cache.cli import cli
 from fi_cache.cli.merge import COMMANDS
 from fi_cache.model import v1
-from tests.conftest import GEMM_617, GEMM_618, MOE_617_FUSED, MOE_617_UNFUSED, MOE_618_FUSED
+from tests.conftest import (
+    GEMM_617,
+    GEMM_618,
+    MOE_617_FUSED,
+    MOE_617_UNFUSED,
+    MOE_618_FUSED,
+    no_hang,
+)
 
 for _command in COMMANDS:
     cli.add_command(_command)  # the lead registers it in fi_cache.cli; idempotent here
@@ -117,3 +127,31 @@ def test_the_cli_offers_the_policies_merge_knows() -> None:
     from fi_cache.maintenance import merge
 
     assert merging.PREFER_CHOICES == merge.PREFER_CHOICES
+
+
+def test_a_fifo_source_or_output_is_refused_at_once_writing_nothing(run, tmp_path) -> None:  # type: ignore[no-untyped-def]
+    fifo = tmp_path / "pipe.json"
+    os.mkfifo(fifo)
+    out = tmp_path / "out.json"
+    for args in (["merge", fifo, "-o", out], ["merge", GEMM_618, "-o", fifo]):
+        with no_hang():
+            r = run(*args)
+        assert r.code == 2 and f"{fifo}: is a FIFO" in r.err and r.err.count("\n") == 1, r.err
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["pipe.json"]  # no OUT, no lock file
+    assert stat.S_ISFIFO(fifo.stat().st_mode)
+
+
+def test_a_full_disk_is_a_storage_failure_naming_out(run, tmp_path: Path, monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    out = tmp_path / "out.json"
+    run("merge", GEMM_617, "-o", out)
+    before = out.read_bytes()
+
+    def full(fd: int) -> None:
+        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+
+    monkeypatch.setattr(os, "fsync", full)
+    r = run("merge", GEMM_617, "-o", out)
+    assert r.code == 1 and r.err.count("\n") == 1, r.err  # exit 1: storage, not bad input
+    assert f"{out}: cannot write: No space left on device" in r.err
+    assert out.read_bytes() == before
+    assert [p.name for p in tmp_path.iterdir() if p.name.endswith(".tmp")] == []

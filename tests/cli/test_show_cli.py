@@ -2,7 +2,11 @@
 
 from __future__ import annotations
 
-from tests.conftest import GEMM_618, MOE_617_FUSED, MOE_618_FUSED
+import json
+
+import pytest
+
+from tests.conftest import GEMM_618, MOE_617_FUSED, MOE_618_FUSED, SURROGATE_SPOTS, with_surrogate
 
 
 def test_show_decodes_moe_extras_by_name(run) -> None:  # type: ignore[no-untyped-def]
@@ -33,3 +37,24 @@ def test_show_fits_80_columns_for_moe_and_gemm(run, monkeypatch) -> None:  # typ
     out = run("show", "--op", "gemm2", MOE_618_FUSED).out
     assert "trtllm::fused_moe::gemm2 · MoERunner  (16 entries)" in out
     assert "1x2048 128x1536x2048 0 128x2048x768 0" in out and "fused top_k=8 ep=1 tp=1" in out
+
+
+@pytest.mark.parametrize("spot", SURROGATE_SPOTS)
+def test_a_lone_surrogate_is_a_corrupt_file_not_a_traceback(run, tmp_path, spot) -> None:  # type: ignore[no-untyped-def]
+    bad = tmp_path / "bad.json"
+    bad.write_text(with_surrogate(GEMM_618, spot))
+    for args in (["show", bad], ["--format", "json", "show", bad]):
+        r = run(*args)
+        assert r.code == 1, r.err  # corrupt, as verify says: exit 1
+        assert str(bad) in r.err and "lone UTF-16 surrogate" in r.err
+
+
+def test_deep_nesting_is_a_corrupt_file_named_with_exit_1(run, tmp_path) -> None:  # type: ignore[no-untyped-def]
+    bad = tmp_path / "deep.json"
+    key = "('bf16_gemm', 'R', ((1, 2),), ())"
+    deep = "[" * 600 + "]" * 600
+    bad.write_text(json.dumps({"_metadata": {}, key: ["R", 1]}).replace("1]", deep + "]"))
+    r = run("show", bad)
+    assert r.code == 1 and r.err.count("\n") == 1, r.err
+    assert str(bad) in r.err and "nested deeper than" in r.err
+    assert run("verify", bad).code == 1

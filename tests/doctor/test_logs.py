@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+import threading
 from pathlib import Path
 
 import pytest
@@ -9,7 +11,7 @@ import pytest
 from fi_cache.doctor import logs
 from fi_cache.doctor.logs import CacheEvent, LogFacts, ProfileIdError, parse_log, read_log
 from fi_cache.errors import EXIT_REFUSED, Refused
-from tests.conftest import FIXTURES
+from tests.conftest import FIXTURES, no_hang
 
 H200 = FIXTURES / "h200"
 
@@ -333,3 +335,25 @@ def test_unreadable_file_is_refused(tmp_path: Path, monkeypatch: pytest.MonkeyPa
     # Tests may run as root, where chmod 000 does not stop reading.
     monkeypatch.setattr(Path, "open", denied)
     assert "permission denied" in refusal(log).message
+
+
+def test_a_fifo_is_refused_without_a_writer_and_read_with_one(tmp_path: Path) -> None:
+    fifo = tmp_path / "vllm.log"
+    os.mkfifo(fifo)
+    with no_hang(), pytest.raises(Refused, match="FIFO nothing is writing to") as info:
+        read_log(fifo)
+    assert info.value.exit_code == EXIT_REFUSED and info.value.path == str(fifo)
+    r, w = os.pipe()  # what `--log <(kubectl logs POD)` hands over, as /dev/fd/N
+    try:
+        os.write(w, (H200 / "flashinfer-0.6.18-tune.log").read_bytes())
+        threading.Timer(0.2, os.close, [w]).start()  # the writer finishes after doctor opens it
+        with no_hang():
+            facts = read_log(Path(f"/dev/fd/{r}"))
+    finally:
+        os.close(r)
+    assert [e.kind for e in facts.events] == ["saved"] and facts.tuning_seconds
+
+
+def test_a_device_is_not_a_log(tmp_path: Path) -> None:
+    with no_hang(), pytest.raises(Refused, match="character device"):
+        read_log(Path("/dev/null"))  # /dev/tty would wait for a keyboard

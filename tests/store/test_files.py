@@ -7,6 +7,7 @@ from pathlib import Path
 
 import pytest
 
+from fi_cache.errors import EXIT_PROBLEM, FiCacheError
 from fi_cache.store import files
 
 
@@ -26,7 +27,9 @@ def test_failed_write_keeps_the_old_file(tmp_path: Path, monkeypatch: pytest.Mon
         raise OSError(28, "No space left on device")
 
     monkeypatch.setattr(os, "replace", boom)
-    with pytest.raises(OSError):
+    with pytest.raises(FiCacheError) as info:  # one line naming the file, exit 1 (storage)
         files.atomic_write(target, b"new")
+    assert info.value.path == str(target) and info.value.exit_code == EXIT_PROBLEM
+    assert "No space left on device" in info.value.message
     assert target.read_bytes() == b"old"
     assert len(list(tmp_path.iterdir())) == 2  # the file and its lock, no temp left

@@ -203,3 +203,31 @@ def test_install_refuses_a_store_whose_trash_it_cannot_use(
     with pytest.raises(Refused, match=words):
         install.install_dir(new, target, store)
     assert (target / "autotune_configs.json").read_text() == "old" and new.is_dir()
+
+
+def test_a_full_disk_while_unpacking_is_a_storage_failure_naming_the_file(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import errno
+    import io
+
+    def full(fd: int) -> None:
+        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+
+    monkeypatch.setattr(os, "fsync", full)
+    target = tmp_path / "staging" / "autotune_configs.json"
+    with pytest.raises(FiCacheError) as info:
+        install.write_member(target, io.BytesIO(b"{}" * 10), 20)
+    assert not isinstance(info.value, Refused) and info.value.exit_code == 1
+    assert info.value.path == str(target) and "No space left on device" in info.value.message
+
+
+def test_a_failed_read_of_the_bundle_stays_the_bundles_fault(tmp_path: Path) -> None:
+    import tarfile
+
+    class Broken:
+        def read(self, size: int) -> bytes:
+            raise OSError(5, "Input/output error")
+
+    with pytest.raises(tarfile.ReadError):  # import turns it into "bundle could not be read"
+        install.write_member(tmp_path / "f.json", Broken(), 20)  # type: ignore[arg-type]

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 
 import pytest
@@ -11,6 +12,7 @@ from fi_cache.errors import CorruptCache
 from fi_cache.model.fingerprint import Fingerprint
 from fi_cache.store import manifest as m
 from fi_cache.store.namespace import Namespace
+from tests.conftest import no_hang
 
 NS = Namespace(Fingerprint(flashinfer_version="0.6.18", gpu="NVIDIA H200", arch="90a"), "unfused")
 
@@ -50,3 +52,46 @@ def test_bad_manifest_is_a_corrupt_cache(tmp_path: Path, text: str) -> None:
 
 def test_no_manifest_is_none(tmp_path: Path) -> None:
     assert m.load(tmp_path) is None
+
+
+_OK = '"fingerprint": {}, "finalize": "fused", "created": 1, "last_used": 1'
+_WARM = (
+    '"started": 1, "seconds": 1, "vllm_version": null, "argv_key": "k", '
+    '"supports_finalize_env": null'
+)
+
+
+_BAD_FILE = '{"path": 5, "entries": 1, "size": 1}'
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        "{" + _OK + ', "warms": [5]}',
+        "{" + _OK + ', "warms": {"a": 1}}',
+        "{" + _OK + ', "warms": [{' + _WARM + ', "argv": [], "files": [' + _BAD_FILE + "]}]}",
+        "{" + _OK + ', "warms": [{' + _WARM + ', "argv": "m", "files": []}]}',
+        "{" + _OK + ', "warms": [{' + _WARM + ', "argv": [], "files": [], "ok": "no"}]}',
+        "{" + _OK.replace('"created": 1', '"created": "1"') + "}",
+        "{" + _OK.replace("{}", '{"gpu": ["NVIDIA H200"]}') + "}",
+        "{" + _OK.replace("{}", '{"gpu": "NVIDIA H200\\ud800"}') + "}",
+        "{" + _OK.replace('"fused"', "5") + "}",
+        "[" * 50_000 + "]" * 50_000,
+    ],
+)
+def test_a_malformed_manifest_is_a_corrupt_cache_naming_it(tmp_path: Path, text: str) -> None:
+    (tmp_path / "manifest.json").write_text(text)
+    with pytest.raises(CorruptCache) as info:
+        m.load(tmp_path)
+    assert info.value.path == str(tmp_path / "manifest.json")
+
+
+def test_a_manifest_that_is_not_utf8_or_a_fifo_is_a_corrupt_cache(tmp_path: Path) -> None:
+    (tmp_path / "manifest.json").write_bytes(b'{"fingerprint": "\xff"}')
+    with pytest.raises(CorruptCache, match="not UTF-8"):
+        m.load(tmp_path)
+    fifo = tmp_path / "fifo"
+    fifo.mkdir()
+    os.mkfifo(fifo / "manifest.json")
+    with no_hang(), pytest.raises(CorruptCache, match="FIFO"):
+        m.load(fifo)
