@@ -143,8 +143,8 @@ def _counts(view: Any) -> tuple[int, dict[str, int]] | None:
     data: Any = view.manifest.unknown.get("tactic_counts") if view.manifest else None
     try:
         return int(data["gemm1"]), {k: int(v) for k, v in data["gemm2"].items()}
-    except (TypeError, KeyError, ValueError):
-        return None
+    except (TypeError, KeyError, ValueError, AttributeError, OverflowError):
+        return None  # not what a warm records (edited by hand?): as if there were none
 
 
 def _sm(arch: str | None) -> int | None:

@@ -81,6 +81,6 @@ def compare_metadata(saved: Any, target: Fingerprint) -> list[Mismatch]:
         value = meta.get(name)
         if value in (current, WILDCARD):
             continue
-        hard = not (value is None or value in INDETERMINATE_VALUES)
+        hard = not (value is None or (isinstance(value, str) and value in INDETERMINATE_VALUES))
         out.append(Mismatch(name, value, current, hard))
     return out

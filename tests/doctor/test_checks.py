@@ -15,7 +15,7 @@ from fi_cache.doctor import CacheView, Inputs, Target
 from fi_cache.doctor.logs import CacheEvent, LogFacts, ProfileIdError
 from fi_cache.engines.vllm.args import parse_serve_args
 from fi_cache.model import v1
-from fi_cache.model.fingerprint import Fingerprint
+from fi_cache.model.fingerprint import Fingerprint, compare_metadata
 from fi_cache.store.manifest import Manifest, WarmRecord
 from fi_cache.store.namespace import Namespace
 from tests.conftest import GEMM_617, GEMM_618, MOE_617_FUSED, MOE_617_UNFUSED, MOE_618_FUSED
@@ -412,3 +412,20 @@ def test_the_other_modes_silent_cliff_on_0618() -> None:
     log = read_log(run / "replay-unfused-under-fused.log")
     [g] = doctor.run(Inputs(unfused, logs=(log,)), ["finalize-mode-miss"])
     assert "24 MoE calls found no tuned entry and ran FlashInfer's fallback tactic -1" in g.message
+
+
+@pytest.mark.parametrize("gemm2", [[81, 36], "81", {"unfused": 1e999}])
+def test_malformed_tactic_counts_are_ignored_not_a_crash(gemm2: object) -> None:
+    ns = Namespace(Fingerprint.from_metadata(H200_617, "90a"), "fused")
+    counts = {"tactic_counts": {"gemm1": 45, "gemm2": gemm2}}
+    m = Manifest(ns.fingerprint, "fused", 0, 0, (), counts)
+    view = _view(MOE_617_FUSED, "fused", m)
+    [f] = doctor.run(Inputs(_target(finalize="unfused"), (view,)), ["stale-gemm2-profile"])
+    assert "ids beyond the target's list crash start-up" in f.message  # as without counts
+
+
+@pytest.mark.parametrize("value", [["NVIDIA H200"], {"x": 1}])
+def test_a_metadata_value_of_another_json_type_is_a_hard_mismatch(value: object) -> None:
+    meta = {**H200_617, "gpu": value}
+    [mismatch] = compare_metadata(meta, _target().fingerprint)
+    assert mismatch.field == "gpu" and mismatch.hard
