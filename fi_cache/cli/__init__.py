@@ -41,7 +41,11 @@ class Context:
 @click.version_option(__version__, prog_name="fi-cache")
 @click.pass_context
 def cli(ctx: click.Context, store: Path | None, fmt: str, quiet: bool) -> None:
-    """Namespace, inspect, verify and diagnose FlashInfer autotune caches for vLLM."""
+    """Namespace, inspect, verify and diagnose FlashInfer autotune caches for vLLM.
+
+    The global options work after the command name too (`fi-cache doctor -q`); after `serve`
+    and `warm`, where `-q` is vLLM's --quantization, as --quiet.
+    """
     if store is None:
         from fi_cache.store.paths import default_store
 
@@ -52,6 +56,7 @@ def cli(ctx: click.Context, store: Path | None, fmt: str, quiet: bool) -> None:
 
 def _register() -> None:
     from fi_cache.cli import (
+        argv,
         bundle,
         doctor,
         env,
@@ -69,6 +74,8 @@ def _register() -> None:
     # One module per command (or tight pair); click lists them by name.
     modules = [env, ls, show, verify, doctor, warm, serve, plan, prune, merge, bundle, push_pull]
     for command in [c for m in modules for c in m.COMMANDS]:
+        short_quiet = not isinstance(command, argv.VllmCommand)
+        command.params.extend(argv.global_options(short_quiet))
         cli.add_command(command)
 
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import shlex
 import sys
 from pathlib import Path
 from typing import Any
@@ -66,7 +67,12 @@ def doctor_command(
     fix: bool,
     dry_run: bool,
 ) -> int:
-    """Check the store, PATHS and logs against the target environment [-- VLLM_SERVE_ARGS]."""
+    """Check the store, PATHS and logs against the target environment [-- VLLM_SERVE_ARGS].
+
+    Everything after `--` is a `vllm serve` command line: its arguments, or the whole line as
+    you run it (`-- vllm serve MODEL ...`, `-- python -m vllm.entrypoints.openai.api_server
+    --model MODEL ...`).
+    """
     from fi_cache import doctor, environment
     from fi_cache.doctor import fix as fixes
     from fi_cache.doctor.gather import Overrides, gather, make_target
@@ -81,12 +87,18 @@ def doctor_command(
         raise Refused(f"unknown check id {unknown[0]!r}; known: {', '.join(known)}")
     if dry_run and not fix:
         raise Refused("--dry-run goes with --fix (it prints what --fix would do)")
+    from fi_cache.engines.vllm.args import split_launcher
     from fi_cache.engines.vllm.launch import vllm_python
 
-    env = environment.detect(state_dir(obj.store), python=vllm_python(None))
+    vllm_args = ctx.meta.get("vllm_args")
+    launcher: list[str] | None = None
+    if vllm_args is not None:  # a pasted `vllm serve ...` line: judge that vLLM
+        launcher, vllm_args = split_launcher(vllm_args)
+    env = environment.detect(
+        state_dir(obj.store), python=vllm_python(shlex.join(launcher) if launcher else None)
+    )
     environ = dict(os.environ)
     target = make_target(env, Overrides(flashinfer_version, vllm_version, finalize, gpu), environ)
-    vllm_args = ctx.meta.get("vllm_args")
     location, why = _vllm_location(env, target, vllm_args, environ, state_dir(obj.store))
     inputs = gather(obj.store, paths, logs, vllm_args, target, environ, location, why)
     findings = doctor.run(inputs, only or None)

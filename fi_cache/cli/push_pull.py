@@ -72,7 +72,13 @@ def _summary(moved: Any) -> dict[str, Any]:
     show_default=True,
     help="What to push: here (this machine's namespaces), fused, unfused, or one namespace dir.",
 )
-def push_command(url: str, which: str) -> int:
+@click.option(
+    "--allow-unknown",
+    is_flag=True,
+    help="Push an environment whose FlashInfer version, arch or GPU was not detected (its "
+    "key reads unknown: every machine whose detection fails alike pulls it).",
+)
+def push_command(url: str, which: str, allow_unknown: bool) -> int:
     """Upload this machine's namespaces as a bundle to URL (s3://, gs://, file://, a path, ...).
 
     The bundle lands at URL/<flashinfer>/<arch>/<gpu>/<fingerprint>.tar.gz with a .json sidecar
@@ -85,7 +91,7 @@ def push_command(url: str, which: str) -> int:
     dirs = resolve_namespaces(ctx.store, which)
     progress = LiveProgress("push", ctx.quiet)
     try:
-        moved = transfer.push(ctx.store, url, dirs, progress)
+        moved = transfer.push(ctx.store, url, dirs, progress, allow_unknown)
     finally:
         progress.finish()
     if ctx.json:

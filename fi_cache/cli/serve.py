@@ -12,13 +12,17 @@ from typing import TYPE_CHECKING, Any
 import click
 
 from fi_cache.cli import render
+from fi_cache.cli.argv import VllmCommand
 from fi_cache.cli.warm import (
     SEED_OPT,
     VLLM_ARGS,
     VLLM_OPT,
     check_finalize_support,
+    finalize_mode,
     resolve,
     run_vllm_warm,
+    say_what_it_means,
+    vllm_command_line,
 )
 from fi_cache.errors import FiCacheError, Refused
 
@@ -30,7 +34,7 @@ def _ctx() -> Any:
     return click.get_current_context().obj
 
 
-@click.command("serve")
+@click.command("serve", cls=VllmCommand)
 @click.option(
     "--deterministic",
     is_flag=True,
@@ -66,7 +70,13 @@ def serve_command(
     vllm_path: str | None,
     vllm_args: tuple[str, ...],
 ) -> int:
-    """Run `vllm serve VLLM_ARGS` on this machine's namespace, warmed first when cold."""
+    """Run `vllm serve VLLM_SERVE_ARGS` on this machine's namespace, warmed first when cold.
+
+    fi-cache's options come first; from the first word that is not one of them (or `--`) on,
+    everything is vLLM's, as on a `vllm serve` line (a pasted `vllm serve ...` or `python -m
+    vllm.entrypoints.openai.api_server ...` line runs that vLLM). With
+    VLLM_FLASHINFER_MOE_FUSED_FINALIZE=0 set, serve runs as with --deterministic.
+    """
     from fi_cache.doctor import preflight
     from fi_cache.engines import get
     from fi_cache.engines.vllm import launch
@@ -74,9 +84,12 @@ def serve_command(
     from fi_cache.store import manifest as manifests
 
     ctx = _ctx()
-    finalize: FinalizeMode = "unfused" if deterministic else "fused"
+    vllm_path, vllm_args = vllm_command_line(vllm_path, vllm_args)
+    asked: FinalizeMode | None = "unfused" if deterministic else None
+    finalize = finalize_mode(asked, "--deterministic", "--deterministic")
     ns, env = resolve(finalize, vllm_path)
     check_finalize_support(env, finalize, force, "serve")
+    say_what_it_means(ns)
     engine = get("vllm")
     args = engine.read_args(vllm_args)
     launcher = launch.find_launcher(vllm_path)

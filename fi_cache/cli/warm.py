@@ -5,11 +5,12 @@ from __future__ import annotations
 
 import sys
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, cast
 
 import click
 
 from fi_cache.cli import render
+from fi_cache.cli.argv import VllmCommand
 from fi_cache.cli.process import show_tail, sigterm_as_interrupt, stop_grace
 from fi_cache.cli.seeding import seeder
 from fi_cache.engines import NAMES as ENGINE_NAMES
@@ -36,6 +37,62 @@ def resolve(finalize: FinalizeMode, vllm_path: str | None) -> tuple[Namespace, E
     for note in env.notes:
         render.warn(note)
     return Namespace(env.fingerprint, finalize), env
+
+
+def finalize_mode(asked: FinalizeMode | None, given: str, implied: str) -> FinalizeMode:
+    """The mode the command line asks for (`given`: how), else the user's
+    VLLM_FLASHINFER_MOE_FUSED_FINALIZE, said on stderr (`implied`: the flag it stands for)."""
+    import os
+
+    from fi_cache.engines.vllm.launch import user_finalize
+
+    mode, note = user_finalize(os.environ, asked, given, implied)
+    if note and not _ctx().quiet:
+        render.warn(note)
+    return mode
+
+
+def say_what_it_means(ns: Namespace) -> None:
+    """Before vLLM starts, what a user may not expect: a namespace named by undetected fields
+    (shared with every machine whose detection fails alike), and their own
+    VLLM_FLASHINFER_AUTOTUNE_CACHE_DIR giving way to the namespace's."""
+    import os
+
+    from fi_cache.engines import get
+    from fi_cache.store.namespace import unknown_levels
+    from fi_cache.versions import VLLM_CACHE_DIR_ENV
+
+    ctx = _ctx()
+    if ctx.quiet:
+        return
+    if unknown := unknown_levels(ns.fingerprint):
+        render.warn(
+            f"{', '.join(unknown)} not detected (see `fi-cache env`): namespace {ns.relpath} is "
+            "shared with every machine whose detection fails the same way"
+        )
+    ours = str(get("vllm").cache_dir(ns.path(ctx.store)))
+    theirs = os.environ.get(VLLM_CACHE_DIR_ENV)
+    if theirs and os.path.abspath(os.path.expanduser(theirs)) != ours:
+        render.warn(f"{VLLM_CACHE_DIR_ENV}={theirs} in the environment: vLLM gets {ours} instead")
+
+
+def vllm_command_line(
+    vllm_path: str | None, argv: tuple[str, ...]
+) -> tuple[str | None, tuple[str, ...]]:
+    """(--vllm, vLLM's arguments) from a pasted `vllm serve ARGS` or `PYTHON -m
+    vllm.entrypoints.openai.api_server ARGS` line: its launcher is the vLLM to run."""
+    import shlex
+
+    from fi_cache.engines.vllm.args import split_launcher
+    from fi_cache.engines.vllm.launch import find_launcher
+
+    words, rest = split_launcher(argv)
+    if not words:
+        return vllm_path, tuple(rest)
+    pasted = shlex.join(words)
+    if vllm_path is not None and find_launcher(vllm_path) != find_launcher(pasted):
+        raise Refused(f"--vllm {vllm_path} and the pasted `{pasted}` name two vLLMs; give one")
+    return pasted, tuple(rest)
 
 
 def check_finalize_support(env: Any, finalize: str, force: bool, what: str) -> None:
@@ -151,7 +208,9 @@ def _keep_log(store: Path, lines: list[str], note: Any) -> None:
     note(f"vLLM's whole output: {log} (explain it: fi-cache doctor --log {log})")
 
 
-VLLM_ARGS = click.argument("vllm_args", nargs=-1, type=click.UNPROCESSED)
+VLLM_ARGS = click.argument(
+    "vllm_args", nargs=-1, type=click.UNPROCESSED, metavar="[--] VLLM_SERVE_ARGS..."
+)
 VLLM_OPT = click.option(
     "--vllm",
     "vllm_path",
@@ -170,7 +229,7 @@ SEED_OPT = click.option(
 )
 
 
-@click.command("warm")
+@click.command("warm", cls=VllmCommand)
 @click.option(
     "--engine",
     type=click.Choice(ENGINE_NAMES),
@@ -233,8 +292,14 @@ def warm_command(
     vllm_path: str | None,
     vllm_args: tuple[str, ...],
 ) -> int:
-    """Fill this machine's namespace: `vllm serve VLLM_ARGS` until healthy, or (--engine
-    flashinfer --plan PLAN) FlashInfer's autotuner on the plan's ops, without vLLM or weights."""
+    """Fill this machine's namespace: `vllm serve VLLM_SERVE_ARGS` until healthy, or (--engine
+    flashinfer --plan PLAN) FlashInfer's autotuner on the plan's ops, without vLLM or weights.
+
+    fi-cache's options come first; from the first word that is not one of them (or `--`) on,
+    everything is vLLM's, as on a `vllm serve` line (a pasted `vllm serve ...` or `python -m
+    vllm.entrypoints.openai.api_server ...` line runs that vLLM). With
+    VLLM_FLASHINFER_MOE_FUSED_FINALIZE=0 set, --engine vllm warms unfused.
+    """
     ctx = _ctx()
     if engine == "flashinfer":
         misplaced = [
@@ -246,17 +311,21 @@ def warm_command(
         if plan_path is None:
             raise Refused("--engine flashinfer needs --plan PLAN (write one with `fi-cache plan`)")
         if misplaced:
-            raise Refused(f"{misplaced[0]} applies to --engine vllm only")
+            got = f" (got {' '.join(vllm_args)})" if misplaced[0] == "VLLM_SERVE_ARGS" else ""
+            raise Refused(f"{misplaced[0]} applies to --engine vllm only{got}")
         from fi_cache.cli.warm_flashinfer import warm_flashinfer
 
         limit = 7200.0 if timeout is None else timeout
         return warm_flashinfer(plan_path, finalize, python, limit, lock_timeout)
     if plan_path is not None or python is not None:
         raise Refused("--plan and --python apply to --engine flashinfer only")
-    finalize = finalize or "fused"
+    vllm_path, vllm_args = vllm_command_line(vllm_path, vllm_args)
+    asked = cast("FinalizeMode | None", finalize)  # click.Choice: fused, unfused or not given
+    finalize = finalize_mode(asked, f"--finalize {finalize}", "--finalize unfused")
     timeout = 1800.0 if timeout is None else timeout
-    ns, env = resolve("unfused" if finalize == "unfused" else "fused", vllm_path)
+    ns, env = resolve(finalize, vllm_path)
     check_finalize_support(env, finalize, force, "tune")
+    say_what_it_means(ns)
     result = run_vllm_warm(ns, env, vllm_args, vllm_path, timeout, port, lock_timeout, seed)
     entries = sum(f.entries for f in result.files)
     doc = {

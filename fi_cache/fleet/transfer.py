@@ -29,6 +29,7 @@ from fi_cache.fleet import bundle
 from fi_cache.fleet.bundle import BundleManifest
 from fi_cache.model.fingerprint import Fingerprint
 from fi_cache.store import files, install
+from fi_cache.store.namespace import unknown_levels
 
 Progress = Callable[[int, int], None]  # (bytes done, bytes in all)
 
@@ -180,14 +181,26 @@ def _one_fingerprint(namespace_dirs: list[Path]) -> Fingerprint:
 
 
 def push(
-    store: Path, url: str, namespace_dirs: list[Path], progress: Progress | None = None
+    store: Path,
+    url: str,
+    namespace_dirs: list[Path],
+    progress: Progress | None = None,
+    allow_unknown: bool = False,
 ) -> Transferred:
-    """Export `namespace_dirs` (one environment) and upload the bundle and its sidecar."""
+    """Export `namespace_dirs` (one environment) and upload the bundle and its sidecar. An
+    environment with undetected key levels is refused unless `allow_unknown`."""
     remote = open_remote(url)  # a bad URL fails before the export's work
     if not namespace_dirs:
         raise Refused("nothing to push: no namespace of this machine in the store (warm first)")
     fp = _one_fingerprint(namespace_dirs)
     key = bundle.remote_key(fp)
+    if (unknown := unknown_levels(fp)) and not allow_unknown:
+        raise Refused(
+            f"{', '.join(unknown)} not detected where it was warmed, so key {key} is the one "
+            "every machine with the same failed detection pulls; fix the detection there "
+            "(`fi-cache env`) and warm again, or pass --allow-unknown",
+            namespace_dirs[0],
+        )
     local = _temp_in_store(store, "push")
     try:
         bm = bundle.export(store, namespace_dirs, local)

@@ -28,6 +28,16 @@ def slug(value: str | None) -> str:
     return _SLUG.sub("-", value.lower()).strip("-.") or "unknown"
 
 
+# The fingerprint fields that name a namespace's readable levels (and a push key's).
+LEVEL_FIELDS = ("flashinfer_version", "arch", "gpu")
+
+
+def unknown_levels(fp: Fingerprint) -> list[str]:
+    """The fields of LEVEL_FIELDS not detected here: their level reads `unknown`, and every
+    machine where detection fails the same way shares the namespace."""
+    return [name for name in LEVEL_FIELDS if slug(getattr(fp, name)) == "unknown"]
+
+
 @dataclass(frozen=True)
 class Namespace:
     fingerprint: Fingerprint

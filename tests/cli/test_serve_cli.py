@@ -42,3 +42,17 @@ def test_force_goes_on_with_a_warning(tmp_path: Path, monkeypatch, capsys) -> No
     )
     err = capsys.readouterr().err
     assert "going on: --force" in err and code == 2 and "no vLLM executable" in err
+
+
+@pytest.mark.parametrize("command", [["serve"], ["warm"]])
+def test_the_users_unfused_variable_on_a_vllm_without_it_is_refused(
+    command: list[str], tmp_path: Path, monkeypatch, capsys
+) -> None:  # type: ignore[no-untyped-def]
+    """=0 in the environment asks for the unfused namespace, which this vLLM cannot fill."""
+    monkeypatch.setattr(environment, "detect", lambda *a, **k: _env_with(False))
+    monkeypatch.setenv("VLLM_FLASHINFER_MOE_FUSED_FINALIZE", "0")
+    code = cli_main_exit(["--store", str(tmp_path), *command, "Qwen/Qwen3-30B-A3B"])
+    note, refusal = capsys.readouterr().err.splitlines()
+    assert code == 2
+    assert note.startswith("fi-cache: VLLM_FLASHINFER_MOE_FUSED_FINALIZE=0 in the environment")
+    assert "vLLM 0.33.0 does not read VLLM_FLASHINFER_MOE_FUSED_FINALIZE" in refusal

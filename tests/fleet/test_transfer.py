@@ -348,6 +348,26 @@ def test_push_with_nothing_warmed_is_refused(
     assert not (tmp_path / "remote").exists()
 
 
+def test_push_of_an_undetected_environment_needs_allow_unknown(
+    run: Run, monkeypatch: pytest.MonkeyPatch, store: Path, tmp_path: Path
+) -> None:
+    """A machine whose GPU and arch were not detected would push to unknown/unknown/..., which
+    every other machine whose detection fails alike pulls."""
+    blind = H200.replace(gpu=None, arch=None)
+    _as_machine(monkeypatch, blind)
+    _warm(store, blind)
+    remote = tmp_path / "remote"
+    result = run("push", str(remote))
+    assert result.code == 2 and result.err.count("\n") == 1, result.err
+    said = "arch, gpu not detected where it was warmed, so key 0.6.18/unknown/unknown/"
+    assert said in result.err
+    assert "--allow-unknown" in result.err
+    assert _files(remote) == []
+    allowed = run("--format", "json", "push", "--allow-unknown", str(remote))
+    assert allowed.code == 0, allowed.err
+    assert allowed.json()["key"].startswith("0.6.18/unknown/unknown/")
+
+
 def test_push_of_one_namespace_dir(
     run: Run, monkeypatch: pytest.MonkeyPatch, store: Path, tmp_path: Path
 ) -> None:
@@ -565,13 +585,14 @@ def test_s3_unreachable_endpoint_is_one_line_exit_1(
 def test_s3_endpoint_from_the_fsspec_environment_variable(
     s3: str, tmp_path: Path, store: Path, store_b: Path
 ) -> None:
-    """Real processes, real environment detection: FSSPEC_S3_ENDPOINT_URL is all they get."""
+    """Real processes, real environment detection: FSSPEC_S3_ENDPOINT_URL is all they get.
+    (This host has no GPU, so the push needs --allow-unknown.)"""
     _warm(store, environment.detect(state_dir(store)).fingerprint)
     env = {**os.environ, **_aws_env(s3), "PYTHONPATH": str(REPO)}
     url = f"s3://{BUCKET}/{uuid.uuid4().hex}"
-    for target, command in ((store, "push"), (store_b, "pull")):
+    for target, command in ((store, ["push", "--allow-unknown"]), (store_b, ["pull"])):
         done = subprocess.run(
-            [sys.executable, "-c", _ENTRY, "--store", str(target), command, url],
+            [sys.executable, "-c", _ENTRY, "--store", str(target), *command, url],
             env=env,
             capture_output=True,
             text=True,

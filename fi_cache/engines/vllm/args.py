@@ -4,6 +4,7 @@ autotune switches) and the identity of a warm."""
 from __future__ import annotations
 
 import hashlib
+import os
 import re
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -12,21 +13,36 @@ from fi_cache.errors import Refused
 
 # Flags whose value is not part of "what is served": where it listens.
 _ADDRESS_FLAGS = {"--port", "--host", "--uds"}
-# `vllm serve` flags that take no value, so the token after them may be the model.
+# `vllm serve` flags that take no value, so the token after them may be the model: every
+# `--no-*`, `--enable-*` and `--disable-*` flag of 0.32 (BooleanOptionalAction) and 0.33
+# (EnableDisableAction) but one, and these; listed from the nargs=0 actions of both releases'
+# own serve parsers (entrypoints/cli/serve.py `subparser_init`).
+_BOOL_PREFIXES = ("--no-", "--enable-", "--disable-")
+_VALUE_FLAGS_WITH_BOOL_PREFIX = {"--disable-access-log-for-endpoints"}
 _BOOL_FLAGS = {
-    "--enable-expert-parallel",
-    "--trust-remote-code",
-    "--enforce-eager",
-    "--disable-log-requests",
-    "--no-enable-prefix-caching",
-    "--enable-prefix-caching",
-    "--disable-flashinfer-autotune",
-    "--no-enable-flashinfer-autotune",
-    "--enable-flashinfer-autotune",
-    "-ep",
-    "--headless",
-    "--enable-elastic-ep",
-}
+    "--aggregate-engine-logging", "--allow-credentials", "--allow-deprecated-quantization",
+    "--async-scheduling", "--cohere-is-reasoning-model", "--cudagraph-metrics",
+    "--data-parallel-external-lb", "--data-parallel-hybrid-lb",
+    "--data-parallel-multi-port-external-lb", "--dcp-q-replicate", "--enforce-eager",
+    "--exclude-tools-when-tool-choice-none", "--fail-on-environ-validation",
+    "--fully-sharded-loras", "--grpc", "--headless", "--interleave-mm-strings",
+    "--jit-monitor-verbose", "--kv-cache-metrics", "--kv-sharing-fast-prefill",
+    "--language-model-only", "--log-error-stack", "--long-prefill-token-threshold-adaptive",
+    "--mm-device-do-normalize", "--mm-encoder-only", "--monokernel", "--numa-bind",
+    "--ray-workers-use-nsight", "--return-sampling-mask", "--return-tokens-as-token-ids",
+    "--scheduler-reserve-full-isl", "--skip-mm-profiling", "--skip-tokenizer-init",
+    "--sleep-mode-offload-cudagraph", "--specialize-active-lora", "--swa-bounded-replay",
+    "--tokens-only", "--trust-remote-code", "--trust-request-chat-template",
+    "--trust-request-mm-kwargs", "--use-fp64-gumbel", "--use-replayssm", "--use-tqdm-on-load",
+    "-dpe", "-dph", "-dpm", "-ep", "-h", "--help",
+}  # fmt: skip
+
+
+def _is_bool_flag(name: str) -> bool:
+    if name in _BOOL_FLAGS:
+        return True
+    return name.startswith(_BOOL_PREFIXES) and name not in _VALUE_FLAGS_WITH_BOOL_PREFIX
+
 
 _SIZE_FLAGS = {
     "--tensor-parallel-size": "tp",
@@ -67,6 +83,7 @@ class ServeArgs:
     autotune_off: bool = False  # -O0, --disable-flashinfer-autotune, kernel-config false
     disable_flag: bool = False  # --disable-flashinfer-autotune itself (vLLM 0.33+ only)
     model_at: int | None = None  # index of a positional model in argv (None: --model or none)
+    model_tokens: tuple[int, ...] = ()  # indexes in argv that name the model (M, --model M)
 
     @property
     def world_size(self) -> int:
@@ -74,11 +91,12 @@ class ServeArgs:
 
     @property
     def key(self) -> str:
-        """Identity of a warm: the arguments without where the server listens."""
-        kept: list[str] = []
+        """Identity of a warm: the arguments without where the server listens, the model first
+        however it is spelled (`M ...` and `... --model M` are one warm)."""
+        kept: list[str] = [self.model] if self.model else []
         skip = False
-        for arg in self.argv:
-            if skip:
+        for i, arg in enumerate(self.argv):
+            if skip or i in self.model_tokens:
                 skip = False
                 continue
             name = arg.split("=", 1)[0]
@@ -107,9 +125,11 @@ def parse_serve_args(argv: Sequence[str]) -> ServeArgs:
         arg = argv[i]
         name, eq, inline = arg.partition("=")
         value = inline if eq else (argv[i + 1] if i + 1 < len(argv) else None)
-        takes_value = arg.startswith("-") and not eq and name not in _BOOL_FLAGS
+        takes_value = arg.startswith("-") and not eq and not _is_bool_flag(name)
         if name == "--model" and value:
             found["model"] = value
+            found["model_at"] = None
+            found["model_tokens"] = (i,) if eq else (i, i + 1)
         elif name == "--port":
             found["port"] = _int_flag(name, value)
         elif name in _SIZE_FLAGS:
@@ -135,6 +155,7 @@ def parse_serve_args(argv: Sequence[str]) -> ServeArgs:
         elif not arg.startswith("-") and found["model"] is None:
             found["model"] = arg
             found["model_at"] = i
+            found["model_tokens"] = (i,)
         if name == "-O0" or (name.startswith("-O") and len(name) == 3):
             takes_value = False  # -O3 carries its level inline
         i += 2 if takes_value else 1
@@ -151,7 +172,29 @@ def with_model_flag(argv: Sequence[str]) -> list[str]:
 
 def require_model(args: ServeArgs) -> None:
     if not args.model:
-        raise Refused(
-            "no model in the vLLM arguments: pass it after `--`, e.g. "
-            "`fi-cache warm -- Qwen/Qwen3-30B-A3B` (or --model NAME)"
+        quantization = (
+            " (-q after the command is vLLM's --quantization; fi-cache's own is --quiet there)"
+            if "-q" in args.argv
+            else ""
         )
+        raise Refused(
+            "no model in the vLLM arguments: give it as in `vllm serve`, e.g. "
+            f"`fi-cache serve Qwen/Qwen3-8B --port 8000` (or --model NAME){quantization}"
+        )
+
+
+API_SERVER_MODULE = "vllm.entrypoints.openai.api_server"
+_PYTHON = re.compile(r"python[0-9.]*")
+
+
+def split_launcher(argv: Sequence[str]) -> tuple[list[str] | None, list[str]]:
+    """A pasted vLLM command line split into its launcher and its arguments: `vllm serve ARGS`
+    ([] when that is plain `vllm`: the usual lookup finds it), `PATH/vllm serve ARGS` ([PATH/vllm])
+    or `PYTHON -m vllm.entrypoints.openai.api_server ARGS` ([PYTHON, -m, module]); None when argv
+    is just the arguments. vLLM takes one positional (the model), so `vllm serve` is never one."""
+    if len(argv) >= 2 and argv[1] == "serve" and os.path.basename(argv[0]) == "vllm":
+        return ([] if argv[0] == "vllm" else [argv[0]]), list(argv[2:])
+    words = list(argv)
+    if words[1:3] == ["-m", API_SERVER_MODULE] and _PYTHON.fullmatch(os.path.basename(words[0])):
+        return words[:3], words[3:]
+    return None, words

@@ -18,16 +18,20 @@ import subprocess
 import threading
 import time
 from collections import deque
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from fi_cache.engines.guard import Guard
-from fi_cache.engines.vllm.args import with_model_flag
+from fi_cache.engines.vllm.args import API_SERVER_MODULE, with_model_flag
 from fi_cache.engines.vllm.logs import named_cache_file
 from fi_cache.errors import Refused
 from fi_cache.store import locks
 from fi_cache.versions import VLLM_CACHE_DIR_ENV, VLLM_FINALIZE_ENV
+
+if TYPE_CHECKING:
+    from fi_cache.store.namespace import FinalizeMode
 
 VLLM_ENV = "FI_CACHE_VLLM"
 RAY_PREFIXES_ENV = "VLLM_RAY_EXTRA_ENV_VAR_PREFIXES_TO_COPY"
@@ -36,8 +40,6 @@ ALTERNATIVES = (
     "alternatives: VLLM_BATCH_INVARIANT=1 (vLLM 0.19+; keeps MoE off FlashInfer kernels), "
     "or --moe-backend triton; or a vLLM with PR #54948 (VLLM_FLASHINFER_MOE_FUSED_FINALIZE)"
 )
-
-API_SERVER_MODULE = "vllm.entrypoints.openai.api_server"
 
 
 @dataclass(frozen=True)
@@ -118,6 +120,32 @@ def interpreter(executable: str) -> str | None:
     if found and _PYTHON_NAME.fullmatch(os.path.basename(found)) and os.access(found, os.X_OK):
         return found
     return None
+
+
+def user_finalize(
+    environ: Mapping[str, str], asked: FinalizeMode | None, given: str, implied: str
+) -> tuple[FinalizeMode, str | None]:
+    """(The finalize mode, a note to show): what the command line asks (`asked`, spelled `given`;
+    None when it does not say), else the user's own VLLM_FLASHINFER_MOE_FUSED_FINALIZE (0:
+    unfused, as `implied` would ask; 1: fused), else fused. The variable is never overridden:
+    one that contradicts the command line, or holds another value, is refused."""
+    raw = environ.get(VLLM_FINALIZE_ENV)
+    if raw is None:
+        return asked or "fused", None
+    if raw not in ("0", "1"):
+        raise Refused(
+            f"{VLLM_FINALIZE_ENV}={raw!r} in the environment: fi-cache reads 0 (unfused "
+            "finalize) or 1 (fused); set one of them, or unset it"
+        )
+    theirs: FinalizeMode = "unfused" if raw == "0" else "fused"
+    if asked is not None and asked != theirs:
+        raise Refused(
+            f"{VLLM_FINALIZE_ENV}={raw} in the environment asks for {theirs} finalize and "
+            f"{given} for {asked}: unset the variable or drop {given}"
+        )
+    if asked is None and theirs == "unfused":
+        return theirs, f"{VLLM_FINALIZE_ENV}=0 in the environment: unfused finalize, as {implied}"
+    return theirs, None
 
 
 def launch_env(

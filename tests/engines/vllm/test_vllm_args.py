@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 import pytest
@@ -97,3 +98,79 @@ def test_launchers_console_script_python_and_module_form(
         assert m.command(["--model", "M"])[-2:] == ["--model", "M"]
     with pytest.raises(Refused, match="give a vLLM executable, a Python"):
         launch.find_launcher(f"{sys.executable} -c print")
+
+
+@pytest.mark.parametrize(
+    "argv",
+    [
+        ["--async-scheduling", "m"],  # BooleanOptionalAction (0.32), EnableDisableAction (0.33)
+        ["--no-enable-prefix-caching", "--enable-chunked-prefill", "m", "-tp", "2"],
+        # the one --disable-* flag that takes a value, then one that does not
+        ["--disable-access-log-for-endpoints", "/health", "--trust-request-chat-template", "m"],
+        ["--headless", "-dpe", "m"],
+    ],
+)
+def test_the_model_after_a_flag_that_takes_no_value_is_found(argv: list[str]) -> None:
+    assert serve_args.parse_serve_args(argv).model == "m"
+
+
+def test_model_flag_and_positional_model_are_one_warm() -> None:
+    positional = serve_args.parse_serve_args(["m", "-tp", "2"]).key
+    assert serve_args.parse_serve_args(["-tp", "2", "--model", "m"]).key == positional
+    assert serve_args.parse_serve_args(["--model=m", "-tp", "2", "--port", "1"]).key == positional
+    assert serve_args.parse_serve_args(["n", "-tp", "2"]).key != positional
+
+
+@pytest.mark.parametrize(
+    "argv, launcher, rest",
+    [
+        (["vllm", "serve", "m", "-tp", "2"], [], ["m", "-tp", "2"]),
+        (["/opt/v/bin/vllm", "serve", "m"], ["/opt/v/bin/vllm"], ["m"]),
+        (
+            ["python3.12", "-m", "vllm.entrypoints.openai.api_server", "--model", "m"],
+            ["python3.12", "-m", "vllm.entrypoints.openai.api_server"],
+            ["--model", "m"],
+        ),
+        (["m", "--port", "1"], None, ["m", "--port", "1"]),
+        (["vllm", "--port", "1"], None, ["vllm", "--port", "1"]),  # a model named vllm
+    ],
+)
+def test_a_pasted_vllm_line_is_split_into_launcher_and_arguments(
+    argv: list[str], launcher: list[str] | None, rest: list[str]
+) -> None:
+    assert serve_args.split_launcher(argv) == (launcher, rest)
+
+
+@pytest.mark.parametrize(
+    "environ, asked, mode, note",
+    [
+        ({}, None, "fused", None),
+        ({}, "unfused", "unfused", None),
+        ({"VLLM_FLASHINFER_MOE_FUSED_FINALIZE": "0"}, None, "unfused", "as --deterministic"),
+        ({"VLLM_FLASHINFER_MOE_FUSED_FINALIZE": "0"}, "unfused", "unfused", None),
+        ({"VLLM_FLASHINFER_MOE_FUSED_FINALIZE": "1"}, None, "fused", None),
+    ],
+)
+def test_the_users_finalize_variable_decides_when_the_command_line_does_not(
+    environ: dict[str, str], asked: str | None, mode: str, note: str | None
+) -> None:
+    got, said = launch.user_finalize(environ, asked, "--deterministic", "--deterministic")  # type: ignore[arg-type]
+    assert got == mode
+    assert (said is None) if note is None else (said is not None and note in said)
+
+
+@pytest.mark.parametrize(
+    "value, asked, words",
+    [
+        ("1", "unfused", "=1 in the environment asks for fused finalize and --deterministic"),
+        ("0", "fused", "=0 in the environment asks for unfused finalize"),
+        ("true", None, "='true' in the environment: fi-cache reads 0"),
+        ("", None, "='' in the environment"),
+    ],
+)
+def test_a_finalize_variable_that_contradicts_or_is_unreadable_is_refused(
+    value: str, asked: str | None, words: str
+) -> None:
+    environ = {"VLLM_FLASHINFER_MOE_FUSED_FINALIZE": value}
+    with pytest.raises(Refused, match=re.escape(words)):
+        launch.user_finalize(environ, asked, "--deterministic", "--deterministic")  # type: ignore[arg-type]

@@ -420,10 +420,97 @@ def _cannot_write(path: Path) -> bool:
     return False
 
 
-def test_options_must_come_before_the_double_dash(rig: Rig) -> None:
-    p = rig.run("warm", "--format", "json", "--", MODEL)  # --format is a global option
-    assert p.returncode == 2 and "No such option '--format'" in p.stderr
-    assert rig.starts() == []
+def test_a_vllm_serve_line_runs_as_is_after_fi_cache_serve(rig: Rig) -> None:
+    """`vllm serve ARGS` -> `fi-cache warm/serve ARGS`, no `--`: the same vLLM command line (and
+    -q there is vLLM's --quantization, not fi-cache's quiet); global options after the name."""
+    from fi_cache.engines.vllm.launch import free_port
+
+    port = str(free_port())
+    p = rig.run("warm", "--format", "json", MODEL, "-tp", "1", "--max-model-len", "4096")
+    assert p.returncode == 0, p.stderr
+    assert json.loads(p.stdout)["reused"] is False
+    p = rig.run("serve", MODEL, "--port", port, "-tp", "1", "--max-model-len", "4096",
+                FAKE_VLLM_MODE="exit-now")  # fmt: skip
+    assert p.returncode == 0, p.stderr
+    warm, served = rig.starts()  # the warm counts: no second one
+    assert warm["argv"][:6] == ["serve", MODEL, "-tp", "1", "--max-model-len", "4096"]
+    assert served["argv"] == ["serve", MODEL, "--port", port, "-tp", "1", "--max-model-len", "4096"]
+    p = rig.run("serve", "--no-warm", "-q", "fp8", MODEL, FAKE_VLLM_MODE="exit-now")
+    assert p.returncode == 0, p.stderr
+    assert rig.starts()[-1]["argv"] == ["serve", "-q", "fp8", MODEL]
+
+
+def test_model_given_as_model_flag_is_the_same_warm(rig: Rig) -> None:
+    assert rig.run("warm", "--model", MODEL).returncode == 0
+    p = rig.run("serve", "--", MODEL, FAKE_VLLM_MODE="exit-now")
+    assert p.returncode == 0, p.stderr
+    assert [s["argv"][1:3] for s in rig.starts()] == [["--model", MODEL], [MODEL]]  # one warm
+
+
+def test_a_pasted_python_m_api_server_line_runs_that_python(rig: Rig, tmp_path: Path) -> None:
+    """`python -m vllm.entrypoints.openai.api_server --model M ...` after `fi-cache serve`: that
+    interpreter runs vLLM's module, for the warm and for serving, $FI_CACHE_VLLM or not."""
+    shim = tmp_path / "site" / "vllm" / "entrypoints" / "openai"
+    shim.mkdir(parents=True)
+    for d in (shim.parent.parent, shim.parent, shim):
+        (d / "__init__.py").write_text("")
+    (shim / "api_server.py").write_text(
+        f"import runpy, sys\nsys.argv = [{str(FAKE)!r}, 'serve', *sys.argv[1:]]\n"
+        f"runpy.run_path({str(FAKE)!r}, run_name='__main__')\n"
+    )
+    line = [sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model", MODEL]
+    env = {
+        "FI_CACHE_VLLM": "/nonexistent/vllm",
+        "PYTHONPATH": f"{rig.env['PYTHONPATH']}{os.pathsep}{tmp_path / 'site'}",
+    }
+    p = rig.run("warm", *line, **env)
+    assert p.returncode == 0, p.stderr
+    p = rig.run("serve", *line, "--port", "8123", FAKE_VLLM_MODE="exit-now", **env)
+    assert p.returncode == 0, p.stderr
+    warm, served = rig.starts()
+    assert warm["argv"][:3] == served["argv"][:3] == ["serve", "--model", MODEL]
+    assert served["argv"] == ["serve", "--model", MODEL, "--port", "8123"]
+    p = rig.run("serve", "--vllm", str(rig.env["FI_CACHE_VLLM"]), *line)
+    assert p.returncode == 2 and "name two vLLMs" in p.stderr
+
+
+def test_the_users_finalize_variable_picks_the_unfused_namespace(rig: Rig) -> None:
+    """VLLM_FLASHINFER_MOE_FUSED_FINALIZE=0 in the environment is --deterministic (serve) and
+    --finalize unfused (warm), said in one line; never the fused namespace with =1."""
+    user = {"VLLM_FLASHINFER_MOE_FUSED_FINALIZE": "0"}
+    warm = rig.run("warm", MODEL, **user)
+    assert warm.returncode == 0, warm.stderr
+    assert "VLLM_FLASHINFER_MOE_FUSED_FINALIZE=0 in the environment: unfused finalize, as " \
+        "--finalize unfused" in warm.stderr  # fmt: skip
+    served = rig.run("serve", MODEL, FAKE_VLLM_MODE="exit-now", **user)
+    assert served.returncode == 0, served.stderr
+    assert "as --deterministic" in served.stderr
+    [ns] = rig.namespaces()
+    assert ns.name.startswith("unfused-")
+    assert len(rig.starts()) == 2  # serve found the unfused warm
+    for start in rig.starts():
+        assert start["env"]["VLLM_FLASHINFER_MOE_FUSED_FINALIZE"] == "0"
+        assert start["env"]["VLLM_FLASHINFER_AUTOTUNE_CACHE_DIR"] == str(ns / "vllm")
+    refused = rig.run("serve", "--deterministic", MODEL, VLLM_FLASHINFER_MOE_FUSED_FINALIZE="1")
+    assert refused.returncode == 2 and refused.stderr.count("\n") == 1, refused.stderr
+    assert "asks for fused finalize and --deterministic for unfused" in refused.stderr
+    assert len(rig.starts()) == 2
+
+
+def test_an_undetected_environment_is_said_before_warming(rig: Rig, tmp_path: Path) -> None:
+    """No GPU and no FlashInfer here: the namespace reads unknown/unknown/unknown, shared with
+    every machine like that; a GPU host with FlashInfer hears nothing of it."""
+    p = rig.run("warm", MODEL)
+    assert p.returncode == 0, p.stderr
+    [line] = [x for x in p.stderr.splitlines() if "not detected" in x]
+    assert line.startswith("fi-cache: flashinfer_version, arch, gpu not detected")
+    assert "namespaces/unknown/unknown/unknown/fused-" in line
+    assert "shared with every machine" in line
+    quiet = rig.run("--quiet", "warm", MODEL)
+    assert "not detected" not in quiet.stderr
+    gpu = rig.run("warm", MODEL, **_gpu_host(rig, tmp_path))
+    assert gpu.returncode == 0, gpu.stderr
+    assert "not detected" not in gpu.stderr
 
 
 def test_prune_leaves_the_namespace_of_a_running_server_alone(rig: Rig) -> None:
