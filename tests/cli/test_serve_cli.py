@@ -9,6 +9,7 @@ import pytest
 from fi_cache import environment
 from fi_cache.environment import Environment, VllmInfo
 from fi_cache.model.fingerprint import Fingerprint
+from fi_cache.store.namespace import Namespace
 from tests.conftest import cli_main_exit
 
 
@@ -56,3 +57,16 @@ def test_the_users_unfused_variable_on_a_vllm_without_it_is_refused(
     assert code == 2
     assert note.startswith("fi-cache: VLLM_FLASHINFER_MOE_FUSED_FINALIZE=0 in the environment")
     assert "vLLM 0.33.0 does not read VLLM_FLASHINFER_MOE_FUSED_FINALIZE" in refusal
+
+
+def test_a_cache_dir_of_the_users_is_replaced_with_a_line_saying_so(
+    tmp_path: Path, monkeypatch, capsys
+) -> None:  # type: ignore[no-untyped-def]
+    monkeypatch.setattr(environment, "detect", lambda *a, **k: _env_with(True))
+    monkeypatch.setenv("VLLM_FLASHINFER_AUTOTUNE_CACHE_DIR", "/data/my-cache")
+    monkeypatch.setenv("FI_CACHE_VLLM", str(tmp_path / "missing-vllm"))
+    cli_main_exit(["--store", str(tmp_path), "serve", "Qwen/Qwen3-30B-A3B"])
+    [said] = [ln for ln in capsys.readouterr().err.splitlines() if "my-cache" in ln]
+    assert said.startswith("fi-cache: VLLM_FLASHINFER_AUTOTUNE_CACHE_DIR=/data/my-cache in the ")
+    ns = Namespace(_env_with(True).fingerprint, "fused").path(tmp_path.resolve())
+    assert said.endswith(f"vLLM gets {ns / 'vllm'} instead")
