@@ -112,16 +112,16 @@ def _is_gemm2(op: str) -> bool:
 
 
 def _writers(view: Any) -> tuple[Any, ...]:
-    """The recorded warms that wrote this file (all warms when none names it: older manifests)."""
+    """The recorded warms that wrote this file: none for a file no warm lists (copied in by
+    hand: nothing vouches for its mode); all warms when no warm lists any file at all."""
     warms = view.manifest.warms if view.manifest else ()
-    if view.namespace_dir is None:
+    if view.namespace_dir is None or not any(w.files for w in warms):
         return tuple(warms)
     try:
         rel = str(view.cache.path.relative_to(view.namespace_dir))
     except ValueError:
         return tuple(warms)
-    named = tuple(w for w in warms if any(f.path == rel for f in w.files))
-    return named or tuple(warms)
+    return tuple(w for w in warms if any(f.path == rel for f in w.files))
 
 
 def _tuned_mode(view: Any) -> tuple[str, bool]:

@@ -16,7 +16,7 @@ from fi_cache.doctor.logs import CacheEvent, LogFacts, ProfileIdError
 from fi_cache.engines.vllm.args import parse_serve_args
 from fi_cache.model import v1
 from fi_cache.model.fingerprint import Fingerprint, compare_metadata
-from fi_cache.store.manifest import Manifest, WarmRecord
+from fi_cache.store.manifest import CacheFileRecord, Manifest, WarmRecord
 from fi_cache.store.namespace import Namespace
 from tests.conftest import GEMM_617, GEMM_618, MOE_617_FUSED, MOE_617_UNFUSED, MOE_618_FUSED
 
@@ -77,6 +77,26 @@ def test_unfused_namespace_warmed_by_a_vllm_that_ignored_the_variable() -> None:
         ["stale-gemm2-profile"],
     )
     assert "were tuned fused" in f.message
+
+
+def test_a_file_copied_into_a_recorded_unfused_namespace_is_not_vouched_for(
+    tmp_path: Path,
+) -> None:
+    """The unfused warm vouches for the file it wrote, not for a fused one copied in beside it."""
+    ns_dir = tmp_path / "unfused-ns"
+    own, copied = ns_dir / "vllm" / "a" / "autotune_configs.json", ns_dir / "vllm" / "b" / "c.json"
+    for src, dst in ((MOE_617_UNFUSED, own), (MOE_617_FUSED, copied)):
+        dst.parent.mkdir(parents=True)
+        shutil.copy(src, dst)
+    ns = Namespace(Fingerprint.from_metadata(H200_617, "90a"), "unfused")
+    rec = CacheFileRecord("vllm/a/autotune_configs.json", 32, own.stat().st_size)
+    m = Manifest.new(ns).with_warm(WarmRecord(0, 1, "0.34.0", ["m"], "k", [rec], True))
+    views = []
+    for path in (own, copied):
+        cache = read(classify_file(path))
+        views.append(CacheView(cache, ns_dir, "unfused", m, v1.defects(cache.file)))
+    [f] = doctor.run(Inputs(_target(finalize="unfused"), tuple(views)), ["stale-gemm2-profile"])
+    assert f.path == str(copied) and "probably" in f.message
 
 
 def test_known_tactic_counts_split_crash_from_silent(tmp_path: Path) -> None:
