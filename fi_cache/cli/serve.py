@@ -53,7 +53,7 @@ def _ctx() -> Any:
 )
 @click.option(
     "--timeout",
-    type=float,
+    type=click.FloatRange(min=0, min_open=True),
     default=1800.0,
     show_default=True,
     help="Seconds to wait for vLLM's /health while warming.",

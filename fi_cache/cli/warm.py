@@ -258,7 +258,7 @@ SEED_OPT = click.option(
 )
 @click.option(
     "--timeout",
-    type=float,
+    type=click.FloatRange(min=0, min_open=True),
     default=None,
     help="Seconds to wait for vLLM's /health [1800], or for one mode's tuning [7200].",
 )
@@ -271,7 +271,7 @@ SEED_OPT = click.option(
 @click.option("--force", is_flag=True, help="Warm unfused even on a vLLM that ignores the mode.")
 @click.option(
     "--lock-timeout",
-    type=float,
+    type=click.FloatRange(min=0),
     default=3600.0,
     show_default=True,
     help="Seconds to wait for another warm of the same namespace.",

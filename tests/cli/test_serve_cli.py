@@ -70,3 +70,22 @@ def test_a_cache_dir_of_the_users_is_replaced_with_a_line_saying_so(
     assert said.startswith("fi-cache: VLLM_FLASHINFER_AUTOTUNE_CACHE_DIR=/data/my-cache in the ")
     ns = Namespace(_env_with(True).fingerprint, "fused").path(tmp_path.resolve())
     assert said.endswith(f"vLLM gets {ns / 'vllm'} instead")
+
+
+@pytest.mark.parametrize(
+    "args",
+    [
+        ["warm", "--timeout", "-1"],
+        ["warm", "--timeout", "0"],
+        ["warm", "--lock-timeout", "-1"],
+        ["serve", "--timeout", "-1"],
+    ],
+)
+def test_a_timeout_that_cannot_be_waited_for_is_refused(
+    args: list[str], tmp_path: Path, monkeypatch, capsys
+) -> None:  # type: ignore[no-untyped-def]
+    monkeypatch.setattr(environment, "detect", lambda *a, **k: pytest.fail("got past parsing"))
+    code = cli_main_exit(["--store", str(tmp_path), *args, "--", "Qwen/Qwen3-30B-A3B"])
+    err = capsys.readouterr().err
+    assert code == 2 and f"Invalid value for '{args[1]}'" in err
+    assert not (tmp_path / "namespaces").exists()
