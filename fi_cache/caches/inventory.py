@@ -27,13 +27,38 @@ from fi_cache.model.fingerprint import Fingerprint
 # Real caches are kilobytes to tens of MB (100,000 entries is about 25 MB). Refuse far
 # bigger files instead of reading gigabytes into memory; FI_CACHE_MAX_FILE_MB raises the cap.
 _DEFAULT_MAX_MB = 512
+MAX_FILE_ENV = "FI_CACHE_MAX_FILE_MB"
+_MB = 1024 * 1024
+
+
+def env_megabytes(name: str, default: int) -> int:
+    """$name as a whole number of MB (unset or empty: `default`). Raises Refused naming it:
+    a typo must not silently leave the default in force."""
+    raw = os.environ.get(name, "").strip()
+    if not raw:
+        return default
+    if not raw.isdigit():
+        raise Refused(f"{name}={raw!r}: give a whole number of MB (0 or more), or unset it")
+    return int(raw)
 
 
 def max_file_bytes() -> int:
-    try:
-        return int(os.environ.get("FI_CACHE_MAX_FILE_MB", _DEFAULT_MAX_MB)) * 1024 * 1024
-    except ValueError:
-        return _DEFAULT_MAX_MB * 1024 * 1024
+    return env_megabytes(MAX_FILE_ENV, _DEFAULT_MAX_MB) * _MB
+
+
+def _size(n: int) -> str:
+    if n < _MB:
+        return f"{n} bytes"
+    return f"{n / _MB:.1f} MB" if n < 100 * _MB else f"{n / _MB:.0f} MB"
+
+
+def _too_big(size: int, limit: int) -> str:
+    if size > _DEFAULT_MAX_MB * _MB:
+        return (
+            f"{_size(size)} is far larger than any autotune cache "
+            f"(limit {limit // _MB} MB, raise with {MAX_FILE_ENV})"
+        )
+    return f"{_size(size)} is over the {limit // _MB} MB limit that {MAX_FILE_ENV} sets"
 
 
 @dataclass(frozen=True)
@@ -73,12 +98,8 @@ def _read_bytes(path: Path) -> bytes:
         if (kind := special_kind(st.st_mode)) is not None:  # before open(): a FIFO blocks there
             raise Refused(special_message(kind, "cache file"), path)
         size = st.st_size
-        if size > max_file_bytes():
-            raise Refused(
-                f"{size / 2**20:.0f} MB is far larger than any autotune cache "
-                f"(limit {max_file_bytes() // 2**20} MB, raise with FI_CACHE_MAX_FILE_MB)",
-                path,
-            )
+        if size > (limit := max_file_bytes()):
+            raise Refused(_too_big(size, limit), path)
         return path.read_bytes()
     except PermissionError:
         raise Refused("permission denied (FlashInfer writes its files 0600)", path) from None
@@ -170,6 +191,7 @@ class Inventory:
 def scan(paths: Iterable[Path], *, explicit: bool = True) -> Inventory:
     """Discover and read every cache under `paths`. Missing paths raise Refused when explicit;
     every unreadable or corrupt cache becomes a problem and the scan goes on."""
+    max_file_bytes()  # a bad FI_CACHE_MAX_FILE_MB is one refusal, not a problem per file
     inv = Inventory()
     seen: set[Path] = set()
     for root in paths:

@@ -27,7 +27,7 @@ from typing import IO, Any
 
 from fi_cache import __version__
 from fi_cache.caches.discover import TMP_PATTERN, Found, discover
-from fi_cache.caches.inventory import max_file_bytes, scan
+from fi_cache.caches.inventory import env_megabytes, max_file_bytes, scan
 from fi_cache.errors import CorruptCache, FiCacheError, Refused, read_refusal
 from fi_cache.model import jsoncheck, v2
 from fi_cache.model.fingerprint import FINGERPRINT_FIELDS, Fingerprint, compare_metadata
@@ -61,10 +61,7 @@ def max_member_bytes() -> int:
 
 
 def max_bundle_bytes() -> int:
-    try:
-        return int(os.environ.get("FI_CACHE_MAX_BUNDLE_MB", 4096)) * _MB
-    except ValueError:
-        return 4096 * _MB
+    return env_megabytes("FI_CACHE_MAX_BUNDLE_MB", 4096) * _MB
 
 
 @dataclass(frozen=True)

@@ -111,7 +111,9 @@ def test_oversized_file_is_refused_without_reading_it(
     with open(big, "wb") as f:
         f.truncate(2 * 1024 * 1024)
     [p] = scan([big]).problems
-    assert p.exit_code == 2 and "larger than any autotune cache" in p.message
+    assert (
+        p.exit_code == 2 and "2.0 MB is over the 1 MB limit that FI_CACHE_MAX_FILE_MB" in p.message
+    )
 
 
 def test_tmp_leftovers_of_killed_writers(tmp_path: Path) -> None:

@@ -83,3 +83,27 @@ def test_json_mode_failure_still_prints_one_json_document(tmp_path: Path, capsys
 def test_usage_errors_in_json_mode_still_print_one_json_document(tmp_path: Path, capsys) -> None:  # type: ignore[no-untyped-def]
     assert cli_main_exit(["--store", str(tmp_path), "--format", "json", "ls", "--bogus"]) == 2
     assert json.loads(capsys.readouterr().out)["error"]["exit_code"] == 2
+
+
+_EXAMPLE = _ROOT / "examples" / "vllm-cache"
+
+
+@pytest.mark.parametrize(
+    "name, value, args",
+    [
+        ("FI_CACHE_LOCK", "bogus", ["prune", "--older-than", "0s", "--dry-run"]),
+        ("FI_CACHE_MAX_FILE_MB", "abc", ["ls", str(_EXAMPLE)]),
+        ("FI_CACHE_MAX_FILE_MB", "-1", ["verify", str(_EXAMPLE)]),
+        ("FI_CACHE_MAX_FILE_MB", "1.5", ["show", str(GEMM_618)]),
+    ],
+)
+def test_a_bad_setting_is_one_line_naming_it_not_ignored(
+    name: str, value: str, args: list[str], tmp_path: Path, monkeypatch, capsys
+) -> None:  # type: ignore[no-untyped-def]
+    (tmp_path / "namespaces" / "0.6.18" / "90a" / "nvidia-h200" / "fused-0123456789ab").mkdir(
+        parents=True
+    )
+    monkeypatch.setenv(name, value)
+    code = cli_main_exit(["--store", str(tmp_path), *args])
+    err = capsys.readouterr().err
+    assert code == 2 and err.startswith(f"fi-cache: {name}={value!r}: ") and err.count("\n") == 1

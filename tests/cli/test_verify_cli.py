@@ -73,7 +73,18 @@ def test_huge_file_refused_exit_2(run, tmp_path: Path, monkeypatch) -> None:  # 
     with open(big, "wb") as f:
         f.truncate(3 * 1024 * 1024)
     r = run("verify", big)
-    assert r.code == 2 and "larger than any autotune cache" in r.err
+    assert r.code == 2 and "3.0 MB is over the 1 MB limit that FI_CACHE_MAX_FILE_MB sets" in r.err
+
+
+def test_a_zero_limit_says_it_is_the_limit_not_the_file(run, tmp_path: Path, monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    monkeypatch.setenv("FI_CACHE_MAX_FILE_MB", "0")
+    r = run("verify", GEMM_618)
+    size = GEMM_618.stat().st_size
+    assert (
+        r.code == 2
+        and f"{size} bytes is over the 0 MB limit that FI_CACHE_MAX_FILE_MB sets" in r.err
+    )
+    assert "far larger" not in r.err
 
 
 def test_unreadable_file_refused_exit_2(run, tmp_path: Path, monkeypatch) -> None:  # type: ignore[no-untyped-def]

@@ -605,3 +605,9 @@ def test_an_oversized_extended_header_is_refused(tmp_path: Path) -> None:
     info.pax_headers = {"comment": "x" * 65536}  # tarfile would read it whole into memory
     path = _tar(tmp_path / "b.tar.gz", _with_manifest(man, [members[0], (info, data)]))
     _refused(store, path, "extended tar header")
+
+
+def test_a_bundle_limit_that_is_not_a_number_is_refused(monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    monkeypatch.setenv("FI_CACHE_MAX_BUNDLE_MB", "4G")
+    with pytest.raises(Refused, match="FI_CACHE_MAX_BUNDLE_MB='4G': give a whole number of MB"):
+        bundle.max_bundle_bytes()

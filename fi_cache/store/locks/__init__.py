@@ -12,6 +12,7 @@ import os
 from collections.abc import Iterator
 from pathlib import Path
 
+from fi_cache.errors import Refused
 from fi_cache.store.files import (
     DEFAULT_LOCK_TIMEOUT,
     check_writable,
@@ -48,6 +49,7 @@ __all__ = [
     "try_namespace_lock",
 ]
 
+LOCK_ENV = "FI_CACHE_LOCK"
 _UNTRUSTED_FS = ("nfs", "nfs4", "lustre", "gpfs", "cifs", "smb3", "smbfs", "9p", "fuse")
 _STRATEGIES: dict[str, LockStrategy] = {s.name: s for s in (flock.Flock(), lockfile.LockFile())}
 
@@ -87,8 +89,13 @@ def lock_strategy(directory: Path) -> tuple[str, str]:
 
 
 def _strategy(directory: Path, fs: str) -> tuple[str, str]:
-    if os.environ.get("FI_CACHE_LOCK") in ("flock", "lockfile"):
-        return os.environ["FI_CACHE_LOCK"], "set by FI_CACHE_LOCK"
+    chosen = os.environ.get(LOCK_ENV, "").strip()
+    if chosen in ("flock", "lockfile"):
+        return chosen, f"set by {LOCK_ENV}"
+    if chosen:
+        raise Refused(
+            f"{LOCK_ENV}={chosen!r}: give flock or lockfile, or unset it to let fi-cache pick"
+        )
     if fs.startswith(_UNTRUSTED_FS):
         return "lockfile", f"{fs} filesystem: flock is not trusted there"
     if os.name != "posix":
