@@ -117,7 +117,8 @@ def loads(text: str | bytes) -> CacheFile:
         # Ending inside a string or at the last byte means the writer stopped early.
         truncated = exc.msg.startswith("Unterminated string") or exc.pos >= len(text.rstrip()) - 1
         where = "truncated" if truncated else "invalid JSON"
-        raise FormatError(f"{where}: {exc.msg} at line {exc.lineno} column {exc.colno}") from None
+        msg = exc.msg.removesuffix(" at")  # json's "Invalid control character at" ends so
+        raise FormatError(f"{where}: {msg} at line {exc.lineno} column {exc.colno}") from None
     except RecursionError:
         raise FormatError("JSON nested too deeply to be a cache file") from None
     except ValueError as exc:  # e.g. an integer past Python's 4300-digit conversion limit

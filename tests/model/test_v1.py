@@ -101,6 +101,12 @@ def test_files_flashinfer_cannot_load_are_refused_with_a_reason(text: bytes, why
         v1.loads(text)
 
 
+def test_a_control_character_in_a_key_is_reported_once_with_its_place() -> None:
+    with pytest.raises(v1.FormatError) as info:
+        v1.loads(b'{"a\tb": ["R", 0]}')
+    assert str(info.value) == "invalid JSON: Invalid control character at line 1 column 4"
+
+
 def test_ops_and_finalize_of_gemm_file() -> None:
     cf = v1.loads(GEMM_618.read_bytes())
     assert cf.ops() == ["bf16_gemm", "fp8_gemm"]
