@@ -11,8 +11,10 @@ import click
 from fi_cache.caches.discover import ScanProblem, flashinfer_default_root
 from fi_cache.caches.inventory import Cache, Inventory, scan
 from fi_cache.cli import render
+from fi_cache.engines.vllm.layout import vllm_cache_root
 from fi_cache.model import v2
 from fi_cache.store.namespace import FINALIZE_MODES, NAMESPACES_DIR, namespace_parts
+from fi_cache.versions import VLLM_CACHE_SUBDIR
 
 _PATHS = click.argument("paths", nargs=-1, type=click.Path(path_type=Path, readable=False))
 
@@ -22,9 +24,14 @@ def _ctx() -> Any:
 
 
 def _store_roots(store: Path) -> list[Path]:
-    """The store, and FlashInfer's own v2 root (where vLLM 0.33 with one rank and no override
-    dir keeps its cache) when it exists."""
-    roots = [store / NAMESPACES_DIR, flashinfer_default_root(os.environ) / v2.SCHEMA_DIR]
+    """The store, and when they exist FlashInfer's own v2 root (where vLLM 0.33 with one rank
+    and no override dir keeps its cache) and vLLM's default cache root (every other vLLM
+    without an override dir; doctor reads it too)."""
+    roots = [
+        store / NAMESPACES_DIR,
+        flashinfer_default_root(os.environ) / v2.SCHEMA_DIR,
+        Path(vllm_cache_root(os.environ)) / VLLM_CACHE_SUBDIR,
+    ]
     return [r for r in roots if r.is_dir()]
 
 
@@ -71,12 +78,15 @@ def _problem_json(p: ScanProblem) -> dict[str, str]:
 @click.command("ls")
 @_PATHS
 @click.option(
-    "--no-store", is_flag=True, help="Only the given paths: not the store, not FlashInfer's root."
+    "--no-store",
+    is_flag=True,
+    help="Only the given paths: not the store, FlashInfer's root or vLLM's default cache dir.",
 )
 @click.option("-l", "--long", "long_", is_flag=True, help="Add size, modified time and ops.")
 @click.option("--paths", "paths_only", is_flag=True, help="Print only paths, one per line.")
 def ls_command(paths: tuple[Path, ...], no_store: bool, long_: bool, paths_only: bool) -> int:
-    """List caches in the store, FlashInfer's v2 root and PATHS (files, vLLM roots, v2 stores)."""
+    """List caches in the store, FlashInfer's v2 root, vLLM's default cache dir
+    ($VLLM_CACHE_ROOT/flashinfer_autotune_cache) and PATHS (files, vLLM roots, v2 stores)."""
     ctx = _ctx()
     inv = _scan(paths, include_store=not no_store)
     rows = [summary(c, ctx.store) for c in inv.caches]

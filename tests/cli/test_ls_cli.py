@@ -84,6 +84,19 @@ def test_ls_finds_flashinfers_own_v2_root(run, tmp_path: Path, monkeypatch) -> N
     assert "other caches" not in r.out and env_dir.name in r.out
 
 
+def test_ls_finds_vllms_default_cache_root(run, vllm_root: Path, monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    """$VLLM_CACHE_ROOT/flashinfer_autotune_cache (default ~/.cache/vllm/...), which doctor
+    reads too, is listed with no path given; --no-store leaves it out."""
+    monkeypatch.setenv("VLLM_CACHE_ROOT", str(vllm_root.parent))
+    caches = run("--format", "json", "ls").json()["caches"]
+    assert len(caches) == 3 and all(c["layout"] == "vllm" for c in caches)
+    assert {str(Path(c["path"]).relative_to(vllm_root).parts[0]) for c in caches} == {
+        "0.6.17",
+        "0.6.18",
+    }
+    assert run("--format", "json", "ls", "--no-store").json()["caches"] == []
+
+
 def test_ls_empty_store_says_so(run) -> None:  # type: ignore[no-untyped-def]
     r = run("ls")
     assert r.code == 0 and "no caches in the store" in r.err
