@@ -95,6 +95,14 @@ def vllm_command_line(
     return pasted, tuple(rest)
 
 
+def _said(what: str) -> bool:
+    """True when this command said `what` already (serve warms, then serves: say it once)."""
+    meta = click.get_current_context().find_root().meta
+    said = bool(meta.get(f"fi-cache.said.{what}"))
+    meta[f"fi-cache.said.{what}"] = True
+    return said
+
+
 def check_finalize_support(env: Any, finalize: str, force: bool, what: str) -> None:
     """Refuse the unfused path on a vLLM that would silently ignore it."""
     from fi_cache.engines.vllm.launch import ALTERNATIVES
@@ -111,7 +119,7 @@ def check_finalize_support(env: Any, finalize: str, force: bool, what: str) -> N
         if not force:
             raise Refused(message + " (--force to go on anyway)")
         render.warn(message + " (going on: --force)")
-    elif info.supports_finalize_env is None:
+    elif info.supports_finalize_env is None and not _ctx().quiet and not _said("uninspected"):
         render.warn(
             f"cannot inspect the vLLM package from here; make sure it supports {VLLM_FINALIZE_ENV}"
             ", or the unfused namespace gets fused tactics"

@@ -89,3 +89,19 @@ def test_a_timeout_that_cannot_be_waited_for_is_refused(
     err = capsys.readouterr().err
     assert code == 2 and f"Invalid value for '{args[1]}'" in err
     assert not (tmp_path / "namespaces").exists()
+
+
+@pytest.mark.parametrize(
+    "command", [["serve", "--deterministic"], ["warm", "--finalize", "unfused"]]
+)
+def test_quiet_silences_the_uninspectable_vllm_warning(
+    command: list[str], tmp_path: Path, monkeypatch, capsys
+) -> None:  # type: ignore[no-untyped-def]
+    monkeypatch.setattr(environment, "detect", lambda *a, **k: _env_with(None))
+    monkeypatch.setenv("FI_CACHE_VLLM", str(tmp_path / "missing-vllm"))
+    code = cli_main_exit(["--store", str(tmp_path), "-q", *command, "--", "m"])
+    err = capsys.readouterr().err
+    assert code == 2 and "no vLLM executable" in err and "cannot inspect" not in err
+    assert err.count("\n") == 1  # -q: only the error
+    cli_main_exit(["--store", str(tmp_path), *command, "--", "m"])
+    assert capsys.readouterr().err.count("cannot inspect the vLLM package") == 1
