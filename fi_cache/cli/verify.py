@@ -11,6 +11,7 @@ from fi_cache.caches.inventory import Cache, scan
 from fi_cache.cli import render
 from fi_cache.errors import EXIT_PROBLEM
 from fi_cache.model import v1
+from fi_cache.store.namespace import NAMESPACES_DIR
 
 
 def _ctx() -> Any:
@@ -18,11 +19,19 @@ def _ctx() -> Any:
 
 
 @click.command("verify")
-@click.argument("paths", nargs=-1, required=True, type=click.Path(path_type=Path, readable=False))
+@click.argument("paths", nargs=-1, type=click.Path(path_type=Path, readable=False))
 def verify_command(paths: tuple[Path, ...]) -> int:
-    """Check integrity: valid JSON, every key parses, `_generation` matches, value shapes."""
+    """Check integrity: valid JSON, every key parses, `_generation` matches, value shapes.
+    Without PATHS, every cache in the store."""
     ctx = _ctx()
-    inv = scan(paths)
+    if paths:
+        inv = scan(paths)
+    else:
+        root = ctx.store / NAMESPACES_DIR
+        inv = scan([root] if root.is_dir() else [], explicit=False)
+        if not inv.caches and not inv.problems and not ctx.quiet and not ctx.json:
+            render.warn(f"no caches in the store ({ctx.store}); pass paths to check others")
+            return 0
     results: list[dict[str, Any]] = []
     code = render.report_scan_problems(inv)
     for cache in inv.caches:

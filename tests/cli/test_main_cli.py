@@ -18,7 +18,7 @@ _ROOT = Path(__file__).resolve().parents[2]
 
 def test_usage_error_exit_2(capsys) -> None:  # type: ignore[no-untyped-def]
     assert cli_main_exit(["ls", "--no-such-flag"]) == 2
-    assert cli_main_exit(["verify"]) == 2
+    assert cli_main_exit(["show"]) == 2
 
 
 def _subprocess(

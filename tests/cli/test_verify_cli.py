@@ -58,6 +58,25 @@ def test_verify_bad_files_one_line_each(
     assert len(problem_lines) == 1 and words in problem_lines[0]
 
 
+def test_verify_without_paths_checks_the_store(run, store: Path) -> None:  # type: ignore[no-untyped-def]
+    assert run("verify").code == 0 and "no caches in the store" in run("verify").err
+    ns = store / "namespaces" / "0.6.18" / "90a" / "nvidia-h200" / "fused-0123456789ab"
+    good, bad = ns / "vllm" / ("a" * 64), ns / "vllm" / ("b" * 64)
+    for d in (good, bad):
+        d.mkdir(parents=True)
+    shutil.copy(GEMM_618, good / "autotune_configs.json")
+    (bad / "autotune_configs.json").write_text('{"_metadata": {}, "(')
+    r = run("verify")
+    assert r.code == 1 and "(38 entries, _generation ok)" in r.out
+    assert f"{bad / 'autotune_configs.json'}: truncated" in r.err
+    assert "1 ok, 1 with problems" in r.err
+    doc = run("--format", "json", "verify").json()
+    assert {(x["path"], x["ok"]) for x in doc["results"]} == {
+        (str(good / "autotune_configs.json"), True),
+        (str(bad / "autotune_configs.json"), False),
+    }
+
+
 def test_missing_path_exit_2(tmp_path: Path, capsys) -> None:  # type: ignore[no-untyped-def]
     code = cli_main_exit(["--store", str(tmp_path), "verify", str(tmp_path / "nope.json")])
     err = capsys.readouterr().err
