@@ -57,7 +57,8 @@ def _tokens(text: str) -> tuple[int, ...]:
     "--dtype",
     type=click.Choice(["bf16", "fp16"]),
     default=None,
-    help="MoE dtype (default: the config's; needed for quantised models).",
+    help="MoE dtype when the config names none or another [default: the config's]. "
+    "Quantised models are refused, --dtype or not: fi-cache tunes unquantised MoE only.",
 )
 @click.option("--tp-size", type=click.IntRange(1), default=1, show_default=True)
 @click.option("--ep-size", type=click.IntRange(1), default=1, show_default=True)

@@ -39,6 +39,14 @@ def test_plan_from_a_quantised_model_is_refused(tmp_path: Path, dtype: list[str]
     assert "fp8" in line and "quantised" in line and "deepseek-v3.json" in line
 
 
+def test_dtype_help_says_what_a_quantised_model_gets(run) -> None:  # type: ignore[no-untyped-def]
+    """The refusal above holds with --dtype: the help must not promise --dtype for them."""
+    r = run("plan", "--help")
+    text = " ".join(r.out.split())
+    assert r.code == 0 and "needed for quantised" not in text
+    assert "Quantised models are refused, --dtype or not" in text
+
+
 @pytest.mark.parametrize("both", [False, True])
 def test_plan_needs_exactly_one_of_from_hf_config_and_check(tmp_path: Path, both: bool) -> None:
     rig = TuneRig.make(tmp_path)
