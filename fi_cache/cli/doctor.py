@@ -134,8 +134,13 @@ def doctor_command(
         _render(findings, errors, warnings, obj.quiet)
         _render_actions(actions, done, dry_run)
     for path in inputs.empty:
-        render.warn(f"{path}: no FlashInfer autotune caches found here")
-    if inputs.empty:
+        render.error(f"{path}: no FlashInfer autotune caches found here")
+    for path in inputs.logs_as_paths:
+        render.error(
+            f"{path}: a text file, not an autotune cache; to explain a log: "
+            f"fi-cache doctor --log {render.display_path(path)}"
+        )
+    if inputs.empty or inputs.logs_as_paths:
         return EXIT_REFUSED
     return EXIT_PROBLEM if errors or (strict and warnings) else 0
 

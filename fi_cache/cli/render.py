@@ -97,7 +97,20 @@ def emit_json(document: Any) -> None:
     click.echo(json.dumps(document, indent=2, sort_keys=False))
 
 
+def _quiet() -> bool:
+    ctx = click.get_current_context(silent=True)
+    obj = ctx.find_root().obj if ctx is not None else None
+    return bool(getattr(obj, "quiet", False))
+
+
 def warn(message: str) -> None:
+    """A note or warning on stderr; `-q` silences it."""
+    if not _quiet():
+        click.echo(f"fi-cache: {message}", err=True)
+
+
+def error(message: str) -> None:
+    """A problem the command reports (it sets the exit code): shown even with `-q`."""
     click.echo(f"fi-cache: {message}", err=True)
 
 
@@ -105,10 +118,10 @@ def report_scan_problems(inv: Inventory) -> int:
     """Print each problem a scan met on one line; return the exit code they call for."""
     code = 0
     for p in inv.problems:
-        warn(f"{p.path}: {p.message}")
+        error(f"{p.path}: {p.message}")
         code = max(code, p.exit_code)
     for path in inv.empty:
-        warn(f"{path}: no FlashInfer autotune caches found here")
+        error(f"{path}: no FlashInfer autotune caches found here")
         code = EXIT_REFUSED
     return code
 

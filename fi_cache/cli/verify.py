@@ -12,6 +12,7 @@ from fi_cache.cli import render
 from fi_cache.errors import EXIT_PROBLEM
 from fi_cache.model import v1
 from fi_cache.store.namespace import NAMESPACES_DIR
+from fi_cache.versions import GENERATION_KEY
 
 
 def _ctx() -> Any:
@@ -47,7 +48,7 @@ def verify_command(paths: tuple[Path, ...]) -> int:
             }
         )
         for d in defects:
-            render.warn(f"{cache.path}: {d.message}")
+            render.error(f"{cache.path}: {d.message}")
         if defects:
             code = max(code, EXIT_PROBLEM)
     for p in inv.problems:
@@ -78,7 +79,7 @@ def verify_command(paths: tuple[Path, ...]) -> int:
 def _generation_state(cache: Cache, defects: list[v1.Defect]) -> str | None:
     if cache.found.format != "v1":
         return None
-    if cache.file.generation is None:
+    if GENERATION_KEY not in cache.file.reserved:
         return "absent"
     return "mismatch" if any(d.check == "generation-mismatch" for d in defects) else "ok"
 

@@ -60,6 +60,7 @@ class Inputs:
         None  # where vLLM will keep its cache when the store is not in charge
     )
     empty: tuple[Path, ...] = ()  # PATHs given that hold no cache at all (refused, exit 2)
+    logs_as_paths: tuple[Path, ...] = ()  # PATHs that are text logs, not caches (refused, exit 2)
     location: CacheLocation | None = None  # vLLM's own answer for `-- ARGS`, when it was asked
     location_from: str = ""  # which answer cache-location gives, and why
 

@@ -16,7 +16,6 @@ from fi_cache.versions import (
     FLASHINFER_FINALIZE_IN_KEY,
     MOE_GEMM2_OP,
     MOE_STAGE_OP,
-    RECORDS_KEY,
     VLLM_FINALIZE_ENV,
     moe_tactic_lists,
     parse_version,
@@ -256,13 +255,13 @@ def records_unreadable(inp: Inputs) -> Iterator[Finding]:
             continue
         if compare_metadata(cf.metadata, inp.target.fingerprint):
             continue  # FlashInfer skips the whole file before reading entries
-        if cf.records:
+        crash = next((d for d in view.defects if d.check == "records-unreadable"), None)
+        if crash is not None:
             yield Finding(
                 "records-unreadable",
                 "error",
                 str(view.cache.path),
-                f"has `{RECORDS_KEY}`, which FlashInfer {target_fi} reads as an entry and crashes "
-                "on (KeyError: 0)",
+                crash.message.replace("<= 0.6.17", str(target_fi)),
                 "do not load FlashInfer >= 0.6.18 files in older FlashInfer; remove `_records` "
                 "or give each version its own cache dir",
             )

@@ -12,7 +12,7 @@ from pathlib import Path
 from fi_cache.caches.discover import ScanProblem, leftover_mtime, tmp_leftovers
 from fi_cache.caches.inventory import Cache, scan
 from fi_cache.doctor import CacheView, Inputs, Target
-from fi_cache.doctor.logs import read_log
+from fi_cache.doctor.logs import looks_like_log, read_log
 from fi_cache.engines.vllm import layout
 from fi_cache.engines.vllm.args import ServeArgs, parse_serve_args
 from fi_cache.engines.vllm.predict import CacheLocation
@@ -23,6 +23,7 @@ from fi_cache.store import manifest as manifests
 from fi_cache.store.namespace import NAMESPACES_DIR, FinalizeMode, Namespace, namespace_parts
 from fi_cache.versions import (
     VLLM_CACHE_DIR_ENV,
+    VLLM_CACHE_FILE_RE,
     VLLM_CACHE_SUBDIR,
     VLLM_FINALIZE_ENV,
     VLLM_NEWEST_CHECKED,
@@ -122,7 +123,14 @@ def gather(
         roots_implicit.append(predicted)
     inv = scan([r for r in roots_implicit if r.is_dir()], explicit=False)
     given = scan(paths)
-    problems = [*inv.problems, *given.problems]
+    # A log named where a cache goes is not a corrupt cache: it is refused with a pointer to --log.
+    as_logs = {
+        p
+        for p in paths
+        if p.is_file() and not VLLM_CACHE_FILE_RE.match(p.name) and looks_like_log(p)
+    }
+    bad_given = [p for p in given.problems if not (p.check == "corrupt-file" and p.path in as_logs)]
+    problems = [*inv.problems, *bad_given]
     ours = _target_namespace(target, store)
     views: list[CacheView] = []
     modes: dict[Path, int] = {}
@@ -184,4 +192,5 @@ def gather(
         location=location,
         location_from=location_from,
         empty=tuple(given.empty),
+        logs_as_paths=tuple(sorted(as_logs)),
     )

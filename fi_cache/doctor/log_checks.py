@@ -108,6 +108,31 @@ def log_summary(inp: Inputs) -> Iterator[Finding]:
             parts.append(f"tuning took {total:.1f}s over {len(log.tuning_seconds)} run(s)")
         if parts:
             yield Finding("log-summary", "info", log.path, "; ".join(parts), "-")
+        elif not log.from_tools:
+            what = (
+                "is empty"
+                if log.lines == 0
+                else f"has {log.lines} lines, none from vLLM or FlashInfer"
+            )
+            yield Finding(
+                "log-summary",
+                "warning",
+                log.path,
+                f"{what}: nothing here to explain (the wrong file, or a log cut before vLLM "
+                "started?)",
+                "pass the output of the vLLM start that failed, e.g. `kubectl logs POD > "
+                "vllm.log` or `vllm serve ... 2>&1 | tee vllm.log`",
+            )
+        elif not (log.events or log.errors or log.fallbacks):
+            yield Finding(
+                "log-summary",
+                "info",
+                log.path,
+                f"vLLM/FlashInfer output ({log.lines} lines), but no autotune cache was loaded or "
+                "saved and no tuning ran (autotune off, a vLLM that keeps no cache, or the log "
+                "ends before warm-up)",
+                "-",
+            )
 
 
 CHECKS = (

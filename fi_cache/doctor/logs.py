@@ -7,6 +7,7 @@ Everything here is pure except `read_log`, which streams one file.
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import stat
@@ -64,11 +65,18 @@ class LogFacts:
     tuning_seconds: tuple[float, ...]  # one per timestamped "process starts" .. "ends" pair
     lines: int
     fallbacks: tuple[Fallback, ...] = ()
+    from_tools: bool = False  # any line from vLLM or FlashInfer at all (else: the wrong file?)
 
 
 # Every interesting line contains one of these; regexes run only on lines that do.
 _NEEDLES = ("utotune", "profile id", "cuDNN", "No tuned config")
 _BYTE_NEEDLES = tuple(needle.encode() for needle in _NEEDLES)
+
+# A line vLLM or FlashInfer printed: their names, the autotuner's tag, vLLM's level + date prefix.
+_TOOL_LINE = re.compile(
+    rb"vllm|vLLM|VLLM|flashinfer|FlashInfer|\[Auto[Tt]uner\]|"
+    rb"(?:DEBUG|INFO|WARNING|ERROR|CRITICAL) \d\d-\d\d \d\d:\d\d:\d\d"
+)
 
 # FlashInfer writes "[Autotuner]" in these messages and "[AutoTuner]" elsewhere; accept both.
 _TAG = r"\[Auto[Tt]uner\]: "
@@ -195,6 +203,7 @@ class _Parser:
     # Open "process starts" stamps per process (vLLM's `pid=N` prefix), newest last.
     starts: dict[str, list[_Stamp | None]] = field(default_factory=dict)
     last_loaded: str | None = None
+    from_tools: bool = False
 
     def feed(self, line_no: int, line: str) -> None:
         # tqdm redraws with "\r": each piece is its own message.
@@ -208,7 +217,7 @@ class _Parser:
     def facts(self, path: str, lines: int) -> LogFacts:
         return LogFacts(
             path, tuple(self.events), tuple(self.errors), tuple(self.tuning), lines,
-            tuple(self.fallbacks),
+            tuple(self.fallbacks), self.from_tools,
         )  # fmt: skip
 
     def _segment(self, line_no: int, text: str) -> None:
@@ -245,6 +254,8 @@ def parse_log(lines: Iterable[str], path: str = "<log>") -> LogFacts:
     parser = _Parser()
     count = 0
     for count, line in enumerate(lines, 1):
+        if not parser.from_tools:
+            parser.from_tools = _TOOL_LINE.search(line.encode("utf-8", "replace")) is not None
         if _interesting(line):
             parser.feed(count, line)
     return parser.facts(path, count)
@@ -282,6 +293,23 @@ def _read_pipe(path: Path) -> LogFacts:
             )
         os.set_blocking(fd, True)
         return _read_stream(stream, path, first or b"")
+
+
+def looks_like_log(path: Path) -> bool:
+    """Is this file text that is not JSON (a log given where a cache was expected)?"""
+    try:
+        with path.open("rb") as stream:
+            head = stream.read(_HEAD_BYTES)
+    except OSError:
+        return False
+    start = head.lstrip()[:1]
+    if not start or start in b"{[" or _binary_reason(head) is not None:
+        return False
+    try:  # a JSON string, number or null is a (corrupt) cache, not a log
+        json.loads(head)
+    except ValueError:
+        return True
+    return False
 
 
 def _read_stream(stream: BinaryIO, path: Path, start: bytes = b"") -> LogFacts:
@@ -343,6 +371,8 @@ def _feed_block(parser: _Parser, block: bytes, before: int) -> int:
     line numbers match an editor's even with tqdm's "\\r" redraws.
     """
     line_no, counted_to = before, 0
+    if not parser.from_tools:
+        parser.from_tools = _TOOL_LINE.search(block) is not None
     for start in _hit_lines(block):
         line_no += block.count(b"\n", counted_to, start)
         counted_to = start

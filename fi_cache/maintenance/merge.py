@@ -253,7 +253,14 @@ def _check_usable(path: Path, cf: v1.CacheFile) -> None:
     if cf.metadata is None and not cf.entries and cf.unknown:
         raise Refused("not a FlashInfer v1 cache file (no _metadata, no entries)", path)
     # A stale `_generation` is not checked: merge recomputes it, and hashing is the costly part.
-    defect = next(v1.defects(dataclasses.replace(cf, generation=None), limit=1), None)
+    defect = next(
+        (
+            d
+            for d in v1.defects(dataclasses.replace(cf, generation=None), limit=1)
+            if d.check == "corrupt-file"
+        ),
+        None,
+    )
     if defect is not None:
         raise CorruptCache(f"{defect.message}; not merged (see `fi-cache verify`)", path)
 

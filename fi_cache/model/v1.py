@@ -19,7 +19,13 @@ from typing import Any
 
 from fi_cache.model import jsoncheck, moe
 from fi_cache.model import keys as keymod
-from fi_cache.versions import GENERATION_KEY, METADATA_KEY, RECORDS_KEY
+from fi_cache.versions import (
+    FLASHINFER_GENERATION,
+    GENERATION_KEY,
+    METADATA_KEY,
+    RECORDS_KEY,
+    parse_version,
+)
 
 # Tactics nest a few levels (cuDNN: [plan, [[k, v]]]); anything deeper is not FlashInfer's.
 _MAX_TACTIC_DEPTH = 16
@@ -39,6 +45,9 @@ class CacheFile:
     generation: str | None = None
     # Top-level fields fi-cache does not know, kept so a rewrite loses nothing.
     unknown: dict[str, Any] = field(default_factory=dict)
+    # `_records` / `_generation` exactly as found (null and non-strings included): FlashInfer's
+    # loader treats a present null differently from an absent field.
+    reserved: dict[str, Any] = field(default_factory=dict)
 
     @property
     def has_records(self) -> bool:
@@ -134,17 +143,20 @@ def from_json(data: dict[str, Any]) -> CacheFile:
     """A CacheFile from parsed JSON. Takes ownership of `data` (its dict becomes `entries`)."""
     metadata = data.get(METADATA_KEY)
     if metadata is not None and not isinstance(metadata, dict):
-        raise FormatError(f"{METADATA_KEY} is a JSON {_json_type(metadata)}, not an object")
-    generation = data.get(GENERATION_KEY)
-    if generation is not None and not isinstance(generation, str):
-        raise FormatError(f"{GENERATION_KEY} is a JSON {_json_type(generation)}, not a string")
+        # FlashInfer treats it as all fields missing and skips the file in every environment.
+        raise FormatError(
+            f"{METADATA_KEY} is a JSON {_json_type(metadata)}, not an object "
+            "(FlashInfer ignores the whole file)"
+        )
     # Entry keys start with "("; everything else is reserved or unknown (kept, never dropped).
     others = {k: data.pop(k) for k in [k for k in data if k[:1] != "("]}
-    records = others.pop(RECORDS_KEY, None)
-    for reserved in (METADATA_KEY, GENERATION_KEY):
-        others.pop(reserved, None)
+    reserved = {k: others.pop(k) for k in (RECORDS_KEY, GENERATION_KEY) if k in others}
+    others.pop(METADATA_KEY, None)
+    generation = reserved.get(GENERATION_KEY)
+    if not isinstance(generation, str):
+        generation = None  # defects() says what FlashInfer makes of it
     entries: dict[str, list[Any]] = data
-    return CacheFile(metadata, entries, records, generation, others)
+    return CacheFile(metadata, entries, reserved.get(RECORDS_KEY), generation, others, reserved)
 
 
 def _json_type(value: Any) -> str:
@@ -236,9 +248,96 @@ def _is_tactic(tactic: Any, depth: int) -> bool:
     return False
 
 
+def reader_eras(metadata: dict[str, Any] | None) -> tuple[bool, bool]:
+    """(a FlashInfer <= 0.6.17 reads it, a FlashInfer >= 0.6.18rc2 reads it). A FlashInfer of
+    another version than the one `_metadata` names skips the file before reading any entry;
+    a file without a version (or with "*") is read by every one."""
+    version = parse_version(str(metadata.get("flashinfer_version"))) if metadata else None
+    if version is None:
+        return True, True
+    return version < FLASHINFER_GENERATION, version >= FLASHINFER_GENERATION
+
+
+def load_crash(value: Any) -> str | None:
+    """The exception FlashInfer's `load_configs` (0.6.17, 0.6.18) raises on a top-level field it
+    reads as an entry (`runner = value[0]; value[1]; runner.startswith(...)`), or None."""
+    if isinstance(value, dict):
+        return "KeyError: 0"
+    if not isinstance(value, (list, str)):
+        return f"TypeError: a JSON {_json_type(value)} is not [runner, tactic]"
+    if len(value) < 2:
+        return f"IndexError: {len(value)} element{'' if len(value) == 1 else 's'}, not 2"
+    if not isinstance(value[0], str):
+        return f"AttributeError: the runner name value[0] is a JSON {_json_type(value[0])}"
+    return None
+
+
+def _legacy_cudnn(value: list[Any]) -> bool:
+    """FlashInfer skips a cuDNN entry whose tactic is an int >= 0 (an old plan index): a miss."""
+    t = value[1]
+    return isinstance(t, int) and t >= 0 and value[0].startswith("Cudnn")
+
+
+def _load_defects(cf: CacheFile) -> Iterator[Defect]:
+    """What the load path crashes on besides the entries: unknown top-level fields (loaded as
+    entries), and `_records` / `_generation` (entries for <= 0.6.17; 0.6.18 wants an object)."""
+    old, new = reader_eras(cf.metadata)
+    for name, value in cf.unknown.items():
+        if (crash := load_crash(value)) is not None:
+            yield Defect(
+                "corrupt-file",
+                f"top-level field {_short(name)!r}: FlashInfer loads every field but "
+                f"{_reserved_text(old)} as an entry [runner, tactic] and crashes on this one "
+                f"({crash})",
+            )
+    res = cf.reserved or {  # a CacheFile built in code rather than parsed
+        k: v
+        for k, v in ((RECORDS_KEY, cf.records), (GENERATION_KEY, cf.generation))
+        if v is not None
+    }
+    if RECORDS_KEY in res:
+        records = res[RECORDS_KEY]
+        if new and not isinstance(records, dict):
+            yield Defect(
+                "corrupt-file",
+                f"{RECORDS_KEY} is a JSON {_json_type(records)}, not an object (FlashInfer "
+                f">= {FLASHINFER_GENERATION} raises ValueError loading it)",
+            )
+        elif old and (crash := load_crash(records)) is not None:
+            yield Defect(
+                "records-unreadable" if isinstance(records, dict) else "corrupt-file",
+                f"has {RECORDS_KEY}, which FlashInfer <= 0.6.17 (its {METADATA_KEY} lets one read "
+                f"the file) reads as an entry and crashes on ({crash})",
+            )
+    if GENERATION_KEY in res and not isinstance(gen := res[GENERATION_KEY], str):
+        if old:
+            yield Defect(
+                "corrupt-file",
+                f"{GENERATION_KEY} is a JSON {_json_type(gen)}: FlashInfer <= 0.6.17 reads it as "
+                f"an entry and crashes ({load_crash(gen)})",
+            )
+        elif gen is not None:
+            yield Defect(
+                "generation-mismatch",
+                f"{GENERATION_KEY} is a JSON {_json_type(gen)}, not the sha256 FlashInfer writes",
+            )
+    elif old and GENERATION_KEY in res and (crash := load_crash(res[GENERATION_KEY])):
+        yield Defect(
+            "corrupt-file",
+            f"{GENERATION_KEY} is too short to be a hash: FlashInfer <= 0.6.17 reads it as an "
+            f"entry and crashes ({crash})",
+        )
+
+
+def _reserved_text(old: bool) -> str:
+    return f"`{METADATA_KEY}`" if old else f"`{METADATA_KEY}`, `{RECORDS_KEY}`, `{GENERATION_KEY}`"
+
+
 def defects(cf: CacheFile, limit: int = 20) -> Iterator[Defect]:
-    """Every integrity problem: unparsable keys, malformed values, a stale `_generation`.
-    At most `limit` per kind are spelled out; the last line counts the rest."""
+    """Every integrity problem: what FlashInfer's loader crashes on or skips, unparsable keys,
+    malformed values, a stale `_generation`. At most `limit` per kind are spelled out; the last
+    line counts the rest."""
+    yield from _load_defects(cf)
     raw_keys = list(cf.entries)
     bad_keys = keymod.find_unparsable(raw_keys)
     yield from _capped(
@@ -250,16 +349,21 @@ def defects(cf: CacheFile, limit: int = 20) -> Iterator[Defect]:
     for k, v in cf.entries.items():
         if type(v) is list and len(v) == 2 and type(v[0]) is str:
             t = v[1]  # the common shapes, checked without a call: int, or cuDNN's [plan, []]
-            if type(t) is int or (
+            if (type(t) is int and (t < 0 or not v[0].startswith("Cudnn"))) or (
                 type(t) is list and len(t) == 2 and type(t[0]) is int and t[1] == []
             ):
                 continue
         why = value_problem(v)
+        if why is None and _legacy_cudnn(v):
+            why = (
+                "a cuDNN tactic that is a plain int (an old plan index): FlashInfer skips the "
+                "entry and tunes that shape again"
+            )
+        elif why is not None and (crash := load_crash(v)) is not None:
+            why += f" (FlashInfer's loader crashes on it: {crash})"
         if why is not None:
             bad_values.append(f"entry {_short(k)}: {why}")
     yield from _capped("corrupt-file", bad_values, limit)
-    if cf.records is not None and not isinstance(cf.records, dict):
-        yield Defect("corrupt-file", f"{RECORDS_KEY} is not a JSON object")
     if cf.generation is not None:
         expected = compute_generation(cf)
         if expected != cf.generation:

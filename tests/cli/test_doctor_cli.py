@@ -288,9 +288,13 @@ def test_oversized_file_is_reported_but_not_quarantined(run, tmp_path: Path, mon
 
 def test_a_stray_non_cache_file_is_reported_but_never_moved(run, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
     stray = tmp_path / "notes.txt"
-    stray.write_text("not json")
+    stray.write_text('"not a cache"')
     r = run("--format", "json", "doctor", stray, *TARGET, "--fix")
     assert ("corrupt-file", "error") in _findings(r)
+    assert r.json()["actions"] == [] and stray.exists()
+    stray.write_text("not json")  # text: refused, with a pointer to --log
+    r = run("--format", "json", "doctor", stray, *TARGET, "--fix")
+    assert r.code == 2 and "--log" in r.err
     assert r.json()["actions"] == [] and stray.exists()
     vllm_named = tmp_path / "c" / "autotune_configs.json"
     vllm_named.parent.mkdir()
@@ -326,9 +330,10 @@ def test_doctor_names_the_file_vllm_itself_will_use(run, tmp_path: Path, monkeyp
     r = run("--format", "json", "doctor", "--", "--model", model, "--load-format", "dummy")
     [loc] = [f for f in r.json()["findings"] if f["check"] == "cache-location"]
     assert Path(loc["path"]).parent == tmp_path / "d" and len(Path(loc["path"]).name) == 64
-    assert "autotune_configs_dp0_rank0.json in this dir (computed with vLLM's own code)" in loc[
-        "message"
-    ]
+    assert (
+        "autotune_configs_dp0_rank0.json in this dir (computed with vLLM's own code)"
+        in loc["message"]
+    )
     bad = run("doctor", "--", "--model", model, "--no-such-flag")
     assert bad.code == 2 and "vllm: error: unrecognized arguments: --no-such-flag" in bad.err
 
@@ -418,3 +423,29 @@ def test_a_fifo_log_is_refused_at_once_and_read_while_written(run, tmp_path: Pat
     assert r.code == 0, r.err
     [summary] = [f for f in r.json()["findings"] if f["check"] == "log-summary"]
     assert "h200-618.json" in summary["message"]  # what the log says it saved
+
+
+def test_a_log_with_nothing_from_vllm_or_flashinfer_says_so(run, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+    """docs/troubleshooting.md#log-summary: the wrong file is named, not passed over in silence."""
+    log = tmp_path / "build.log"
+    log.write_text("npm WARN deprecated left-pad\nadded 3 packages in 2s\n")
+    r = run("--format", "json", "doctor", "--log", log, "--check", "log-summary")
+    [f] = r.json()["findings"]
+    assert (f["check"], f["severity"], f["path"]) == ("log-summary", "warning", str(log))
+    assert "2 lines, none from vLLM or FlashInfer" in f["message"]
+    quiet = tmp_path / "vllm.log"  # vLLM, but no autotune line: said too, as info
+    quiet.write_text("INFO 11-30 02:00:00 [api_server.py:1] vLLM API server version 0.30.0\n")
+    r = run("--format", "json", "doctor", "--log", quiet, "--check", "log-summary")
+    [f] = r.json()["findings"]
+    assert f["severity"] == "info" and "no autotune cache was loaded or saved" in f["message"]
+
+
+def test_a_log_given_as_a_path_is_refused_with_a_pointer_to_log(run, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+    from tests.conftest import H200
+
+    log = tmp_path / "vllm.log"
+    shutil.copy(H200 / "flashinfer-0.6.17-tune.log", log)
+    r = run("--format", "json", "doctor", log, *TARGET)
+    assert r.code == 2
+    assert f"fi-cache doctor --log {log}" in r.err
+    assert not [f for f in r.json()["findings"] if f["check"] == "corrupt-file"]

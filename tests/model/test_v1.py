@@ -91,7 +91,6 @@ def test_many_defects_are_capped_with_a_count() -> None:
         (b"not json at all", "invalid JSON"),
         (b"[1, 2]", "JSON array"),
         (b'{"_metadata": []}', "_metadata is a JSON array"),
-        (b'{"_generation": 5}', "_generation is a JSON number"),
         (b"\xff\xfe{}", "UTF-8"),
         (b"[" * 100000 + b"]" * 100000, "nested too deeply"),
     ],
@@ -105,6 +104,29 @@ def test_a_control_character_in_a_key_is_reported_once_with_its_place() -> None:
     with pytest.raises(v1.FormatError) as info:
         v1.loads(b'{"a\tb": ["R", 0]}')
     assert str(info.value) == "invalid JSON: Invalid control character at line 1 column 4"
+
+
+def test_what_flashinfer_loads_as_an_entry_is_checked_as_one() -> None:
+    """load_configs reads every top-level field but the reserved ones as [runner, tactic]
+    (tests/model/test_flashinfer_compat.py runs the real loaders on each shape)."""
+    found = list(v1.defects(v1.loads(b'{"x": [1, 2], "note": "fine", "n": 5}')))
+    assert [d.check for d in found] == ["corrupt-file", "corrupt-file"]
+    assert "'x'" in found[0].message and "AttributeError" in found[0].message
+    assert "'n'" in found[1].message and "TypeError" in found[1].message
+
+
+def test_generation_and_records_are_judged_by_the_flashinfer_that_reads_the_file() -> None:
+    unstamped = list(v1.defects(v1.loads(b'{"_generation": 5, "_records": {}}')))
+    assert [d.check for d in unstamped] == ["records-unreadable", "corrupt-file"]
+    assert "<= 0.6.17" in unstamped[1].message  # it reads `_generation` as an entry
+    meta = json.loads(GEMM_618.read_text())["_metadata"]
+    stamped = {"_metadata": meta, "_generation": 5, "_records": {}}
+    assert [d.check for d in v1.defects(v1.loads(json.dumps(stamped)))] == [
+        "generation-mismatch"  # only 0.6.18 reads it, and it does not care
+    ]
+    stamped["_records"] = None
+    [bad, _] = v1.defects(v1.loads(json.dumps(stamped)))
+    assert bad.check == "corrupt-file" and "ValueError" in bad.message
 
 
 def test_ops_and_finalize_of_gemm_file() -> None:
