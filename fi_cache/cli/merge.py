@@ -33,6 +33,8 @@ def _conflict_json(c: Conflict) -> dict[str, Any]:
 
 def report_json(report: MergeReport) -> dict[str, Any]:
     """The contract's JSON for one merge."""
+    from fi_cache.maintenance.merge import finalize_conflicts
+
     return {
         "output": str(report.output),
         "sources": report.sources,
@@ -40,7 +42,32 @@ def report_json(report: MergeReport) -> dict[str, Any]:
         "new": report.new,
         "conflicts": [_conflict_json(c) for c in report.result.conflicts],
         "generation": report.generation,
+        "gemm2_finalize_conflicts": finalize_conflicts(report.result.conflicts).gemm2,
     }
+
+
+def finalize_warning(report: MergeReport) -> str | None:
+    """What GEMM2 conflicts on keys without a finalize mode mean, or None when there are none."""
+    from fi_cache.maintenance.merge import finalize_conflicts
+    from fi_cache.versions import FLASHINFER_FINALIZE_IN_KEY
+
+    fc = finalize_conflicts(report.result.conflicts)
+    if not fc.gemm2:
+        return None
+    what = (
+        "GEMM1 entries agree and GEMM2 entries do not: the sign of files tuned in different "
+        "MoE finalize modes (fused and unfused)"
+        if not fc.gemm1
+        else "if the files were tuned in different MoE finalize modes (fused and unfused), "
+        "this is why"
+    )
+    return (
+        f"{_count(fc.gemm2, 'conflict is a MoE GEMM2 entry', 'conflicts are MoE GEMM2 entries')} "
+        f"whose keys (FlashInfer < {FLASHINFER_FINALIZE_IN_KEY}) cannot say their finalize "
+        f"mode; {what}. Merged, one mode runs the other's tactic ids (`Invalid gemm2 profile "
+        "id` at start-up, or another kernel): keep each mode in a cache of its own (fi-cache "
+        "serve, and fi-cache serve --deterministic for unfused)"
+    )
 
 
 def _compact(value: Any) -> str:
@@ -103,6 +130,8 @@ def merge_command(sources: tuple[Path, ...], output: Path, prefer: str) -> int:
     # Conflicts are printed even with -q: each one is a tactic that was thrown away.
     for c in report.result.conflicts:
         click.echo(_conflict_line(c))
+    if (why := finalize_warning(report)) is not None:
+        render.warn(why)
     if not ctx.quiet:
         click.echo(_summary(report, prefer))
     return 0

@@ -43,6 +43,8 @@ class CacheView:
     # False for caches the target never loads (another namespace of the store, another version's
     # dir of a vLLM root): integrity checks still look at them, environment checks do not.
     applies: bool = True
+    not_loaded_why: str = ""  # when it does not apply: why the target never loads it
+    named: bool = False  # a PATH on the command line (not found in the store or vLLM's dir)
 
 
 @dataclass(frozen=True)

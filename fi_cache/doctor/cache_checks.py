@@ -3,47 +3,55 @@
 from __future__ import annotations
 
 import stat
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
 from typing import Any
 
 from fi_cache.caches.discover import STAGING_PREFIX, TMP_MAX_AGE_S
 from fi_cache.doctor import Check, Inputs
 from fi_cache.doctor.findings import Finding
+from fi_cache.doctor.fix import quarantine_text
+from fi_cache.doctor.vllm_checks import runs_finalize, selects_unfused
+from fi_cache.engines.vllm.launch import ALTERNATIVES
 from fi_cache.model import v1
 from fi_cache.model.fingerprint import compare_metadata
-from fi_cache.model.moe import split_gemm2
+from fi_cache.model.moe import gemm_stage, split_gemm2
 from fi_cache.versions import (
     FLASHINFER_FINALIZE_IN_KEY,
-    MOE_GEMM2_OP,
-    MOE_STAGE_OP,
     VLLM_FINALIZE_ENV,
+    VLLM_NEWEST_CHECKED,
     moe_tactic_lists,
     parse_version,
     sm_of_gpu,
 )
 
 
-def _problems(inp: Inputs, check: str, fix: str) -> Iterator[Finding]:
+def _problems(inp: Inputs, check: str, fix: Callable[[str], str]) -> Iterator[Finding]:
     """Errors for the files the scan could not read, under the check that names why."""
     for p in inp.problems:
         if p.check == check:
-            yield Finding(check, "error", str(p.path), p.message, fix)
+            yield Finding(check, "error", str(p.path), p.message, fix(str(p.path)))
+
+
+def _move_aside(inp: Inputs, path: str) -> str:
+    how = quarantine_text(inp, path, "")
+    if how:
+        return f"move it aside ({how}) and let vLLM re-tune (or warm again)"
+    if path in {str(v.cache.path) for v in inp.caches if v.cache.found.format == "v2"}:
+        return "delete the entry file; FlashInfer re-tunes that shape (--fix leaves v2 stores be)"
+    return (
+        "move it aside by hand and let vLLM re-tune (--fix moves only files where a cache "
+        "belongs: vLLM's file names, the store)"
+    )
 
 
 def corrupt_file(inp: Inputs) -> Iterator[Finding]:
-    yield from _problems(
-        inp, "corrupt-file", "move it aside (doctor --fix quarantines it) and let vLLM re-tune"
-    )
+    yield from _problems(inp, "corrupt-file", lambda path: _move_aside(inp, path))
     for view in inp.caches:
         for d in view.defects:
             if d.check == "corrupt-file":
-                yield Finding(
-                    "corrupt-file",
-                    "error",
-                    str(view.cache.path),
-                    d.message,
-                    "move it aside (doctor --fix quarantines it) and warm again",
-                )
+                path = str(view.cache.path)
+                yield Finding("corrupt-file", "error", path, d.message, _move_aside(inp, path))
 
 
 def generation_mismatch(inp: Inputs) -> Iterator[Finding]:
@@ -70,14 +78,14 @@ def foreign_environment(inp: Inputs) -> Iterator[Finding]:
             continue
         fields = "; ".join(f"{m.field}: saved {m.saved!r}, target {m.target!r}" for m in mismatches)
         if any(m.hard for m in mismatches):
+            how = quarantine_text(inp, str(cache.path), "or move the file aside")
             yield Finding(
                 "foreign-environment",
                 "error",
                 str(cache.path),
                 f"written in another environment ({fields}): FlashInfer ignores it and never "
                 "overwrites it, so every start re-tunes",
-                "give this environment its own cache dir (fi-cache serve does); doctor --fix "
-                "quarantines the file",
+                f"give this environment its own cache dir (fi-cache serve does); {how}",
             )
         else:
             yield Finding(
@@ -97,17 +105,12 @@ def _gemm2_tactics(cf: v1.CacheFile) -> list[int]:
         if "gemm2" not in raw:
             continue
         entry = v1.moe_entry(raw)
-        if entry is None or entry[1] != "unknown" or not _is_gemm2(entry[0]):
+        if entry is None or entry[1] != "unknown" or gemm_stage(entry[0]) != 2:
             continue
         tactic = value[1] if isinstance(value, list) and len(value) > 1 else None
         if isinstance(tactic, int) and not isinstance(tactic, bool):
             out.append(tactic)
     return out
-
-
-def _is_gemm2(op: str) -> bool:
-    stage = MOE_STAGE_OP.match(op)
-    return op == MOE_GEMM2_OP or (stage is not None and stage.group(1) == "2")
 
 
 def _writers(view: Any) -> tuple[Any, ...]:
@@ -123,18 +126,47 @@ def _writers(view: Any) -> tuple[Any, ...]:
     return tuple(w for w in warms if any(f.path == rel for f in w.files))
 
 
-def _tuned_mode(view: Any) -> tuple[str, bool]:
-    """(mode the GEMM2 entries were tuned in, known for sure?). Every vLLM release tunes fused;
-    only an unfused namespace whose warms of this file all passed the mode on is unfused: a
-    vLLM that reads the variable, or FlashInfer itself (`warm --engine flashinfer`)."""
+@dataclass(frozen=True)
+class _Tuned:
+    """How a file's <= 0.6.17 GEMM2 entries were tuned, as far as the store can say."""
+
+    mode: str
+    why: str  # what says so, for a reader who has never heard of finalize modes
+    ignored_by_warm: bool = False  # a `warm --finalize unfused` whose vLLM tuned fused anyway
+
+
+def _tuned_mode(view: Any) -> _Tuned:
+    """Every vLLM release tunes fused; only an unfused namespace whose warms of this file all
+    passed the mode on is unfused: a vLLM that reads the variable, or FlashInfer itself (`warm
+    --engine flashinfer`)."""
     warms = _writers(view)
+    none_reads = f"every vLLM release up to {VLLM_NEWEST_CHECKED} tunes fused"
     if view.namespace_finalize == "unfused":
-        if any(w.supports_finalize_env is False for w in warms):
-            return "fused", True  # warmed by a vLLM that ignored the variable
+        ignored = [w for w in warms if w.supports_finalize_env is False]
+        if ignored:
+            return _Tuned(
+                "fused",
+                f"the warm that wrote them ran vLLM {ignored[-1].vllm_version}, which does not "
+                f"read {VLLM_FINALIZE_ENV}: it tuned fused kernels into this unfused namespace",
+                True,
+            )
         if warms and all(w.supports_finalize_env for w in warms):
-            return "unfused", True
-        return "fused", False
-    return "fused", view.namespace_finalize == "fused"
+            return _Tuned("unfused", "by warms that passed the mode on (the namespace records it)")
+        if warms:
+            return _Tuned(
+                "fused",
+                "most likely: this unfused namespace was warmed by a vLLM fi-cache could not "
+                f"inspect, and {none_reads}",
+                True,
+            )
+        return _Tuned(
+            "fused", f"most likely: no warm of this unfused namespace is recorded, and {none_reads}"
+        )
+    if view.namespace_finalize == "fused":
+        return _Tuned("fused", "this is the store's fused namespace")
+    return _Tuned(
+        "fused", f"most likely: nothing records how this file was tuned, and {none_reads}"
+    )
 
 
 def _counts(view: Any) -> tuple[int, dict[str, int]] | None:
@@ -158,6 +190,7 @@ def _measured_split(
     tactics: list[int],
     tuned: str,
     counts: tuple[int, dict[str, int]] | None,
+    runs: str,
 ) -> tuple[str, dict[str, Any]] | None:
     """The exact split from tactic lists measured for this FlashInfer, SM and dtype, when there
     are such lists and the namespace's recorded counts (if any) agree with them: counts a warm
@@ -169,14 +202,14 @@ def _measured_split(
         target.fingerprint.gpu or view.cache.fingerprint.gpu
     )
     lists = moe_tactic_lists(version, sm, "bf16")
-    if lists is None or tuned not in lists.gemm2 or target.finalize not in lists.gemm2:
+    if lists is None or tuned not in lists.gemm2 or runs not in lists.gemm2:
         return None
     measured = {m: lists.gemm2_count(m) for m in lists.gemm2}
     if counts is not None and (
         counts[0] != lists.gemm1 or any(counts[1].get(m, n) != n for m, n in measured.items())
     ):
         return None  # this runner's lists are not the measured ones
-    s = split_gemm2(tactics, lists.gemm1, lists.gemm2[tuned], lists.gemm2[target.finalize])
+    s = split_gemm2(tactics, lists.gemm1, lists.gemm2[tuned], lists.gemm2[runs])
     details = {
         "crash_ids": list(s.crash),
         "other_kernel_ids": list(s.other_kernel),
@@ -202,26 +235,39 @@ def stale_gemm2_profile(inp: Inputs) -> Iterator[Finding]:
     target_fi = parse_version(target.fingerprint.flashinfer_version)
     if target_fi is not None and target_fi >= FLASHINFER_FINALIZE_IN_KEY:
         return  # its keys carry use_fused_finalize: an old entry can never be replayed
+    runs = runs_finalize(inp)  # finalize-unsupported: an unfused ask may still start fused
     for view in inp.caches:
         if not view.applies:
             continue
         tactics = _gemm2_tactics(view.cache.file)
         if not tactics:
             continue
-        tuned, sure = _tuned_mode(view)
-        if tuned == target.finalize:
+        tuned = _tuned_mode(view)
+        path = str(view.cache.path)
+        if tuned.mode == runs:
+            if runs != target.finalize:
+                yield Finding(
+                    "stale-gemm2-profile",
+                    "info",
+                    path,
+                    f"{len(tactics)} MoE GEMM2 entries here were tuned {tuned.mode} "
+                    f"({tuned.why}); the target asks for {target.finalize}, but {_vllm(inp)} "
+                    f"starts {runs} (see finalize-unsupported), so they load as they were tuned",
+                    f"nothing to do for this vLLM; keep the file away from a start that really "
+                    f"runs {target.finalize}",
+                )
             continue
         counts = _counts(view)
         detail = f"{len(tactics)} GEMM2 tactic ids ({min(tactics)}..{max(tactics)})"
-        split = _measured_split(view, inp, tactics, tuned, counts)
+        split = _measured_split(view, inp, tactics, tuned.mode, counts, runs)
         if split is not None:
             text, details = split
             detail += text
-        elif counts and target.finalize in counts[1]:
-            limit = counts[0] + counts[1][target.finalize]
+        elif counts and runs in counts[1]:
+            limit = counts[0] + counts[1][runs]
             crash = sum(t >= limit for t in tactics)
             detail += (
-                f": {crash} are beyond the {target.finalize} list (ids < {limit}) and crash "
+                f": {crash} are beyond the {runs} list (ids < {limit}) and crash "
                 f"start-up, {len(tactics) - crash} silently pick another kernel"
             )
         else:
@@ -229,20 +275,45 @@ def stale_gemm2_profile(inp: Inputs) -> Iterator[Finding]:
                 ": ids beyond the target's list crash start-up with `Invalid gemm2 profile "
                 "id`, the others silently pick another kernel"
             )
-        how = (
-            "were" if sure else "were probably (no record says otherwise; vLLM releases tune fused)"
+        asks = (
+            f"the target runs {runs}"
+            if runs == target.finalize
+            else f"the target asks for {target.finalize}, but {_vllm(inp)} starts {runs} "
+            "(see finalize-unsupported)"
         )
+        if selects_unfused(inp) is None and "unfused" in (runs, tuned.mode):
+            asks += f" (if {_vllm(inp)} reads {VLLM_FINALIZE_ENV} at all: see finalize-unsupported)"
         yield Finding(
             "stale-gemm2-profile",
             "error",
-            str(view.cache.path),
-            f"MoE GEMM2 entries whose keys cannot say their finalize mode (FlashInfer < "
-            f"{FLASHINFER_FINALIZE_IN_KEY}) {how} tuned {tuned}; "
-            f"the target runs {target.finalize}. {detail}",
-            f"keep {tuned} and {target.finalize} caches apart (fi-cache serve [--deterministic] "
-            f"does); doctor --fix quarantines this file; {VLLM_FINALIZE_ENV} picks the mode",
+            path,
+            f"MoE GEMM2 entries here were tuned {tuned.mode} ({tuned.why}); {asks}. Their "
+            f"keys (FlashInfer < {FLASHINFER_FINALIZE_IN_KEY}) do not record the finalize mode, "
+            f"so that start replays them: {detail}",
+            _stale_fix(inp, view, tuned, runs),
             details if split is not None else None,
         )
+
+
+def _stale_fix(inp: Inputs, view: Any, tuned: _Tuned, runs: str) -> str:
+    move = quarantine_text(inp, str(view.cache.path), "move this file aside")
+    if tuned.ignored_by_warm:
+        # `warm --finalize unfused` wrote it: running that warm again tunes fused again.
+        return (
+            f"{move}; another `fi-cache warm --finalize unfused` with this vLLM tunes fused "
+            "again: tune the unfused mode with FlashInfer itself (fi-cache plan "
+            "--from-hf-config CONFIG -o plan.toml; fi-cache warm --engine flashinfer --plan "
+            f"plan.toml --finalize unfused), or {ALTERNATIVES}"
+        )
+    serve = "fi-cache serve --deterministic" if runs == "unfused" else "fi-cache serve"
+    return (
+        f"{move}; keep {tuned.mode} and {runs} caches apart ({serve} uses the {runs} "
+        f"namespace of the store; {VLLM_FINALIZE_ENV} picks the mode)"
+    )
+
+
+def _vllm(inp: Inputs) -> str:
+    return f"vLLM {inp.target.vllm_version}" if inp.target.vllm_version else "the target vLLM"
 
 
 def records_unreadable(inp: Inputs) -> Iterator[Finding]:
@@ -277,7 +348,7 @@ def records_unreadable(inp: Inputs) -> Iterator[Finding]:
 
 def unreadable_permissions(inp: Inputs) -> Iterator[Finding]:
     yield from _problems(
-        inp, "unreadable-permissions", "check ownership and mode of the file or directory"
+        inp, "unreadable-permissions", lambda _: "check ownership and mode of the file or directory"
     )
     store_mode = inp.modes.get(inp.store) if inp.store else None
     if store_mode is not None and not store_mode & 0o055:
@@ -331,6 +402,22 @@ def finalize_mode_miss(inp: Inputs) -> Iterator[Finding]:
             f"tune the {target.finalize} mode before serving without tuning "
             f"(fi-cache warm --finalize {target.finalize} gives it a namespace of its own)",
         )
+
+
+def not_loaded(inp: Inputs) -> Iterator[Finding]:
+    """A cache the user named that the target never reads gets the integrity checks only: say so,
+    or silence reads as "fine for this target"."""
+    for view in inp.caches:
+        if view.named and not view.applies:
+            yield Finding(
+                "not-loaded",
+                "info",
+                str(view.cache.path),
+                f"the target never loads this cache: {view.not_loaded_why}; only its integrity "
+                "was checked, not whether it fits the target",
+                "to vet it for the environment it was made for, name that one (--flashinfer-"
+                "version, --gpu, --finalize), or copy it where the target reads",
+            )
 
 
 def tmp_leftover(inp: Inputs) -> Iterator[Finding]:
@@ -395,6 +482,12 @@ CHECKS = (
         "unreadable-permissions",
         "caches other users of a shared store cannot read",
         unreadable_permissions,
+    ),
+    Check(
+        "not-loaded",
+        "a cache named on the command line that the target never loads (another version's dir, "
+        "another namespace)",
+        not_loaded,
     ),
     Check("tmp-leftover", "temp files of killed writers", tmp_leftover),
 )

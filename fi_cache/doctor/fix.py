@@ -29,8 +29,8 @@ class Action:
     why: str
 
 
-def plan(findings: list[Finding], inputs: Inputs) -> list[Action]:
-    """What --fix would do. Only paths known to be caches (never a log) are moved."""
+def movable(inputs: Inputs) -> set[str]:
+    """The paths --fix would quarantine for an error finding: caches it read, never a log."""
     # v1 files only: a bad v2 entry is a miss for FlashInfer, not a reason to move its whole store.
     caches = {str(v.cache.path) for v in inputs.caches if v.cache.found.format == "v1"}
     # A file refused unread (too large, no permission) is not known to be bad: leave it. A bad
@@ -40,6 +40,19 @@ def plan(findings: list[Finding], inputs: Inputs) -> list[Action]:
         for p in inputs.problems
         if p.exit_code == 1 and _cache_place(p.path, inputs.store)
     }
+    return caches
+
+
+def quarantine_text(inputs: Inputs, path: str | None, otherwise: str) -> str:
+    """What a fix text may promise about --fix for this path: only what plan() will do."""
+    if path is not None and path in movable(inputs):
+        return "doctor --fix quarantines it"
+    return otherwise
+
+
+def plan(findings: list[Finding], inputs: Inputs) -> list[Action]:
+    """What --fix would do. Only paths known to be caches (never a log) are moved."""
+    caches = movable(inputs)
     actions: dict[Path, Action] = {}
     for f in findings:
         if f.path is None:

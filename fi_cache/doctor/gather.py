@@ -88,17 +88,24 @@ def _target_namespace(target: Target, store: Path) -> Path:
     return Namespace(target.fingerprint, mode).path(store)
 
 
-def _applies(cache: Cache, ns_dir: Path | None, ours: Path, target: Target) -> bool:
-    """Would the target ever load this cache? Only from its own namespace or vLLM dir level."""
+def _applies(cache: Cache, ns_dir: Path | None, ours: Path, target: Target) -> str | None:
+    """Why the target never loads this cache, or None when it may: it loads only its own
+    namespace of the store, and only its version and arch dir of a vLLM cache root."""
     if ns_dir is not None:
-        return ns_dir == ours
+        if ns_dir == ours:
+            return None
+        return f"it is in another namespace of the store; the target's is {ours}"
     fp, found = target.fingerprint, cache.found
     if found.layout == "vllm":
         if fp.flashinfer_version and found.dir_version != fp.flashinfer_version:
-            return False
+            return (
+                f"vLLM keeps FlashInfer {found.dir_version}'s caches in their own dir; the "
+                f"target (FlashInfer {fp.flashinfer_version}) reads .../{fp.flashinfer_version}/"
+                f"{fp.arch or found.arch}/"
+            )
         if fp.arch and found.arch != fp.arch:
-            return False
-    return True
+            return f"it is in the {found.arch} dir; the target's GPU arch is {fp.arch}"
+    return None
 
 
 def gather(
@@ -138,6 +145,7 @@ def gather(
     with contextlib.suppress(OSError):
         modes[store] = store.stat().st_mode  # a private store (0700) wants no sharing advice
     seen: set[Path] = set()
+    named = {c.path.resolve() for c in given.caches}
     for cache in [*inv.caches, *given.caches]:
         if (key := cache.path.resolve()) in seen:
             continue  # a PATH inside the store or vLLM's dir: check it once
@@ -162,8 +170,13 @@ def gather(
                     break
         defects = (*cache.read_defects, *v1.defects(cache.file))
         finalize = parts["finalize"] if parts else None
-        applies = _applies(cache, ns_dir, ours, target)
-        views.append(CacheView(cache, ns_dir, finalize, manifest, defects, applies))
+        why_not = _applies(cache, ns_dir, ours, target)
+        views.append(
+            CacheView(
+                cache, ns_dir, finalize, manifest, defects, why_not is None, why_not or "",
+                key in named,
+            )
+        )  # fmt: skip
     now = time.time()
     tmp = []
     seen_tmp: set[Path] = set()

@@ -6,6 +6,7 @@ from collections.abc import Iterator
 
 from fi_cache.doctor import Check, Inputs
 from fi_cache.doctor.findings import Finding
+from fi_cache.doctor.fix import quarantine_text
 from fi_cache.doctor.logs import ProfileIdError
 from fi_cache.model.moe import is_moe
 
@@ -39,13 +40,23 @@ def log_profile_id(inp: Inputs) -> Iterator[Finding]:
                     f"{', '.join(map(str, ids))}, last at line {errors[-1].line_no}); this "
                     "process caught them and went on, a server's start-up dies at the first"
                 )
+            cache = e.last_loaded
+            if cache is None:
+                move = "find the cache that start loaded and move it aside"
+            else:
+                move = quarantine_text(
+                    inp,
+                    cache,
+                    "move that cache aside (doctor --fix moves only caches it read: name it as a "
+                    f"PATH too, `fi-cache doctor --log {log.path} {cache} --fix`)",
+                )
             yield Finding(
                 "stale-gemm2-profile",
                 "error",
-                e.last_loaded or log.path,
+                cache or log.path,
                 f"{log.path}:{e.line_no}: {what} {source}: {why}",
-                "quarantine that cache (doctor --fix, or delete it) and give each finalize mode "
-                "its own cache dir (fi-cache serve [--deterministic])",
+                f"{move}; give each finalize mode its own cache dir (fi-cache serve, and "
+                "fi-cache serve --deterministic for unfused)",
             )
 
 

@@ -27,21 +27,39 @@ def _vllm(inp: Inputs) -> str:
     return f"vLLM {inp.target.vllm_version}" if inp.target.vllm_version else "the target vLLM"
 
 
+def selects_unfused(inp: Inputs) -> bool | None:
+    """Can the target vLLM run the unfused MoE finalize? None: cannot tell."""
+    version = parse_version(inp.target.vllm_version)
+    supports = inp.target.vllm_supports_finalize
+    if supports is None and version is not None and version <= VLLM_NEWEST_CHECKED:
+        return False  # no release up to the newest checked has the variable
+    return supports
+
+
+def runs_finalize(inp: Inputs) -> str:
+    """The finalize mode the target's start-up runs: the one asked for, except an unfused ask on
+    a vLLM that cannot select it, which runs fused (finalize-unsupported says so)."""
+    t = inp.target
+    if t.finalize == "unfused" and not _moe_off_flashinfer(inp) and selects_unfused(inp) is False:
+        return "fused"
+    return t.finalize
+
+
 def finalize_unsupported(inp: Inputs) -> Iterator[Finding]:
     t = inp.target
     if t.finalize != "unfused" or _moe_off_flashinfer(inp):
         return
     version = parse_version(t.vllm_version)
-    supports = t.vllm_supports_finalize
-    if supports is None and version is not None and version <= VLLM_NEWEST_CHECKED:
-        supports = False  # no release up to the newest checked has the variable
+    supports = selects_unfused(inp)
     if supports is False:
         yield Finding(
             "finalize-unsupported",
             "error",
             None,
             f"{_vllm(inp)} does not read {VLLM_FINALIZE_ENV}: the unfused "
-            "(deterministic) MoE path cannot be selected, it runs fused finalize",
+            "(deterministic) MoE path cannot be selected; it starts with fused finalize whatever "
+            "the variable, the namespace or the cache say (this decides start-up: "
+            "stale-gemm2-profile judges caches against fused)",
             ALTERNATIVES,
         )
     elif supports is None:

@@ -23,6 +23,7 @@ from fi_cache.caches import inventory
 from fi_cache.caches.discover import classify_file, is_v2_env_dir
 from fi_cache.errors import CorruptCache, FiCacheError, Refused, refuse_special
 from fi_cache.model import v1, v2
+from fi_cache.model.moe import gemm_stage
 from fi_cache.store.files import DEFAULT_LOCK_TIMEOUT, atomic_write, locked
 from fi_cache.versions import RECORDS_KEY, flashinfer_writes_generation
 
@@ -100,6 +101,25 @@ def merge(files: Sequence[tuple[str, v1.CacheFile]], prefer: Prefer = "first") -
         len(entries),
         added,
     )
+
+
+@dataclass(frozen=True)
+class FinalizeConflicts:
+    """Conflicts on MoE keys that cannot say their finalize mode (FlashInfer <= 0.6.17): GEMM2
+    ids differ between the modes, GEMM1 ids do not, so GEMM2-only conflicts mean the sources
+    were tuned in different modes; merged, one mode replays the other's ids."""
+
+    gemm2: int
+    gemm1: int
+
+
+def finalize_conflicts(conflicts: Sequence[Conflict]) -> FinalizeConflicts:
+    counts = {1: 0, 2: 0}
+    for c in conflicts:
+        entry = v1.moe_entry(c.key)
+        if entry is not None and entry[1] == "unknown" and (stage := gemm_stage(entry[0])):
+            counts[stage] += 1
+    return FinalizeConflicts(counts[2], counts[1])
 
 
 def check_metadata(files: Sequence[tuple[str, v1.CacheFile]]) -> None:

@@ -18,6 +18,14 @@ def is_moe(op: str) -> bool:
     return op in MOE_OPS or MOE_STAGE_OP.match(op) is not None
 
 
+def gemm_stage(op: str) -> int | None:
+    """1 or 2 for an op of the fused-MoE runner's GEMM1/GEMM2 stage, else None."""
+    if op in MOE_OPS:  # trtllm::fused_moe::gemm1 / gemm2
+        return int(op[-1])
+    stage = MOE_STAGE_OP.match(op)
+    return int(stage.group(1)) if stage else None
+
+
 def named_extras(key: CacheKey) -> dict[str, KeyValue] | None:
     """MoE extras by field name, or None when the layout is not one FlashInfer wrote."""
     extras = key.extras

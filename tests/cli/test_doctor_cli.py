@@ -28,6 +28,9 @@ from tests.conftest import (
 from tests.maintenance.test_prune import killed_import, make_namespace
 
 TARGET = ["--flashinfer-version", "0.6.17", "--vllm-version", "0.30.0"]
+# A vLLM newer than any checked: it may read VLLM_FLASHINFER_MOE_FUSED_FINALIZE, so an unfused
+# target may really start unfused (0.30.0 cannot: it starts fused whatever is asked).
+MAY_RUN_UNFUSED = ["--flashinfer-version", "0.6.17", "--vllm-version", "0.35.0"]
 
 
 def _findings(r) -> list[tuple[str, str]]:  # type: ignore[no-untyped-def]
@@ -35,7 +38,7 @@ def _findings(r) -> list[tuple[str, str]]:  # type: ignore[no-untyped-def]
 
 
 def test_json_contract_and_exit_1_on_error(run, vllm_root: Path) -> None:  # type: ignore[no-untyped-def]
-    r = run("--format", "json", "doctor", vllm_root, *TARGET, "--finalize", "unfused")
+    r = run("--format", "json", "doctor", vllm_root, *MAY_RUN_UNFUSED, "--finalize", "unfused")
     assert r.code == 1
     doc = r.json()
     assert set(doc) >= {"findings", "errors", "warnings"}
@@ -47,8 +50,22 @@ def test_json_contract_and_exit_1_on_error(run, vllm_root: Path) -> None:  # typ
     assert {"crash_ids", "other_kernel_ids", "same_kernel_ids", "tactic_counts"} <= set(
         stale["details"]
     )
-    assert ("finalize-unsupported", "error") in _findings(r)
+    assert ("finalize-unsupported", "warning") in _findings(r)  # cannot tell: both are said
+    assert "if vLLM 0.35.0 reads VLLM_FLASHINFER_MOE_FUSED_FINALIZE" in stale["message"]
     assert doc["errors"] == sum(f["severity"] == "error" for f in doc["findings"])
+
+
+def test_finalize_unsupported_and_stale_gemm2_say_the_same_start_up(run, vllm_root: Path) -> None:  # type: ignore[no-untyped-def]
+    """vLLM 0.30 cannot run unfused: asked for unfused it starts fused, so the fused-tuned 0.6.17
+    cache loads as tuned; doctor says that once, not "it crashes" next to "it runs fused"."""
+    r = run("--format", "json", "doctor", vllm_root, *TARGET, "--finalize", "unfused")
+    found = {f["check"]: f for f in r.json()["findings"]}
+    assert found["finalize-unsupported"]["severity"] == "error"
+    assert "this decides start-up" in found["finalize-unsupported"]["message"]
+    stale = found["stale-gemm2-profile"]
+    assert stale["severity"] == "info" and "Invalid gemm2" not in stale["message"]
+    assert "vLLM 0.30.0 starts fused (see finalize-unsupported)" in stale["message"]
+    assert "load as they were tuned" in stale["message"]
 
 
 def test_clean_target_exits_0_and_strict_turns_warnings_into_1(run, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
@@ -136,7 +153,7 @@ def test_log_with_the_crash(run, tmp_path: Path) -> None:  # type: ignore[no-unt
 def test_one_bad_file_does_not_hide_the_others(run, vllm_root: Path) -> None:  # type: ignore[no-untyped-def]
     bad = vllm_root / "0.6.18" / "90a" / HASH_B / "autotune_configs_dp0_rank1.json"
     bad.write_text("{ truncated")
-    r = run("--format", "json", "doctor", vllm_root, *TARGET, "--finalize", "unfused")
+    r = run("--format", "json", "doctor", vllm_root, *MAY_RUN_UNFUSED, "--finalize", "unfused")
     found = _findings(r)
     assert ("corrupt-file", "error") in found and ("stale-gemm2-profile", "error") in found
 
@@ -151,7 +168,7 @@ def test_fix_quarantines_with_a_note_and_dry_run_only_prints(
     tmpfile.write_text("")
     past = time.time() - 3600
     os.utime(tmpfile, (past, past))
-    args = ["doctor", vllm_root, *TARGET, "--finalize", "unfused", "--fix"]
+    args = ["doctor", vllm_root, *MAY_RUN_UNFUSED, "--finalize", "unfused", "--fix"]
     dry = run(*args, "--dry-run")
     assert f"would quarantine {stale}" in dry.out and f"would remove {tmpfile}" in dry.out
     assert stale.exists() and tmpfile.exists()
@@ -167,7 +184,9 @@ def test_fix_quarantines_with_a_note_and_dry_run_only_prints(
     note = Path(str(moved) + ".why").read_text()
     assert str(stale) in note and "stale-gemm2-profile" in note
     assert not tmpfile.exists()
-    again = run("--format", "json", "doctor", vllm_root, *TARGET, "--finalize", "unfused")
+    again = run(
+        "--format", "json", "doctor", vllm_root, *MAY_RUN_UNFUSED, "--finalize", "unfused"
+    )  # fmt: skip
     assert ("stale-gemm2-profile", "error") not in _findings(again)
 
 
@@ -449,3 +468,47 @@ def test_a_log_given_as_a_path_is_refused_with_a_pointer_to_log(run, tmp_path: P
     assert r.code == 2
     assert f"fi-cache doctor --log {log}" in r.err
     assert not [f for f in r.json()["findings"] if f["check"] == "corrupt-file"]
+
+
+def test_a_named_cache_the_target_never_loads_gets_a_finding(run, vllm_root: Path) -> None:  # type: ignore[no-untyped-def]
+    """The 0.6.18 dir of a vLLM root, named for a 0.6.17 target: said, not passed over."""
+    other = vllm_root / "0.6.18" / "90a"
+    r = run("--format", "json", "doctor", other, *TARGET)
+    found = [f for f in r.json()["findings"] if f["check"] == "not-loaded"]
+    assert len(found) == 2 and all(f["severity"] == "info" for f in found)
+    assert "the target never loads this cache" in found[0]["message"]
+    assert "target (FlashInfer 0.6.17) reads .../0.6.17/90a/" in found[0]["message"]
+    # the store's own dirs are not named: doctor does not chatter about them
+    assert not [f for f in run("--format", "json", "doctor", *TARGET).json()["findings"]
+                if f["check"] == "not-loaded"]  # fmt: skip
+
+
+def test_fix_texts_promise_only_what_fix_does(run, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+    """Each fix text that says `doctor --fix quarantines it` names a path --fix moves; no other
+    text says so (a stray file, a cache a log names but doctor never read)."""
+    vllm_named = tmp_path / "c" / HASH_A / "autotune_configs.json"
+    vllm_named.parent.mkdir(parents=True)
+    vllm_named.write_text("{")
+    stray = tmp_path / "notes.json"
+    stray.write_text("[1, 2]")
+    elsewhere = tmp_path / "elsewhere" / "autotune_configs.json"
+    log = tmp_path / "vllm.log"
+    log.write_text(
+        f"INFO 11-30 01:00:00 [Autotuner]: Loaded 5 configs from {elsewhere}\n"
+        "RuntimeError: Invalid gemm2 profile id: 50\n"
+    )
+    r = run(
+        "--format", "json", "doctor", tmp_path / "c", stray, "--log", log, *MAY_RUN_UNFUSED,
+        "--fix", "--dry-run",
+    )  # fmt: skip
+    doc = r.json()
+    moved = {a["path"] for a in doc["actions"] if a["action"] == "quarantine"}
+    assert moved == {str(vllm_named)}
+    promised = {f["path"] for f in doc["findings"] if "doctor --fix quarantines" in f["fix"]}
+    assert promised == moved
+    by_path = {f["path"]: f for f in doc["findings"]}
+    assert "by hand" in by_path[str(stray)]["fix"]
+    assert (
+        f"name it as a PATH too, `fi-cache doctor --log {log} {elsewhere} --fix`"
+        in by_path[str(elsewhere)]["fix"]
+    )

@@ -23,7 +23,9 @@ from tests.conftest import (
 for _command in COMMANDS:
     cli.add_command(_command)  # the lead registers it in fi_cache.cli; idempotent here
 
-MERGE_FIELDS = {"output", "sources", "entries", "new", "conflicts", "generation"}
+MERGE_FIELDS = {
+    "output", "sources", "entries", "new", "conflicts", "generation", "gemm2_finalize_conflicts"
+}  # fmt: skip
 CONFLICT_FIELDS = {"key", "kept", "dropped", "kept_from", "dropped_from"}
 
 
@@ -155,3 +157,18 @@ def test_a_full_disk_is_a_storage_failure_naming_out(run, tmp_path: Path, monkey
     assert f"{out}: cannot write: No space left on device" in r.err
     assert out.read_bytes() == before
     assert [p.name for p in tmp_path.iterdir() if p.name.endswith(".tmp")] == []
+
+
+def test_fused_and_unfused_gemm2_conflicts_are_named_for_what_they_are(run, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+    """<= 0.6.17 keys do not record the finalize mode: a fused and an unfused file collide on
+    every GEMM2 key and agree on GEMM1, and merge says so instead of listing bare conflicts."""
+    r = run("merge", MOE_617_FUSED, MOE_617_UNFUSED, "-o", tmp_path / "out.json")
+    conflicts = [line for line in r.out.splitlines() if line.startswith("conflict ")]
+    [why] = r.err.splitlines()
+    assert f"{len(conflicts)} conflicts are MoE GEMM2 entries" in why
+    assert "different MoE finalize modes (fused and unfused)" in why
+    assert "Invalid gemm2 profile id" in why and "fi-cache serve --deterministic" in why
+    doc = run("--format", "json", "merge", MOE_617_FUSED, MOE_617_UNFUSED, "-o", tmp_path / "j")
+    assert doc.json()["gemm2_finalize_conflicts"] == len(conflicts) == 16
+    plain = run("merge", GEMM_617, GEMM_617, "-o", tmp_path / "gemm.json")
+    assert plain.err == ""

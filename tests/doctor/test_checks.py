@@ -53,6 +53,44 @@ def test_the_collision_unrecorded_0617_moe_cache_and_an_unfused_target() -> None
     assert "16 GEMM2 tactic ids (60..124)" in f.message and "Invalid gemm2 profile id" in f.message
 
 
+def test_the_stale_message_says_why_it_was_fused_in_plain_words() -> None:
+    [f] = doctor.run(Inputs(_target(finalize="unfused"), (_view(MOE_617_FUSED),)))[:1]
+    assert "were tuned fused (most likely: nothing records how this file was tuned, and every " \
+        "vLLM release up to 0.33.0 tunes fused" in f.message  # fmt: skip
+    assert "probably (no record" not in f.message
+
+
+def test_a_warm_that_tuned_fused_into_the_unfused_namespace_is_not_advised_again() -> None:
+    """`warm --finalize unfused` with a vLLM that ignores the variable tunes fused; doctor must
+    not send the user back to that same warm (or to serve --deterministic, which runs it)."""
+    ns = Namespace(Fingerprint.from_metadata(H200_617, "90a"), "unfused")
+    for supports in (False, None):  # ignores it, or fi-cache could not tell
+        m = Manifest.new(ns).with_warm(WarmRecord(0, 1, "0.32.0", ["m"], "k", [], supports))
+        view = _view(MOE_617_FUSED, "unfused", m)
+        [f] = doctor.run(Inputs(_target(finalize="unfused"), (view,)), ["stale-gemm2-profile"])
+        assert f.severity == "error"
+        assert "serve --deterministic" not in f.fix and "serve [--deterministic]" not in f.fix
+        assert (
+            "another `fi-cache warm --finalize unfused` with this vLLM tunes fused again" in f.fix
+        )
+        assert "warm --engine flashinfer" in f.fix and "VLLM_BATCH_INVARIANT=1" in f.fix
+
+
+def test_an_unfused_cache_on_a_vllm_that_starts_fused_is_stale_for_fused() -> None:
+    """finalize-unsupported decides what starts: asked for unfused, vLLM 0.30 runs fused, so a
+    cache tuned unfused (by FlashInfer itself) is replayed in the fused kernel."""
+    ns = Namespace(Fingerprint.from_metadata(H200_617, "90a"), "unfused")
+    m = Manifest.new(ns).with_warm(WarmRecord(0, 1, None, ["--plan", "p"], "k", [], True))
+    target = _target(finalize="unfused", vllm_version="0.30.0")
+    [f] = doctor.run(Inputs(target, (_view(MOE_617_UNFUSED, "unfused", m),)))[:1]
+    assert (f.check, f.severity) == ("finalize-unsupported", "error")
+    [g] = doctor.run(
+        Inputs(target, (_view(MOE_617_UNFUSED, "unfused", m),)), ["stale-gemm2-profile"]
+    )
+    assert g.severity == "error" and "were tuned unfused" in g.message
+    assert "vLLM 0.30.0 starts fused (see finalize-unsupported)" in g.message
+
+
 def test_fused_target_with_an_unrecorded_cache_is_fine() -> None:
     assert (
         _ids(Inputs(_target(finalize="fused"), (_view(MOE_617_FUSED),)), "stale-gemm2-profile")
