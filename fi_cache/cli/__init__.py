@@ -22,7 +22,11 @@ class Context:
     quiet: bool
 
 
-@click.group(context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 100})
+@click.group(
+    context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 100},
+    epilog="\b\nExamples:\n  fi-cache ls\n  fi-cache doctor\n"
+    "  fi-cache serve -- Qwen/Qwen3-30B-A3B --port 8000",
+)
 @click.option(
     "--store",
     type=click.Path(path_type=Path, readable=False),
@@ -37,7 +41,12 @@ class Context:
     show_default=True,
     help="json: one JSON document on stdout, text on stderr.",
 )
-@click.option("-q", "--quiet", is_flag=True, help="Only errors on stderr.")
+@click.option(
+    "-q",
+    "--quiet",
+    is_flag=True,
+    help="No progress, notes or warnings on stderr (errors still); results on stdout stay.",
+)
 @click.version_option(__version__, prog_name="fi-cache")
 @click.pass_context
 def cli(ctx: click.Context, store: Path | None, fmt: str, quiet: bool) -> None:

@@ -61,7 +61,13 @@ def _summary(bm: Any) -> dict[str, Any]:
     return {"namespaces": [n.path for n in bm.namespaces], "files": len(bm.files), "size": bm.size}
 
 
-@click.command("export")
+@click.command(
+    "export",
+    epilog=render.examples(
+        "fi-cache export here -o h200.tar.gz",
+        "fi-cache export -o whole-store.tar.gz",
+    ),
+)
 @click.argument("namespace", required=False)
 @click.option(
     "-o",
@@ -88,7 +94,13 @@ def export_command(namespace: str | None, output: Path) -> int:
     return 0
 
 
-@click.command("import")
+@click.command(
+    "import",
+    epilog=render.examples(
+        "fi-cache import h200.tar.gz",
+        "fi-cache --format json import h200.tar.gz",
+    ),
+)
 @click.argument("bundle_path", metavar="BUNDLE", type=click.Path(path_type=Path, readable=False))
 @click.option("--force", is_flag=True, help="Import a bundle made for another environment.")
 def import_command(bundle_path: Path, force: bool) -> int:

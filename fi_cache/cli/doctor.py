@@ -29,7 +29,15 @@ class _SplitAtDoubleDash(click.Command):
         return super().parse_args(ctx, args)
 
 
-@click.command("doctor", cls=_SplitAtDoubleDash)
+@click.command(
+    "doctor",
+    cls=_SplitAtDoubleDash,
+    epilog=render.examples(
+        "fi-cache doctor",
+        "fi-cache doctor --log vllm.log",
+        "fi-cache doctor --flashinfer-version 0.6.17 --finalize unfused --fix --dry-run",
+    ),
+)
 @click.argument("paths", nargs=-1, type=click.Path(path_type=Path, readable=False))
 @click.option(
     "--log",

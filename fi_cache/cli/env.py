@@ -14,7 +14,13 @@ def _ctx() -> Any:
     return click.get_current_context().obj
 
 
-@click.command("env")
+@click.command(
+    "env",
+    epilog=render.examples(
+        "fi-cache env",
+        "fi-cache --format json env --refresh",
+    ),
+)
 @click.option(
     "--exact/--no-exact",
     default=None,

@@ -75,7 +75,14 @@ def _problem_json(p: ScanProblem) -> dict[str, str]:
     return {"path": str(p.path), "check": p.check, "message": p.message}
 
 
-@click.command("ls")
+@click.command(
+    "ls",
+    epilog=render.examples(
+        "fi-cache ls",
+        "fi-cache ls -l ~/.cache/vllm/flashinfer_autotune_cache",
+        "fi-cache ls --paths --no-store /shared/caches",
+    ),
+)
 @_PATHS
 @click.option(
     "--no-store",
@@ -102,8 +109,8 @@ def ls_command(paths: tuple[Path, ...], no_store: bool, long_: bool, paths_only:
         if not ctx.quiet and not inv.problems and not inv.empty:
             render.warn(f"no caches in the store ({ctx.store}); pass paths to look elsewhere")
         return code
-    # Default columns fit 80 characters; -l adds size, time and ops. Store caches come first,
-    # one group per namespace, their paths relative to it.
+    # Columns before PATH fit 80 characters; -l adds size, time and ops. PATH is whole (never cut
+    # to the terminal: it is what gets pasted). Store caches come first, one group per namespace.
     headers = ["FLASHINFER", "ARCH", "GPU", "ENTRIES", "FINALIZE"]
     headers += ["SIZE", "MODIFIED", "PATH"] if long_ else ["PATH"]
     groups: dict[str | None, list[list[str]]] = {}
@@ -117,15 +124,13 @@ def ls_command(paths: tuple[Path, ...], no_store: bool, long_: bool, paths_only:
         ]
         if long_:
             row += [render.human_size(r["size"]), r["modified"][:16].replace("T", " ")]
-        path = Path(r["path"])
-        shown = path.relative_to(r["namespace"]) if r["namespace"] else path
-        groups.setdefault(r["namespace"], []).append([*row, render.display_path(shown)])
+        groups.setdefault(r["namespace"], []).append([*row, render.display_path(r["path"])])
     right = (3, 5) if long_ else (3,)
     for i, (ns_dir, table_rows) in enumerate(groups.items()):
         if ns_dir is not None or len(groups) > 1:
             title = f"namespace {render.display_path(Path(ns_dir))}" if ns_dir else "other caches"
             click.echo(("\n" if i else "") + title)
-        click.echo(render.table(headers, table_rows, right=right, width=render.terminal_width()))
+        click.echo(render.table(headers, table_rows, right=right))
     if long_:
         click.echo()
         for r in rows:

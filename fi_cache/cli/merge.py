@@ -95,7 +95,13 @@ def _summary(report: MergeReport, prefer: str) -> str:
     )
 
 
-@click.command("merge")
+@click.command(
+    "merge",
+    epilog=render.examples(
+        "fi-cache merge autotune_configs_dp0_rank*.json -o autotune_configs.json",
+        "fi-cache merge old.json new.json -o merged.json --prefer last",
+    ),
+)
 @click.argument(
     "sources",
     metavar="SRC...",

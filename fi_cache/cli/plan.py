@@ -30,7 +30,14 @@ def _tokens(text: str) -> tuple[int, ...]:
     return values
 
 
-@click.command("plan")
+@click.command(
+    "plan",
+    epilog=render.examples(
+        "fi-cache plan --from-hf-config ~/models/Qwen3-30B-A3B -o plan.toml",
+        "fi-cache plan --check plan.toml",
+        "fi-cache plan --from-hf-config config.json --finalize unfused --tp-size 2 -o plan.toml",
+    ),
+)
 @click.option(
     "--from-hf-config",
     "hf_config",
@@ -106,41 +113,45 @@ def plan_command(
             "tokens: the token counts each op runs at; FlashInfer tunes every bucket up to them.",
         ],
     )
-    if tp_size * ep_size > 1 and not ctx.quiet:
+    if tp_size * ep_size > 1:
         from fi_cache.versions import MOE_KEY_HAS_RANKS
 
         render.warn(
             f"{len(plan.ops)} ops, one per rank: FlashInfer {MOE_KEY_HAS_RANKS.describe()} puts "
             "tp_rank and ep_rank in MoE keys"
         )
-    if output is None:
-        click.echo(text, nl=False)
-        return 0
-    from fi_cache.store import files
+    if output is not None:
+        from fi_cache.store import files
 
-    if output.is_dir():
-        raise Refused("is a directory; name the plan file to write", output)
-    if not output.parent.is_dir():
-        raise Refused("no such directory", output.parent)
-    files.atomic_write(output, text.encode(), lock=False)
-    if not ctx.quiet:
+        if output.is_dir():
+            raise Refused("is a directory; name the plan file to write", output)
+        if not output.parent.is_dir():
+            raise Refused("no such directory", output.parent)
+        files.atomic_write(output, text.encode(), lock=False)
         render.warn(f"wrote {output} ({len(plan.ops)} op{'s' if len(plan.ops) > 1 else ''})")
+    if ctx.json:  # one document: the plan's TOML is a field of it, not the output
+        render.emit_json({"output": str(output) if output else None, "toml": text, **_doc(plan)})
+    elif output is None:
+        click.echo(text, nl=False)
     return 0
 
 
-def _show_plan(plan: Any, as_json: bool) -> None:
+def _doc(plan: Any) -> dict[str, Any]:
+    """What a plan runs: its modes, the calls each namespace gets, its ops."""
     from fi_cache.engines.flashinfer.plan import op_to_json
 
-    calls = {m: sum(o.n_calls for o in plan.for_mode(m)) for m in plan.modes}
+    return {
+        "modes": list(plan.modes),
+        "calls": {m: sum(o.n_calls for o in plan.for_mode(m)) for m in plan.modes},
+        "ops": [op_to_json(o) for o in plan.ops],
+    }
+
+
+def _show_plan(plan: Any, as_json: bool) -> None:
+    doc = _doc(plan)
+    calls = doc["calls"]
     if as_json:
-        render.emit_json(
-            {
-                "plan": plan.source,
-                "modes": list(plan.modes),
-                "calls": calls,
-                "ops": [op_to_json(o) for o in plan.ops],
-            }
-        )
+        render.emit_json({"plan": plan.source, **doc})
         return
     for op in plan.ops:
         extra = f" finalize={','.join(op.finalize)}" if hasattr(op, "finalize") else ""

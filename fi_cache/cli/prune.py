@@ -21,7 +21,14 @@ def _interactive() -> bool:
     return sys.stdin.isatty()
 
 
-@click.command("prune")
+@click.command(
+    "prune",
+    epilog=render.examples(
+        "fi-cache prune --older-than 30d --dry-run",
+        "fi-cache prune --max-size 20GB --yes",
+        "fi-cache prune --foreign",
+    ),
+)
 @click.option(
     "--older-than",
     metavar="AGE",
@@ -202,7 +209,7 @@ def _render_locked(plan: Plan, store: Path) -> None:
 
 def _render_outcome(outcome: Outcome, store: Path, quiet: bool) -> None:
     for path, message in outcome.failed:
-        render.warn(f"could not remove {render.display_path(path)}: {message}")
+        render.error(f"could not remove {render.display_path(path)}: {message}")
     if not quiet:
         for s in outcome.skipped:
             render.warn(f"skipped {s.ns.relpath(store)}: {s.why}")

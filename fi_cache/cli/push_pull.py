@@ -63,7 +63,13 @@ def _summary(moved: Any) -> dict[str, Any]:
     }
 
 
-@click.command("push")
+@click.command(
+    "push",
+    epilog=render.examples(
+        "fi-cache push s3://my-bucket/fi-cache",
+        "fi-cache push file:///shared/fi-cache --namespace unfused",
+    ),
+)
 @click.argument("url")
 @click.option(
     "--namespace",
@@ -101,7 +107,13 @@ def push_command(url: str, which: str, allow_unknown: bool) -> int:
     return 0
 
 
-@click.command("pull")
+@click.command(
+    "pull",
+    epilog=render.examples(
+        "fi-cache pull s3://my-bucket/fi-cache",
+        "fi-cache --format json pull gs://my-bucket/fi-cache",
+    ),
+)
 @click.argument("url")
 @click.option("--force", is_flag=True, help="Import a bundle made for another environment.")
 @click.option(

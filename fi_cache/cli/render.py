@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 import os
-import re
+import shlex
 import shutil
 import sys
 import time
@@ -19,7 +19,10 @@ from fi_cache.errors import EXIT_REFUSED
 if TYPE_CHECKING:
     from fi_cache.caches.inventory import Inventory
 
-_HASH = re.compile(r"\b([0-9a-f]{8})[0-9a-f]{56}\b")
+
+def examples(*lines: str) -> str:
+    """A command's --help epilog: real command lines, kept as written (click's \\b)."""
+    return "\b\nExamples:\n" + "\n".join(f"  {line}" for line in lines)
 
 
 def human_size(n: int) -> str:
@@ -43,8 +46,9 @@ def short_gpu(name: str | None) -> str:
     return "-" if not name else name.removeprefix("NVIDIA ").split(" ")[0]
 
 
-def display_path(path: Path) -> str:
-    """Relative to the working dir when under it, `~` for home, vLLM hashes cut to 8 chars."""
+def display_path(path: Path | str) -> str:
+    """A path as the user pastes it into another command: whole (never cut), relative to the
+    working dir when under it, `~` for home, shell-quoted when a shell would split it."""
     text = str(path)
     try:
         rel = os.path.relpath(path)
@@ -52,10 +56,12 @@ def display_path(path: Path) -> str:
             text = rel
     except ValueError:
         pass
+    if shlex.quote(text) != text:
+        return shlex.quote(text)  # no `~` inside quotes: the shell would not expand it
     home = str(Path.home())
     if text.startswith(home + os.sep):
         text = "~" + text[len(home) :]
-    return _HASH.sub(r"\1…", text)
+    return text
 
 
 def terminal_width() -> int | None:
@@ -69,7 +75,8 @@ def table(
     right: Sequence[int] = (),
     width: int | None = None,
 ) -> str:
-    """Aligned columns; the last column is cut from the left to fit `width`."""
+    """Aligned columns; the last column is cut from the left to fit `width` (pass no width when
+    it holds something to paste, such as a path)."""
     if not rows:
         return ""
     cols = list(zip(headers, *rows, strict=True))

@@ -34,7 +34,15 @@ def _ctx() -> Any:
     return click.get_current_context().obj
 
 
-@click.command("serve", cls=VllmCommand)
+@click.command(
+    "serve",
+    cls=VllmCommand,
+    epilog=render.examples(
+        "fi-cache serve Qwen/Qwen3-30B-A3B --port 8000",
+        "fi-cache serve --deterministic Qwen/Qwen3-30B-A3B -tp 2",
+        "fi-cache serve --no-seed -- --model Qwen/Qwen3-8B --max-model-len 8192",
+    ),
+)
 @click.option(
     "--deterministic",
     is_flag=True,
@@ -106,7 +114,8 @@ def serve_command(
     )
     errors = [f for f in findings if f.severity == "error"]
     for f in findings:
-        render.warn(f"{f.severity} {f.check}: {f.path}: {f.message}\n    fix: {f.fix}")
+        say = render.error if f.severity == "error" else render.warn  # -q keeps the errors
+        say(f"{f.severity} {f.check}: {f.path}: {f.message}\n    fix: {f.fix}")
     if errors and not force:
         raise FiCacheError(f"pre-flight found {len(errors)} error(s); fix them or pass --force")
     if not _writable(ns_dir if ns_dir.is_dir() else ctx.store):
@@ -116,9 +125,10 @@ def serve_command(
             raise Refused(f"{problem} (or pass --force)", str(ns_dir))
         if problem:
             render.warn(f"{problem} (going on: --force)")
+    warmed = None
     if not engine.is_warm(ns_dir, m, args, finalize):
         if do_warm:
-            run_vllm_warm(ns, env, vllm_args, vllm_path, timeout, None, seed=seed)
+            warmed = run_vllm_warm(ns, env, vllm_args, vllm_path, timeout, None, seed=seed)
             signal.signal(signal.SIGTERM, signal.SIG_DFL)
         elif not ctx.quiet:
             render.warn("namespace is cold: vLLM tunes at start-up and saves into it")
@@ -129,14 +139,43 @@ def serve_command(
         dict(os.environ), engine.cache_dir(ns_dir), finalize, args.uses_ray,
         env.vllm.supports_finalize_env,
     )  # fmt: skip
+    cmd = launcher.command(vllm_args)
+    if ctx.json:
+        # One document on stdout, before vLLM takes over: its log then goes to stderr (fd 1 is
+        # pointed at fd 2), so `serve --format json | jq` reads only what fi-cache said.
+        render.emit_json(_serve_doc(ns_dir, engine.cache_dir(ns_dir), finalize, warmed, cmd))
+        sys.stdout.flush()
+        os.dup2(2, 1)
     sys.stdout.flush()
     sys.stderr.flush()
     # exec: vLLM takes over this process, so signals reach it directly and its exit code is ours.
     try:
-        cmd = launcher.command(vllm_args)
         os.execve(cmd[0], cmd, launch_env)
     except OSError as exc:
         raise Refused(f"cannot run vLLM: {exc.strerror}", launcher.executable) from None
+
+
+def _serve_doc(
+    ns_dir: Path, cache_dir: Path, finalize: str, warmed: Any, cmd: list[str]
+) -> dict[str, Any]:
+    """What `serve --format json` prints before it runs vLLM."""
+    warm = None
+    if warmed is not None:
+        warm = {
+            "reused": warmed.reused,
+            "seconds": warmed.record.seconds,
+            "files": [
+                {"path": str(warmed.namespace_dir / f.path), "entries": f.entries, "size": f.size}
+                for f in warmed.files
+            ],
+        }
+    return {
+        "namespace": str(ns_dir),
+        "finalize": finalize,
+        "cache_dir": str(cache_dir),
+        "warm": warm,  # null: the namespace was warm already (or --no-warm)
+        "command": cmd,
+    }
 
 
 def _writable(path: Path) -> bool:

@@ -60,7 +60,14 @@ def _load_one(path: Path) -> Cache:
     return inv.caches[0]
 
 
-@click.command("show")
+@click.command(
+    "show",
+    epilog=render.examples(
+        "fi-cache show autotune_configs.json",
+        "fi-cache show autotune_configs.json --op fused_moe",
+        "fi-cache --format json show autotune_configs.json",
+    ),
+)
 @click.argument("path", type=click.Path(path_type=Path, readable=False))
 @click.option("--op", "op_filter", default=None, help="Only entries of this op (substring).")
 def show_command(path: Path, op_filter: str | None) -> int:
@@ -69,7 +76,11 @@ def show_command(path: Path, op_filter: str | None) -> int:
     cache = _load_one(path)
     entries = [_entry_json(raw, key, value) for raw, key, value in v1.iter_entries(cache.file)]
     if op_filter:
-        entries = [e for e in entries if e["op"] and op_filter in e["op"]]
+        matched = [e for e in entries if e["op"] and op_filter in e["op"]]
+        if entries and not matched:
+            ops = ", ".join(cache.file.ops()) or "none"
+            raise Refused(f"no op matches --op {op_filter!r}; its ops: {ops}", cache.path)
+        entries = matched
     if ctx.json:
         render.emit_json(
             {

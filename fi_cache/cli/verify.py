@@ -19,7 +19,14 @@ def _ctx() -> Any:
     return click.get_current_context().obj
 
 
-@click.command("verify")
+@click.command(
+    "verify",
+    epilog=render.examples(
+        "fi-cache verify",
+        "fi-cache verify ~/.cache/vllm/flashinfer_autotune_cache",
+        "fi-cache --format json verify autotune_configs.json",
+    ),
+)
 @click.argument("paths", nargs=-1, type=click.Path(path_type=Path, readable=False))
 def verify_command(paths: tuple[Path, ...]) -> int:
     """Check integrity: valid JSON, every key parses, `_generation` matches, value shapes.

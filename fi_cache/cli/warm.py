@@ -237,7 +237,15 @@ SEED_OPT = click.option(
 )
 
 
-@click.command("warm", cls=VllmCommand)
+@click.command(
+    "warm",
+    cls=VllmCommand,
+    epilog=render.examples(
+        "fi-cache warm Qwen/Qwen3-30B-A3B -tp 2",
+        "fi-cache warm --finalize unfused Qwen/Qwen3-30B-A3B",
+        "fi-cache warm --engine flashinfer --plan plan.toml",
+    ),
+)
 @click.option(
     "--engine",
     type=click.Choice(ENGINE_NAMES),

@@ -512,3 +512,9 @@ def test_fix_texts_promise_only_what_fix_does(run, tmp_path: Path) -> None:  # t
         f"name it as a PATH too, `fi-cache doctor --log {log} {elsewhere} --fix`"
         in by_path[str(elsewhere)]["fix"]
     )
+
+
+def test_human_output_prints_whole_paths(run, vllm_root: Path) -> None:  # type: ignore[no-untyped-def]
+    out = run("doctor", vllm_root, *MAY_RUN_UNFUSED, "--finalize", "unfused").out
+    path = vllm_root / "0.6.17" / "90a" / HASH_A / "autotune_configs.json"
+    assert f"error   stale-gemm2-profile  {path}: " in out and "…" not in out

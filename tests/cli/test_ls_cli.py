@@ -48,17 +48,31 @@ def test_ls_json_follows_the_contract(run, vllm_root: Path) -> None:  # type: ig
     assert caches["autotune_configs_dp0_rank1.json0.6.18"]["finalize"] is None
 
 
-def test_ls_human_table_fits_80_columns(run, vllm_root: Path, monkeypatch) -> None:  # type: ignore[no-untyped-def]
+def test_ls_human_table_prints_whole_paths_that_paste(run, vllm_root: Path, monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    """The columns before PATH fit 80 characters; PATH is never cut, on a terminal or not: it is
+    what the user pastes into `fi-cache show`."""
     monkeypatch.chdir(vllm_root)
     monkeypatch.setattr("fi_cache.cli.render.terminal_width", lambda: 80)  # an 80-column tty
     r = run("ls", ".")
     assert r.code == 0
     lines = r.out.splitlines()
     assert lines[0].split() == ["FLASHINFER", "ARCH", "GPU", "ENTRIES", "FINALIZE", "PATH"]
-    assert all(len(line) <= 80 for line in lines), lines
-    assert any("unknown" in line and "aaaaaaaa…/autotune_configs.json" in line for line in lines)
+    assert all(len(line) <= 80 for line in lines if not line.startswith("0.6"))
+    [row] = [line for line in lines if "unknown" in line]
+    path = row.split()[-1]
+    assert path == f"0.6.17/90a/{HASH_A}/autotune_configs.json" and "…" not in r.out
+    assert run("show", path).code == 0
     long_lines = run("ls", "-l", ".").out.splitlines()
     assert "SIZE" in long_lines[0] and any("trtllm::fused_moe::gemm2" in x for x in long_lines)
+
+
+def test_store_caches_are_listed_with_their_whole_path(run, store: Path) -> None:  # type: ignore[no-untyped-def]
+    ns = store / "namespaces" / "0.6.17" / "90a" / "nvidia-h200" / "fused-0123456789ab"
+    target = ns / "vllm" / HASH_A / "autotune_configs.json"
+    target.parent.mkdir(parents=True)
+    shutil.copy(MOE_617_FUSED, target)
+    out = run("ls").out
+    assert f"namespace {ns}" in out and str(target) in out
 
 
 def test_ls_lists_the_store_too(run, store: Path) -> None:  # type: ignore[no-untyped-def]

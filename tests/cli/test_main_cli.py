@@ -107,3 +107,89 @@ def test_a_bad_setting_is_one_line_naming_it_not_ignored(
     code = cli_main_exit(["--store", str(tmp_path), *args])
     err = capsys.readouterr().err
     assert code == 2 and err.startswith(f"fi-cache: {name}={value!r}: ") and err.count("\n") == 1
+
+
+_HF = _ROOT / "tests" / "fixtures" / "hf" / "qwen3-30b-a3b.json"
+
+
+@pytest.mark.parametrize(
+    "command",
+    [
+        ["env", "--no-exact"],
+        ["ls", str(GEMM_618)],
+        ["show", str(GEMM_618)],
+        ["verify", str(GEMM_618)],
+        ["doctor", str(GEMM_618)],
+        ["doctor", "--list-checks"],
+        ["plan", "--from-hf-config", str(_HF)],
+        ["plan", "--from-hf-config", str(_HF), "--tp-size", "2", "-o", "{tmp}/plan.toml"],
+        ["plan", "--check", str(_ROOT / "examples" / "plans" / "h200-gemm.toml")],
+        ["merge", str(GEMM_618), "-o", "{tmp}/merged.json"],
+        ["prune", "--dry-run"],
+    ],
+)
+def test_format_json_prints_exactly_one_document(
+    command: list[str], tmp_path: Path, capsys
+) -> None:  # type: ignore[no-untyped-def]
+    args = [a.replace("{tmp}", str(tmp_path)) for a in command]
+    cli_main_exit(["--store", str(tmp_path / "s"), "--format", "json", *args])
+    out = capsys.readouterr().out
+    doc = json.loads(out)  # raises on TOML, on two documents, on a human line
+    assert isinstance(doc, dict)
+    if command[:2] == ["plan", "--from-hf-config"]:
+        assert doc["toml"].startswith("#") and doc["ops"] and doc["calls"]
+
+
+def test_quiet_silences_notes_and_keeps_errors(tmp_path: Path, monkeypatch, capsys) -> None:  # type: ignore[no-untyped-def]
+    """-q: "No progress, notes or warnings on stderr; errors and results still show"."""
+    from fi_cache import environment
+    from fi_cache.environment import Environment, VllmInfo
+    from fi_cache.model.fingerprint import Fingerprint
+
+    env = Environment(
+        Fingerprint(flashinfer_version="0.7.2.post1"), (), VllmInfo(None, None, None), None,
+        notes=("FlashInfer is not installed: fields from package metadata",),
+    )  # fmt: skip
+    monkeypatch.setattr(environment, "detect", lambda *a, **k: env)
+    store = ["--store", str(tmp_path / "s")]
+    cli_main_exit([*store, "env", "--no-exact"])
+    assert "FlashInfer is not installed" in capsys.readouterr().err
+    cli_main_exit([*store, "-q", "env", "--no-exact"])
+    quiet = capsys.readouterr()
+    assert quiet.err == "" and "store" in quiet.out  # the result stays
+    bad = tmp_path / "bad.json"
+    bad.write_text("{")
+    assert cli_main_exit([*store, "-q", "verify", str(bad)]) == 1
+    assert "truncated" in capsys.readouterr().err  # a problem found is an error: shown
+
+
+def _parses(example: str) -> None:
+    """An example line is a real command line: every option and argument it uses exists."""
+    import shlex
+
+    from fi_cache.cli import cli
+
+    words = shlex.split(example)
+    assert words[0] == "fi-cache", example
+    words = words[1:]
+    while words[0].startswith("-"):  # global options
+        words = words[2:] if words[0] in ("--format", "--store") else words[1:]
+    command = cli.commands[words[0]]
+    command.make_context(words[0], words[1:])  # raises click.UsageError on a wrong example
+
+
+def test_every_command_help_ends_with_two_or_three_real_examples() -> None:
+    import click
+
+    from fi_cache.cli import cli
+
+    for name, command in sorted(cli.commands.items()):
+        with click.Context(cli, info_name="fi-cache") as parent:
+            text = command.get_help(click.Context(command, info_name=name, parent=parent))
+        lines = text.rstrip().splitlines()
+        at = max(i for i, line in enumerate(lines) if line.strip() == "Examples:")
+        examples = [line.strip() for line in lines[at + 1 :]]
+        assert 2 <= len(examples) <= 3, (name, examples)
+        for example in examples:
+            assert example.split()[:1] == ["fi-cache"] and name in example.split(), example
+            _parses(example)

@@ -58,3 +58,12 @@ def test_deep_nesting_is_a_corrupt_file_named_with_exit_1(run, tmp_path) -> None
     assert r.code == 1 and r.err.count("\n") == 1, r.err
     assert str(bad) in r.err and "nested deeper than" in r.err
     assert run("verify", bad).code == 1
+
+
+def test_an_op_filter_that_matches_nothing_lists_the_ops(run) -> None:  # type: ignore[no-untyped-def]
+    r = run("show", GEMM_618, "--op", "moe")
+    assert r.code == 2
+    assert r.err.strip() == (
+        f"fi-cache: {GEMM_618}: no op matches --op 'moe'; its ops: bf16_gemm, fp8_gemm"
+    )
+    assert run("show", GEMM_618, "--op", "fp8").code == 0

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import GEMM_617, GEMM_618, MOE_618_FUSED, cli_main_exit
+from tests.conftest import GEMM_617, GEMM_618, HASH_A, MOE_618_FUSED, cli_main_exit
 from tests.maintenance.test_prune import killed_import, make_namespace
 
 
@@ -153,3 +153,10 @@ def test_verify_of_the_store_skips_a_killed_imports_staging_dir(run, store: Path
     r = run("verify", store)
     assert r.code == 0 and ".import-" not in r.out + r.err, r.out + r.err
     assert str(ns) in r.out and "1 ok" in r.err + r.out
+
+
+def test_human_output_prints_whole_paths(run, vllm_root: Path) -> None:  # type: ignore[no-untyped-def]
+    """A path the user pastes into `show` or `doctor` is never cut (vLLM's 64-hex hash dirs)."""
+    out = run("verify", vllm_root).out
+    assert f"ok    {vllm_root}/0.6.17/90a/{HASH_A}/autotune_configs.json (32 entries)" in out
+    assert "…" not in out

@@ -123,6 +123,8 @@ def test_finalize_modes_never_share_a_directory(rig: Rig) -> None:
     dirs = [s["env"]["VLLM_FLASHINFER_AUTOTUNE_CACHE_DIR"] for s in rig.starts()]
     assert len(set(dirs)) == 2
     assert [s["env"]["VLLM_FLASHINFER_MOE_FUSED_FINALIZE"] for s in rig.starts()] == ["1", "0"]
+    quiet = rig.run("-q", "warm", "--finalize", "unfused", "--", MODEL)
+    assert quiet.returncode == 0 and quiet.stderr == ""  # -q: no notes, no warnings
 
 
 def test_eight_concurrent_warms_start_vllm_once(rig: Rig) -> None:
@@ -609,3 +611,17 @@ def test_a_lock_file_the_flock_strategy_left_does_not_stop_a_lockfile_warm(rig: 
     again = rig.run("warm", "--lock-timeout", "2", "--", "other/model", FI_CACHE_LOCK="lockfile")
     assert again.returncode == 0, again.stderr
     assert "waiting for" not in again.stderr and len(rig.starts()) == 2
+
+
+def test_serve_format_json_prints_one_document_and_vllms_log_on_stderr(rig: Rig) -> None:
+    """--format json: one JSON document on stdout, then vLLM runs with its stdout on stderr, so
+    `fi-cache --format json serve ... | jq` parses (the warm phase captures vLLM's output)."""
+    warm = rig.run("--format", "json", "warm", "--", MODEL)
+    assert warm.returncode == 0, warm.stderr
+    p = rig.run("--format", "json", "serve", "--", MODEL, FAKE_VLLM_MODE="exit-now")
+    assert p.returncode == 0, p.stderr
+    doc = json.loads(p.stdout)  # the whole of stdout is one document
+    assert doc["namespace"] == json.loads(warm.stdout)["namespace"]
+    assert doc["finalize"] == "fused" and doc["command"][-1] == MODEL and doc["warm"] is None
+    assert doc["cache_dir"] == str(Path(doc["namespace"]) / "vllm")
+    assert "fake vLLM exiting at once" in p.stderr  # vLLM's log went to stderr
