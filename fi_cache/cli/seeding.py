@@ -76,7 +76,9 @@ def _seed(
     if where.store == "v2":
         note("nothing to seed: vLLM keeps FlashInfer's v2 store here (no per-config file)")
         return {}
-    findings = preflight.check_namespace(ns, ns_dir, root, manifest, env.vllm.version)
+    findings = preflight.check_namespace(
+        ns, ns_dir, root, manifest, env.vllm.version, env.vllm.supports_finalize_env
+    )
     flagged = [Path(f.path) for f in findings if f.path and f.severity != "info"]
     seeds, notes = seed.plan(ns_dir, manifest, same_model, where.paths, flagged)
     for line in notes:

@@ -110,7 +110,7 @@ def serve_command(
         render.warn(f"{exc} (going on: --force)")
         m = None
     findings = preflight.check_namespace(
-        ns, ns_dir, engine.cache_dir(ns_dir), m, env.vllm.version
+        ns, ns_dir, engine.cache_dir(ns_dir), m, env.vllm.version, env.vllm.supports_finalize_env
     )
     errors = [f for f in findings if f.severity == "error"]
     for f in findings:

@@ -27,8 +27,10 @@ def check_namespace(
     cache_dir: Path,
     m: Manifest | None,
     vllm_version: str | None = None,
+    supports_finalize: bool | None = None,
 ) -> list[Finding]:
-    """Findings for the caches under `cache_dir` (the namespace's vLLM dir)."""
+    """Findings for the caches under `cache_dir` (the namespace's vLLM dir); `supports_finalize`:
+    does the vLLM that will start read VLLM_FLASHINFER_MOE_FUSED_FINALIZE (its envs.py says)."""
     if not cache_dir.is_dir():
         return []
     inv = scan([cache_dir], explicit=False)
@@ -36,5 +38,5 @@ def check_namespace(
         CacheView(c, ns_dir, ns.finalize, m, (*c.read_defects, *v1.defects(c.file)))
         for c in inv.caches
     )
-    target = Target(ns.fingerprint, vllm_version, None, ns.finalize)
+    target = Target(ns.fingerprint, vllm_version, supports_finalize, ns.finalize)
     return doctor.run(Inputs(target, views, tuple(inv.problems)), PREFLIGHT_CHECKS)
