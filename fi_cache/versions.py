@@ -431,3 +431,73 @@ VLLM_NEWEST_CHECKED = V("0.33.0")
 # core.py 0.7.2rc3:770-800, 0.7.2.post1:750-780: "ranks that tune together must share persisted
 # entries"); 0.7.2rc1/rc2 are not on PyPI. Each rank of a sharded model needs its own entries there.
 MOE_KEY_HAS_RANKS = VersionRange(V("0.6.18rc2"), V("0.7.2rc3"), "fused_moe/core.py extras")
+
+
+# --- SGLang -------------------------------------------------------------------------------------
+# Read in the sglang 0.5.9-0.5.23 wheels (docs/research/sglang-releases.md has the long form).
+# FA = sglang/srt/model_executor/runner/flashinfer_autotune.py; env = sglang/srt/environ.py.
+
+SGLANG_CACHE_DIR_ENV = "SGLANG_CACHE_DIR"
+# env 0.5.12:655, 0.5.18:991, 0.5.23:1383: EnvStr(os.path.expanduser("~/.cache/sglang")); the set
+# value is used as given (no expanduser: FA 0.5.23:190 `Path(envs.SGLANG_CACHE_DIR.get())`).
+SGLANG_CACHE_DIR_DEFAULT = "~/.cache/sglang"
+# `$SGLANG_CACHE_DIR/flashinfer/autotune/<flashinfer.__version__>/sm<maj><min>/<sha256(key)[:16]>/
+# rank_tp{tp}_pp{pp}_dp{dp}.json` (0.5.12 model_runner.py:2561-2595; 0.5.14 runner/
+# base_runner.py:372-400; FA 0.5.18:131-170, 0.5.23:164-215). 0.5.11 keeps nothing on disk.
+SGLANG_AUTOTUNE_SUBDIR = ("flashinfer", "autotune")
+SGLANG_PERSISTENT_CACHE = V("0.5.12")
+SGLANG_ARCH_DIR = re.compile(r"^sm(\d+)$")  # f"sm{major}{minor}" of this rank's own GPU
+SGLANG_KEY_DIR = re.compile(r"^[0-9a-f]{16}$")  # hashlib.sha256(key).hexdigest()[:16]
+# 0.5.22+: `_gpu{torch uuid}` appended for --moe-runner-backend flashinfer_megamoe (FA 0.5.22
+# :176-189, 0.5.23:201-214; "Engines sharing physical GPUs must use separate SGLANG_CACHE_DIRs").
+SGLANG_RANK_FILE = re.compile(r"^rank_tp(\d+)_pp(\d+)_dp(\d+)(?:_gpu([0-9A-Za-z-]+))?\.json$")
+SGLANG_GPU_SUFFIX = V("0.5.22")
+# SGLANG_FLASHINFER_AUTOTUNE_CACHE=0 (env 0.5.13:856, EnvBool(True)): one fresh file per rank and
+# context entry in `<hash dir>/runs/`, never read back nor pruned: `{stem}.{%Y%m%d_%H%M%S}.json`
+# (FA 0.5.18:181-190), `{stem}.{stamp}.{uuid4 hex}.json` from 0.5.22 (FA 0.5.22:280-284).
+SGLANG_AUTOTUNE_CACHE_ENV = "SGLANG_FLASHINFER_AUTOTUNE_CACHE"
+SGLANG_RUNS_DIR = "runs"
+SGLANG_RUNS_FROM = V("0.5.13")
+SGLANG_RUN_FILE = re.compile(
+    r"^rank_tp(\d+)_pp(\d+)_dp(\d+)(?:_gpu([0-9A-Za-z-]+))?\.(\d{8}_\d{6})(?:\.[0-9a-f]{32})?\.json$"
+)
+# The key hashes model path, dtype, quantization, MoE backend, TP/PP/DP/EP sizes and the HF config
+# class (+ skip_ops= from 0.5.17, candidate_selection= from 0.5.23, draft_quant= for drafts):
+# FA 0.5.23:172-189. Never the finalize mode: no FA of any release names FUSED_FINALIZE.
+SGLANG_KEY_HAS_FINALIZE = False
+
+# SGLANG_FLASHINFER_MOE_FUSED_FINALIZE, read per call and passed to FlashInfer as
+# use_fused_finalize= (layers/moe/moe_runner/flashinfer_cutlass.py 0.5.18:239, flashinfer_cutedsl.py
+# 0.5.18:359). Absent up to 0.5.17. Default on: env 0.5.18:900, 0.5.19:974, 0.5.20:1041; off:
+# 0.5.21:1082, 0.5.22:1120, 0.5.23:1251.
+SGLANG_FINALIZE_ENV = "SGLANG_FLASHINFER_MOE_FUSED_FINALIZE"
+SGLANG_FINALIZE_FROM = V("0.5.18")
+SGLANG_FINALIZE_DEFAULT_OFF = V("0.5.21")
+# --enable-deterministic-inference sets the variable to "0" (server_args.py 0.5.18:8076-8077;
+# arg_groups/serving_hook.py 0.5.19:404-405 ... 0.5.23:447-448) and, from 0.5.18, skips autotune
+# (`should_run_flashinfer_autotune`: FA 0.5.18:59-62 ... 0.5.23:91). 0.5.12-0.5.17 still tune.
+SGLANG_DETERMINISTIC_FLAG = "--enable-deterministic-inference"
+SGLANG_DETERMINISTIC_SKIPS_TUNE = V("0.5.18")
+SGLANG_DISABLE_AUTOTUNE_FLAG = "--disable-flashinfer-autotune"
+# From 0.5.19, with TP > 1 and the cache on, each TP rank hashes its parsed file plus the current
+# `_collect_metadata()` and on any disagreement every rank unlinks its file (FA 0.5.19:209-246,
+# :257-260; 0.5.23:249-286). Under expert parallelism per-rank shapes never agree, so the cache
+# is discarded every boot: sglang issue #40320 (open; PR #40420 unreleased as of 0.5.23).
+SGLANG_RANK_DIGEST = VersionRange(V("0.5.19"), None, "FA 0.5.19:209-246, sglang #40320")
+# FlashInfer each release pins (wheel METADATA Requires-Dist flashinfer_python==).
+SGLANG_FLASHINFER_PIN: dict[str, str] = {
+    "0.5.9": "0.6.3", "0.5.10.post1": "0.6.7.post3", "0.5.11": "0.6.8.post1",
+    "0.5.12": "0.6.11.post1", "0.5.13": "0.6.12", "0.5.14": "0.6.12", "0.5.15.post1": "0.6.12",
+    "0.5.16": "0.6.14", "0.5.17": "0.6.15.post1", "0.5.18": "0.6.17", "0.5.19": "0.6.18",
+    "0.5.20": "0.6.18", "0.5.21": "0.6.18", "0.5.22": "0.7.1", "0.5.23": "0.7.2",
+}  # fmt: skip
+SGLANG_NEWEST_CHECKED = V("0.5.23")
+
+
+def sglang_finalize_default(version: str | None) -> str | None:
+    """The finalize mode SGLang `version` runs when the variable is unset: None where it does not
+    read the variable (before 0.5.18) or the version is unknown."""
+    v = parse_version(version)
+    if v is None or v < SGLANG_FINALIZE_FROM:
+        return None
+    return "unfused" if v >= SGLANG_FINALIZE_DEFAULT_OFF else "fused"

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -11,10 +12,12 @@ from pathlib import Path
 import pytest
 
 from fi_cache.versions import (
+    SGLANG_FLASHINFER_PIN,
     Version,
     flashinfer_keys_carry_finalize,
     flashinfer_writes_generation,
     parse_version,
+    sglang_finalize_default,
     vllm_arch,
 )
 from tests.conftest import flashinfer_dir
@@ -130,3 +133,29 @@ def test_vllm_arch_agrees_with_flashinfers_own_code(tmp_path: Path) -> None:
     theirs = json.loads(out.stdout.strip().splitlines()[-1])
     ours = [vllm_arch([], cuda, arch_list) for arch_list, cuda in cases]
     assert ours == theirs
+
+
+# The unpacked SGLang wheels (docs/research/sglang-releases.md); without them these tests skip.
+SGLANG_WHEELS = Path(os.environ.get("FI_CACHE_SGLANG_WHEELS", "/work/research/sglang"))
+
+
+@pytest.mark.parametrize(
+    "version, mode",
+    [("0.5.17", None), ("0.5.18", "fused"), ("0.5.20", "fused"), ("0.5.21", "unfused"),
+     ("0.5.23", "unfused"), ("unknown", None)],
+)  # fmt: skip
+def test_sglang_finalize_default_by_release(version: str, mode: str | None) -> None:
+    assert sglang_finalize_default(version) == mode
+
+
+def test_sglang_finalize_default_matches_the_wheels() -> None:
+    """Every unpacked wheel's environ.py declares the default the table says (or none at all)."""
+    dirs = sorted(d for d in SGLANG_WHEELS.glob("0.5.*") if (d / "sglang/srt/environ.py").is_file())
+    if not dirs:
+        pytest.skip(f"no unpacked SGLang wheels under {SGLANG_WHEELS}")
+    for d in dirs:
+        text = (d / "sglang/srt/environ.py").read_text()
+        m = re.search(r"SGLANG_FLASHINFER_MOE_FUSED_FINALIZE = EnvBool\((True|False)\)", text)
+        said = None if m is None else ("fused" if m.group(1) == "True" else "unfused")
+        assert sglang_finalize_default(d.name) == said, d.name
+        assert d.name in SGLANG_FLASHINFER_PIN, d.name
