@@ -3,6 +3,9 @@
 - vLLM 0.25-0.33: `<root>/<fi-version>/<arch>/<64-hex>/autotune_configs.json`, 0.32+ per-rank
   `autotune_configs_dp{d}_rank{r}.json`; with `VLLM_FLASHINFER_AUTOTUNE_CACHE_DIR=D` the version
   and arch levels are gone: `D/<64-hex>/autotune_configs*.json`.
+- SGLang 0.5.12+: `$SGLANG_CACHE_DIR/flashinfer/autotune/<fi-version>/sm<NN>/<16-hex>/
+  rank_tp{t}_pp{p}_dp{d}[_gpu<uuid>].json`, and with `SGLANG_FLASHINFER_AUTOTUNE_CACHE=0`
+  write-only `<16-hex>/runs/rank_…<stamp>[.<uuid4>].json` (versions.py, SGLang section).
 - FlashInfer v2 store: `<root>/v2/<env_hash16>/{manifest.json, entries/}`.
 - Plain v1 files anywhere (`autotune(cache="my.json")`), recognised by their first bytes.
 Walking never follows directory symlinks and never stops at an unreadable directory.
@@ -20,9 +23,18 @@ from typing import Literal
 
 from fi_cache.errors import Refused, refuse_special
 from fi_cache.model import v2
-from fi_cache.versions import FLASHINFER_AUTOTUNE_ROOT_ENV, VLLM_CACHE_FILE, VLLM_RANK_FILE
+from fi_cache.versions import (
+    FLASHINFER_AUTOTUNE_ROOT_ENV,
+    SGLANG_ARCH_DIR,
+    SGLANG_KEY_DIR,
+    SGLANG_RANK_FILE,
+    SGLANG_RUN_FILE,
+    SGLANG_RUNS_DIR,
+    VLLM_CACHE_FILE,
+    VLLM_RANK_FILE,
+)
 
-Layout = Literal["vllm", "vllm-override", "file", "v2"]
+Layout = Literal["vllm", "vllm-override", "file", "v2", "sglang"]
 
 _HASH_DIR = re.compile(r"^[0-9a-f]{64}$")
 _ARCH_DIR = re.compile(r"^\d+a?(?:_\d+a?)*$")
@@ -46,9 +58,20 @@ class Found:
     path: Path  # the file (v1) or the env dir (v2)
     format: Literal["v1", "v2"]
     layout: Layout
-    arch: str | None = None  # vLLM's arch dir level
-    dir_version: str | None = None  # FlashInfer version from vLLM's dir level
-    rank: tuple[int, int] | None = None  # (dp, rank) of a per-rank file
+    arch: str | None = None  # the arch dir level: vLLM's ("90a"), SGLang's ("sm90")
+    dir_version: str | None = None  # FlashInfer version from the engine's dir level
+    # A per-rank file's rank: vLLM (dp, rank); SGLang (tp, pp, dp).
+    rank: tuple[int, ...] | None = None
+    key_dir: str | None = None  # SGLang: the 16-hex dir its deployment key hashes to
+    gpu_uuid: str | None = None  # SGLang 0.5.22+ flashinfer_megamoe: `_gpu<uuid>`
+    run: str | None = None  # SGLang runs/ file: its timestamp (write-only, never read back)
+
+    @property
+    def group(self) -> Path | None:
+        """SGLang: the hash dir whose rank files make one cache (one deployment)."""
+        if self.layout != "sglang" or self.key_dir is None:
+            return None
+        return self.path.parent.parent if self.run else self.path.parent
 
 
 @dataclass(frozen=True)
@@ -59,8 +82,31 @@ class ScanProblem:
     exit_code: int = 1  # 1: corrupt/problem found, 2: refused (unreadable, too large)
 
 
+def is_sglang_name(name: str) -> bool:
+    return bool(SGLANG_RANK_FILE.match(name) or SGLANG_RUN_FILE.match(name))
+
+
+def _classify_sglang(path: Path) -> Found | None:
+    """SGLang's levels, when the name and its 16-hex dir (and runs/) say SGLang wrote it."""
+    run = None
+    if m := SGLANG_RANK_FILE.match(path.name):
+        key = path.parent
+    elif (m := SGLANG_RUN_FILE.match(path.name)) and path.parent.name == SGLANG_RUNS_DIR:
+        key, run = path.parent.parent, m.group(5)
+    else:
+        return None
+    if not SGLANG_KEY_DIR.match(key.name):
+        return None
+    rank = (int(m.group(1)), int(m.group(2)), int(m.group(3)))
+    arch = key.parent.name if SGLANG_ARCH_DIR.match(key.parent.name) else None
+    version = key.parent.parent.name if arch else None
+    return Found(path, "v1", "sglang", arch, version, rank, key.name, m.group(4), run)
+
+
 def classify_file(path: Path) -> Found:
-    """What a v1 file's path says: vLLM layout levels, rank, or a plain file."""
+    """What a v1 file's path says: vLLM or SGLang layout levels, rank, or a plain file."""
+    if (sglang := _classify_sglang(path)) is not None:
+        return sglang
     rank = None
     if m := VLLM_RANK_FILE.match(path.name):
         rank = (int(m.group(1)), int(m.group(2)))
@@ -144,7 +190,7 @@ def discover(path: Path) -> tuple[list[Found], list[ScanProblem]]:
             file = here / name
             if not _regular(file):
                 continue  # a FIFO or device named *.json would block the read forever
-            if name == VLLM_CACHE_FILE or VLLM_RANK_FILE.match(name):
+            if name == VLLM_CACHE_FILE or VLLM_RANK_FILE.match(name) or _classify_sglang(file):
                 found.append(classify_file(file))
             else:
                 try:

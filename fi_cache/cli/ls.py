@@ -68,6 +68,10 @@ def summary(cache: Cache, store: Path) -> dict[str, Any]:
         "layout": cache.found.layout,
         "rank": list(cache.found.rank) if cache.found.rank else None,
         "namespace": ns["dir"] if ns else None,
+        # SGLang: the deployment hash dir, the megamoe GPU, the runs/ stamp (write-only copies)
+        "key_dir": cache.found.key_dir,
+        "gpu_uuid": cache.found.gpu_uuid,
+        "run": cache.found.run,
     }
 
 

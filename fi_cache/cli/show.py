@@ -48,16 +48,19 @@ def _entry_json(raw: str, key: keymod.CacheKey | None, value: Any) -> dict[str, 
     return out
 
 
-def _load_one(path: Path) -> Cache:
+def _load(path: Path) -> list[Cache]:
+    """One cache, or the rank files of one SGLang deployment dir (read as one cache)."""
     inv = scan([path])
     if inv.problems:
         p = inv.problems[0]
         raise (Refused if p.exit_code == EXIT_REFUSED else CorruptCache)(p.message, p.path)
     if inv.empty or not inv.caches:
         raise Refused("no FlashInfer autotune cache here", path)
-    if len(inv.caches) > 1:
+    ranks = [c for c in inv.caches if not c.found.run]
+    groups = {c.found.group for c in ranks}
+    if len(inv.caches) > 1 and not (len(groups) == 1 and None not in groups):
         raise Refused(f"holds {len(inv.caches)} caches; name one file (see `fi-cache ls`)", path)
-    return inv.caches[0]
+    return sorted(ranks, key=lambda c: c.found.rank or ()) if len(inv.caches) > 1 else inv.caches
 
 
 @click.command(
@@ -73,14 +76,11 @@ def _load_one(path: Path) -> Cache:
 def show_command(path: Path, op_filter: str | None) -> int:
     """Decode one cache: metadata, entries by op with shapes and tactics, MoE extras by name."""
     ctx = _ctx()
-    cache = _load_one(path)
-    entries = [_entry_json(raw, key, value) for raw, key, value in v1.iter_entries(cache.file)]
-    if op_filter:
-        matched = [e for e in entries if e["op"] and op_filter in e["op"]]
-        if entries and not matched:
-            ops = ", ".join(cache.file.ops()) or "none"
-            raise Refused(f"no op matches --op {op_filter!r}; its ops: {ops}", cache.path)
-        entries = matched
+    caches = _load(path)
+    if len(caches) > 1:
+        return _show_ranks(caches, op_filter)
+    cache = caches[0]
+    entries = _entries(cache, op_filter)
     if ctx.json:
         render.emit_json(
             {
@@ -92,6 +92,40 @@ def show_command(path: Path, op_filter: str | None) -> int:
         )
         return 0
     _show_human(cache, entries)
+    return 0
+
+
+def _entries(cache: Cache, op_filter: str | None) -> list[dict[str, Any]]:
+    entries = [_entry_json(raw, key, value) for raw, key, value in v1.iter_entries(cache.file)]
+    if not op_filter:
+        return entries
+    matched = [e for e in entries if e["op"] and op_filter in e["op"]]
+    if entries and not matched:
+        ops = ", ".join(cache.file.ops()) or "none"
+        raise Refused(f"no op matches --op {op_filter!r}; its ops: {ops}", cache.path)
+    return matched
+
+
+def _show_ranks(caches: list[Cache], op_filter: str | None) -> int:
+    """An SGLang deployment: its rank files one after another, each with its rank."""
+    group = caches[0].found.group
+    ranks: list[dict[str, Any]] = [
+        {
+            "rank": list(c.found.rank or ()),
+            "path": str(c.path),
+            "metadata": c.metadata,
+            "entries": _entries(c, op_filter),
+        }
+        for c in caches
+    ]
+    if _ctx().json:
+        render.emit_json({"path": str(group), "format": "v1", "layout": "sglang", "ranks": ranks})
+        return 0
+    click.echo(f"{render.display_path(Path(str(group)))}  (SGLang, {len(caches)} rank files)")
+    for cache, rank in zip(caches, ranks, strict=True):
+        tp, pp, dp = (*rank["rank"], 0, 0, 0)[:3]
+        click.echo(f"\nrank tp{tp} pp{pp} dp{dp}: ", nl=False)
+        _show_human(cache, rank["entries"])
     return 0
 
 

@@ -166,3 +166,47 @@ def test_fi_caches_work_dirs_are_not_caches_and_staging_dirs_are_leftovers(tmp_p
     assert tmp_leftovers(store) == sorted(
         [pull, store / ".import-k1ll3d", real / ".autotuner_dead.tmp"]
     )
+
+
+# --- SGLang: files at the paths SGLang's own code computes (tests/sglang_layout.py) ------------
+
+
+def test_sglang_rank_and_runs_files_give_version_arch_rank_and_key(tmp_path: Path) -> None:
+    from tests.sglang_layout import sglang_paths
+
+    rank_file, run_file = sglang_paths("0.5.18", tmp_path, tp=2, tp_rank=1)
+    for path in (rank_file, run_file):
+        shutil.copy(MOE_618_FUSED, path)
+    found, problems = discover(tmp_path)
+    assert problems == []
+    by_run = {f.run is not None: f for f in found}
+    rank, run = by_run[False], by_run[True]
+    assert (rank.layout, rank.arch, rank.dir_version) == ("sglang", "sm90", "0.6.18")
+    assert rank.rank == (1, 0, 0)
+    assert rank.key_dir == rank_file.parent.name and rank.group == rank_file.parent
+    assert run.layout == "sglang" and run.rank == (1, 0, 0) and run.group == rank_file.parent
+    assert run.run is not None and run.run in run_file.name
+
+
+def test_sglang_megamoe_gpu_uuid_and_0_5_22_run_names(tmp_path: Path) -> None:
+    from tests.sglang_layout import sglang_paths
+
+    rank_file, run_file = sglang_paths(
+        "0.5.23", tmp_path, flashinfer="0.7.2", capability=(10, 3), backend="flashinfer_megamoe"
+    )
+    for path in (rank_file, run_file):
+        shutil.copy(GEMM_618, path)
+    found = {f.path: f for f in discover(tmp_path)[0]}
+    assert found[rank_file].gpu_uuid == "1b2c3d4e-0000-1111-2222-333344445555"
+    assert found[rank_file].arch == "sm103" and found[rank_file].dir_version == "0.7.2"
+    assert found[run_file].run is not None and found[run_file].gpu_uuid == found[rank_file].gpu_uuid
+
+
+def test_sglang_rank_file_is_found_even_when_it_is_not_flashinfer_json(tmp_path: Path) -> None:
+    """A torn rank file is a corrupt cache to report, not something to skip."""
+    from tests.sglang_layout import sglang_paths
+
+    rank_file, _ = sglang_paths("0.5.23", tmp_path)
+    rank_file.write_text('{"trunc')
+    inv = scan([tmp_path])
+    assert [p.path for p in inv.problems] == [rank_file] and inv.problems[0].check == "corrupt-file"

@@ -183,3 +183,21 @@ def test_a_file_name_that_is_not_utf8_is_printed_not_a_traceback(tmp_path: Path)
         code = cli_main_exit(["--store", str(tmp_path / "s"), "ls", "--no-store", str(tmp_path)])
     assert code == 0, err.getvalue()
     assert b"x\xff.json" in out.getvalue() and b"H200" in out.getvalue()  # the name's own bytes
+
+
+def test_ls_json_gives_sglang_rank_key_dir_and_runs(run, tmp_path) -> None:  # type: ignore[no-untyped-def]
+    import shutil
+
+    from tests.conftest import GEMM_618
+    from tests.sglang_layout import sglang_paths
+
+    rank_file, run_file = sglang_paths("0.5.23", tmp_path, tp=4, tp_rank=3)
+    shutil.copy(GEMM_618, rank_file)
+    shutil.copy(GEMM_618, run_file)
+    doc = run("--format", "json", "ls", "--no-store", tmp_path).json()
+    rows = {r["path"]: r for r in doc["caches"]}
+    row, runs = rows[str(rank_file)], rows[str(run_file)]
+    assert (row["layout"], row["arch"], row["run"]) == ("sglang", "sm90", None)
+    assert row["rank"] == [3, 0, 0]
+    assert row["key_dir"] == rank_file.parent.name and row["flashinfer_version"] == "0.6.18"
+    assert runs["run"] is not None and runs["key_dir"] == row["key_dir"]

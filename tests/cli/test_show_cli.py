@@ -67,3 +67,19 @@ def test_an_op_filter_that_matches_nothing_lists_the_ops(run) -> None:  # type: 
         f"fi-cache: {GEMM_618}: no op matches --op 'moe'; its ops: bf16_gemm, fp8_gemm"
     )
     assert run("show", GEMM_618, "--op", "fp8").code == 0
+
+
+def test_show_reads_an_sglang_deployment_dir_as_one_cache_with_ranks(run, tmp_path) -> None:  # type: ignore[no-untyped-def]
+    import shutil
+
+    from tests.sglang_layout import sglang_paths
+
+    files = [sglang_paths("0.5.18", tmp_path, tp=2, tp_rank=r)[0] for r in (0, 1)]
+    for f in files:
+        shutil.copy(MOE_618_FUSED, f)
+    doc = run("--format", "json", "show", files[0].parent).json()
+    assert doc["layout"] == "sglang" and doc["path"] == str(files[0].parent)
+    assert [r["rank"] for r in doc["ranks"]] == [[0, 0, 0], [1, 0, 0]]
+    assert all(len(r["entries"]) == 32 for r in doc["ranks"])
+    human = run("show", files[0].parent)
+    assert human.code == 0 and "rank tp1 pp0 dp0" in human.out and "2 rank files" in human.out

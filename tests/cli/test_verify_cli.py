@@ -160,3 +160,17 @@ def test_human_output_prints_whole_paths(run, vllm_root: Path) -> None:  # type:
     out = run("verify", vllm_root).out
     assert f"ok    {vllm_root}/0.6.17/90a/{HASH_A}/autotune_configs.json (32 entries)" in out
     assert "…" not in out
+
+
+def test_verify_checks_every_rank_file_of_an_sglang_dir(run, tmp_path) -> None:  # type: ignore[no-untyped-def]
+    import shutil
+
+    from tests.conftest import GEMM_618
+    from tests.sglang_layout import sglang_paths
+
+    good, bad = (sglang_paths("0.5.23", tmp_path, tp=2, tp_rank=r)[0] for r in (0, 1))
+    shutil.copy(GEMM_618, good)
+    bad.write_text("")  # SGLang killed mid-save: nothing to sniff, still its rank file
+    r = run("--format", "json", "verify", good.parent)
+    assert r.code == 1
+    assert {x["path"]: x["ok"] for x in r.json()["results"]} == {str(good): True, str(bad): False}

@@ -1,0 +1,81 @@
+"""SGLang's own cache-path code (tests/fixtures/sglang/, verbatim from its wheels) run on CPU.
+
+SGLang has no CPU build, so the objects that code reads are stand-ins: the GPU's compute
+capability, `flashinfer.__version__`, `envs.SGLANG_CACHE_DIR` (EnvStr with SGLang's default,
+environ.py 0.5.23:1383), the model runner and the parallel state. The path arithmetic, the key
+and the file names are SGLang's.
+"""
+
+from __future__ import annotations
+
+import datetime
+import hashlib
+import logging
+import os
+import sys
+import types
+import uuid
+from pathlib import Path
+from typing import Any
+
+FIXTURES = Path(__file__).parent / "fixtures" / "sglang"
+
+
+def _ns(**kw: Any) -> types.SimpleNamespace:
+    return types.SimpleNamespace(**kw)
+
+
+def sglang_paths(
+    version: str,
+    cache_dir: Path,
+    *,
+    flashinfer: str = "0.6.18",
+    capability: tuple[int, int] = (9, 0),
+    model: str = "Qwen/Qwen3-30B-A3B",
+    tp: int = 1,
+    ep: int = 1,
+    tp_rank: int = 0,
+    backend: str = "flashinfer_cutlass",
+    gpu_uuid: str = "1b2c3d4e-0000-1111-2222-333344445555",
+) -> tuple[Path, Path]:
+    """(the rank file, a runs/ file) SGLang `version` ("0.5.18" or "0.5.23") would write."""
+    source = FIXTURES / f"flashinfer_autotune_{version.replace('.', '_')}.py"
+    ps = _ns(tp_size=tp, pp_size=1, attn_dp_size=1, moe_ep_size=ep, tp_rank=tp_rank, pp_rank=0,
+             dp_rank=None, tp_group=None)  # fmt: skip
+    runner = _ns(
+        device="cuda", dtype="torch.bfloat16", ps=ps, is_draft_worker=False, gpu_id=tp_rank,
+        model_config=_ns(quantization=None, hf_config=type("Qwen3MoeConfig", (), {})()),
+    )  # fmt: skip
+    env_value = os.environ.get("SGLANG_CACHE_DIR")
+    os.environ["SGLANG_CACHE_DIR"] = str(cache_dir)
+    fake_fi = types.ModuleType("flashinfer")
+    fake_fi.__version__ = flashinfer  # type: ignore[attr-defined]
+    platforms = types.ModuleType("sglang.srt.platforms")
+    platforms.current_platform = _ns(get_device_uuid=lambda _id: gpu_uuid)  # type: ignore[attr-defined]
+    saved = {n: sys.modules.get(n) for n in ("flashinfer", "sglang.srt.platforms")}
+    sys.modules.update({"flashinfer": fake_fi, "sglang.srt.platforms": platforms})
+    glb: dict[str, Any] = {
+        "Path": Path, "hashlib": hashlib, "datetime": datetime, "uuid": uuid,
+        "logger": logging.getLogger("sglang-standin"), "ModelRunner": object,
+        "torch": _ns(cuda=_ns(get_device_capability=lambda _d: capability)),
+        "envs": _ns(SGLANG_CACHE_DIR=_ns(get=lambda: os.environ.get(
+            "SGLANG_CACHE_DIR", os.path.expanduser("~/.cache/sglang")))),
+        "get_model": lambda: _ns(model_path=model, quantization=None),
+        "get_exec": lambda: _ns(moe=_ns(moe_runner_backend=backend)),
+        "get_parallel": lambda: ps,
+        "get_flashinfer_autotune_skip_ops": lambda _mr: frozenset(),
+    }  # fmt: skip
+    try:
+        exec(compile(source.read_text(), str(source), "exec"), glb)
+        rank_file: Path = glb["flashinfer_autotune_cache_path"](runner)
+        return rank_file, glb["runs_file"](rank_file)
+    finally:
+        for name, mod in saved.items():
+            if mod is None:
+                sys.modules.pop(name, None)
+            else:
+                sys.modules[name] = mod
+        if env_value is None:
+            os.environ.pop("SGLANG_CACHE_DIR", None)
+        else:
+            os.environ["SGLANG_CACHE_DIR"] = env_value
