@@ -49,6 +49,11 @@ class _SplitAtDoubleDash(click.Command):
 @click.option("--flashinfer-version", default=None, help="Target FlashInfer version.")
 @click.option("--vllm-version", default=None, help="Target vLLM version.")
 @click.option(
+    "--sglang-version",
+    default=None,
+    help="The target is SGLang this version; `-- ARGS` are then `sglang serve` arguments.",
+)
+@click.option(
     "--finalize",
     type=click.Choice(["fused", "unfused"]),
     default=None,
@@ -67,6 +72,7 @@ def doctor_command(
     logs: tuple[Path, ...],
     flashinfer_version: str | None,
     vllm_version: str | None,
+    sglang_version: str | None,
     finalize: str | None,
     gpu: str | None,
     strict: bool,
@@ -106,8 +112,15 @@ def doctor_command(
         state_dir(obj.store), python=vllm_python(shlex.join(launcher) if launcher else None)
     )
     environ = dict(os.environ)
-    target = make_target(env, Overrides(flashinfer_version, vllm_version, finalize, gpu), environ)
-    location, why = _vllm_location(env, target, vllm_args, environ, state_dir(obj.store))
+    sglang_argv = tuple(vllm_args or ()) if sglang_version is not None else None
+    overrides = Overrides(
+        flashinfer_version, vllm_version, finalize, gpu, sglang_version, sglang_argv
+    )
+    target = make_target(env, overrides, environ)
+    if sglang_version is not None:
+        location, why = None, ""  # SGLang is never asked: no CPU build to ask
+    else:
+        location, why = _vllm_location(env, target, vllm_args, environ, state_dir(obj.store))
     inputs = gather(obj.store, paths, logs, vllm_args, target, environ, location, why)
     findings = doctor.run(inputs, only or None)
     actions = fixes.plan(findings, inputs) if fix else []
@@ -125,6 +138,7 @@ def doctor_command(
                     "arch": target.fingerprint.arch,
                     "vllm_version": target.vllm_version,
                     "finalize": target.finalize,
+                    "sglang_version": target.sglang_version,
                 },
                 "actions": [
                     {

@@ -14,6 +14,7 @@ from fi_cache.caches.discover import ScanProblem
 from fi_cache.caches.inventory import Cache
 from fi_cache.doctor.findings import Finding
 from fi_cache.doctor.logs import LogFacts
+from fi_cache.engines.sglang.args import SglangArgs
 from fi_cache.engines.vllm.args import ServeArgs
 from fi_cache.engines.vllm.predict import CacheLocation
 from fi_cache.model.fingerprint import Fingerprint
@@ -29,6 +30,7 @@ class Target:
     vllm_version: str | None = None
     vllm_supports_finalize: bool | None = None  # None: no vllm/envs.py to read
     finalize: str = "fused"  # every vLLM release runs fused finalize unless told otherwise
+    sglang_version: str | None = None  # set: the target engine is SGLang (--sglang-version)
 
 
 @dataclass(frozen=True)
@@ -65,6 +67,7 @@ class Inputs:
     logs_as_paths: tuple[Path, ...] = ()  # PATHs that are text logs, not caches (refused, exit 2)
     location: CacheLocation | None = None  # vLLM's own answer for `-- ARGS`, when it was asked
     location_from: str = ""  # which answer cache-location gives, and why
+    sglang: SglangArgs | None = None  # `-- ARGS` of an SGLang target
 
 
 @dataclass(frozen=True)
@@ -75,9 +78,19 @@ class Check:
 
 
 def _registry() -> tuple[Check, ...]:
-    from fi_cache.doctor import cache_checks, log_checks, vllm_checks
+    from fi_cache.doctor import cache_checks, log_checks, sglang_checks, vllm_checks
 
-    return (*cache_checks.CHECKS, *vllm_checks.CHECKS, *log_checks.CHECKS)
+    return (*cache_checks.CHECKS, *vllm_checks.CHECKS, *sglang_checks.CHECKS, *log_checks.CHECKS)
+
+
+def _engine_checks() -> dict[str, set[str]]:
+    """Check ids that only mean something for one engine."""
+    from fi_cache.doctor import sglang_checks, vllm_checks
+
+    return {
+        "vllm": {c.id for c in vllm_checks.CHECKS},
+        "sglang": {c.id for c in sglang_checks.CHECKS},
+    }
 
 
 def checks() -> tuple[Check, ...]:
@@ -91,7 +104,10 @@ def run(inputs: Inputs, only: Iterable[str] | None = None) -> list[Finding]:
     """Every finding of the selected checks (all by default), errors first."""
     wanted = set(only) if only else None
     out: list[Finding] = []
+    other = _engine_checks()["vllm" if inputs.target.sglang_version else "sglang"]
     for check in checks():
+        if check.id in other:
+            continue  # a vLLM check says nothing about an SGLang target, and back
         if wanted is None or check.id in wanted:
             out.extend(check.run(inputs))
     return sorted(out, key=lambda f: (_ORDER[f.severity], f.check, f.path or ""))

@@ -18,6 +18,7 @@ from fi_cache.model.fingerprint import compare_metadata
 from fi_cache.model.moe import gemm_stage, split_gemm2
 from fi_cache.versions import (
     FLASHINFER_FINALIZE_IN_KEY,
+    SGLANG_FINALIZE_FROM,
     VLLM_FINALIZE_ENV,
     VLLM_NEWEST_CHECKED,
     moe_tactic_lists,
@@ -230,6 +231,17 @@ def _ids(ids: tuple[int, ...]) -> str:
     return "[" + ", ".join(map(str, ids)) + "]" if ids else "none"
 
 
+def _sglang_either_mode(view: Any, target: Any) -> bool:
+    """An SGLang rank file outside the store, for a release that reads the finalize variable."""
+    v = parse_version(target.sglang_version)
+    return (
+        view.cache.found.layout == "sglang"
+        and view.namespace_dir is None
+        and v is not None
+        and v >= SGLANG_FINALIZE_FROM
+    )
+
+
 def stale_gemm2_profile(inp: Inputs) -> Iterator[Finding]:
     target = inp.target
     target_fi = parse_version(target.fingerprint.flashinfer_version)
@@ -243,6 +255,10 @@ def stale_gemm2_profile(inp: Inputs) -> Iterator[Finding]:
         if not tactics:
             continue
         tuned = _tuned_mode(view)
+        if _sglang_either_mode(view, target):
+            # SGLang 0.5.18+ tunes both modes into one rank file: its path never says which
+            other = "unfused" if runs == "fused" else "fused"
+            tuned = _Tuned(other, "SGLang writes both modes into the same rank file, so possibly")
         path = str(view.cache.path)
         if tuned.mode == runs:
             if runs != target.finalize:

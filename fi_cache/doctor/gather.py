@@ -13,21 +13,25 @@ from fi_cache.caches.discover import ScanProblem, leftover_mtime, tmp_leftovers
 from fi_cache.caches.inventory import Cache, scan
 from fi_cache.doctor import CacheView, Inputs, Target
 from fi_cache.doctor.logs import looks_like_log, read_log
+from fi_cache.engines.sglang.args import env_bool, parse_sglang_args
 from fi_cache.engines.vllm import layout
 from fi_cache.engines.vllm.args import ServeArgs, parse_serve_args
 from fi_cache.engines.vllm.predict import CacheLocation
 from fi_cache.environment import Environment
 from fi_cache.errors import CorruptCache, Refused
 from fi_cache.model import v1, v2
+from fi_cache.model.fingerprint import Fingerprint
 from fi_cache.store import manifest as manifests
 from fi_cache.store.namespace import NAMESPACES_DIR, FinalizeMode, Namespace, namespace_parts
 from fi_cache.versions import (
+    SGLANG_FINALIZE_ENV,
     VLLM_CACHE_DIR_ENV,
     VLLM_CACHE_FILE_RE,
     VLLM_CACHE_SUBDIR,
     VLLM_FINALIZE_ENV,
     VLLM_NEWEST_CHECKED,
     parse_version,
+    sglang_finalize_default,
 )
 
 
@@ -37,6 +41,8 @@ class Overrides:
     vllm_version: str | None = None
     finalize: str | None = None
     gpu: str | None = None
+    sglang_version: str | None = None
+    sglang_argv: tuple[str, ...] | None = None
 
 
 def _valid_version(flag: str, text: str | None) -> None:
@@ -60,8 +66,27 @@ def make_target(env: Environment, o: Overrides, environ: dict[str, str]) -> Targ
         vllm_version: str | None = o.vllm_version
     else:
         vllm_version, supports = env.vllm.version, env.vllm.supports_finalize_env
+    if o.sglang_version is not None:
+        return _sglang_target(fp, o, environ)
     finalize = o.finalize or ("unfused" if environ.get(VLLM_FINALIZE_ENV) == "0" else "fused")
     return Target(fp, vllm_version, supports, finalize)
+
+
+def _sglang_target(fp: Fingerprint, o: Overrides, environ: dict[str, str]) -> Target:
+    """SGLang's mode: --finalize, else its flag (deterministic forces unfused), else its
+    variable, else its release's default (versions.sglang_finalize_default)."""
+    _valid_version("--sglang-version", o.sglang_version)
+    args = parse_sglang_args(o.sglang_argv or ())
+    said = env_bool(environ.get(SGLANG_FINALIZE_ENV))
+    if o.finalize:
+        finalize = o.finalize
+    elif args.deterministic:
+        finalize = "unfused"
+    elif said is not None and sglang_finalize_default(o.sglang_version) is not None:
+        finalize = "fused" if said else "unfused"
+    else:
+        finalize = sglang_finalize_default(o.sglang_version) or "fused"
+    return Target(fp, None, None, finalize, o.sglang_version)
 
 
 def predicted_vllm_dir(
@@ -119,6 +144,9 @@ def gather(
     location_from: str = "",
 ) -> Inputs:
     """Everything the checks look at. Raises Refused for bad paths, logs and argv."""
+    sglang = None
+    if target.sglang_version is not None:
+        sglang, serve_argv = parse_sglang_args(serve_argv or ()), None
     serve: ServeArgs | None = parse_serve_args(serve_argv) if serve_argv is not None else None
     log_facts = tuple(read_log(p) for p in logs)
     if location is not None and location.dir:
@@ -198,7 +226,9 @@ def gather(
         tmp_files=tuple(tmp),
         logs=log_facts,
         serve=serve,
-        environ={k: v for k, v in environ.items() if k.startswith(("VLLM_", "FLASHINFER_"))},
+        environ={
+            k: v for k, v in environ.items() if k.startswith(("VLLM_", "FLASHINFER_", "SGLANG_"))
+        },
         modes=modes,
         store=store,
         predicted_dir=predicted if os.path.isdir(predicted) or serve is not None else None,
@@ -206,4 +236,5 @@ def gather(
         location_from=location_from,
         empty=tuple(given.empty),
         logs_as_paths=tuple(sorted(as_logs)),
+        sglang=sglang,
     )

@@ -518,3 +518,59 @@ def test_human_output_prints_whole_paths(run, vllm_root: Path) -> None:  # type:
     out = run("doctor", vllm_root, *MAY_RUN_UNFUSED, "--finalize", "unfused").out
     path = vllm_root / "0.6.17" / "90a" / HASH_A / "autotune_configs.json"
     assert f"error   stale-gemm2-profile  {path}: " in out and "…" not in out
+
+
+# --- SGLang targets (doctor --sglang-version V [-- SGLANG_ARGS]) ------------------------------
+
+
+def _sglang_moe_617(tmp_path: Path) -> Path:
+    """A FlashInfer 0.6.17 MoE file where SGLang 0.5.18 (which pins 0.6.17) keeps rank 0's."""
+    import shutil
+
+    from tests.sglang_layout import sglang_paths
+
+    rank_file, _ = sglang_paths("0.5.18", tmp_path, flashinfer="0.6.17")
+    shutil.copy(MOE_617_FUSED, rank_file)
+    return rank_file
+
+
+@pytest.mark.parametrize("env_value", ["0", "1"])
+def test_sglang_0_5_18_toggle_on_0_6_17_is_a_stale_gemm2_profile(
+    run, tmp_path, monkeypatch, env_value  # type: ignore[no-untyped-def]
+) -> None:
+    """0.5.18 writes both modes to one rank file with the same keys: either way it may crash."""
+    rank_file = _sglang_moe_617(tmp_path)
+    monkeypatch.setenv("SGLANG_FLASHINFER_MOE_FUSED_FINALIZE", env_value)
+    r = run("--format", "json", "doctor", "--flashinfer-version", "0.6.17",
+            "--sglang-version", "0.5.18", tmp_path)  # fmt: skip
+    doc = r.json()
+    stale = [f for f in doc["findings"] if f["check"] == "stale-gemm2-profile"]
+    assert r.code == 1 and [f["path"] for f in stale] == [str(rank_file)]
+    assert "SGLang writes both modes" in stale[0]["message"]
+    assert doc["target"]["finalize"] == ("unfused" if env_value == "0" else "fused")
+    assert not [f for f in doc["findings"] if f["check"] == "finalize-unsupported"]
+
+
+def test_sglang_deterministic_makes_the_target_unfused_and_tunes_nothing(run, tmp_path) -> None:  # type: ignore[no-untyped-def]
+    _sglang_moe_617(tmp_path)
+    doc = run("--format", "json", "doctor", "--flashinfer-version", "0.6.17", "--sglang-version",
+              "0.5.18", tmp_path, "--", "--enable-deterministic-inference").json()  # fmt: skip
+    assert doc["target"]["finalize"] == "unfused"
+    assert "sglang-nothing-tuned" in {f["check"] for f in doc["findings"]}
+
+
+@pytest.mark.parametrize("version, warned", [("0.5.18", False), ("0.5.19", True), ("0.5.23", True)])
+def test_sglang_expert_parallel_cache_is_discarded_every_boot_from_0_5_19(
+    run, version, warned  # type: ignore[no-untyped-def]
+) -> None:
+    doc = run("--format", "json", "doctor", "--flashinfer-version", "0.6.18", "--sglang-version",
+              version, "--", "--model-path", "M", "--tp-size", "4", "--ep", "4").json()  # fmt: skip
+    found = [f for f in doc["findings"] if f["check"] == "sglang-ep-cache-discarded"]
+    assert bool(found) is warned and (not found or found[0]["severity"] == "warning")
+
+
+def test_sglang_bad_version_and_bad_sizes_are_refused(run) -> None:  # type: ignore[no-untyped-def]
+    r = run("doctor", "--sglang-version", "newest")
+    assert r.code == 2 and "--sglang-version 'newest' is not a version" in r.err
+    r = run("doctor", "--sglang-version", "0.5.19", "--", "--tp-size", "two")
+    assert r.code == 2 and "'two' is not a positive integer" in r.err
