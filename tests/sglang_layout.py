@@ -1,4 +1,10 @@
-"""SGLang's own cache-path code (tests/fixtures/sglang/, verbatim from its wheels) run on CPU.
+"""SGLang's own cache-path code, read from its release wheels at test time, run on CPU.
+
+scripts/test.sh downloads the sglang 0.5.18 and 0.5.23 wheels (no dependencies) into
+.cache/sglang-wheels; the function `flashinfer_autotune_cache_path` and the
+SGLANG_FLASHINFER_AUTOTUNE_CACHE=0 branch of `flashinfer_autotune_context` come out of
+sglang/srt/model_executor/runner/flashinfer_autotune.py there (nothing of SGLang's is copied
+into this repository).
 
 SGLang has no CPU build, so the objects that code reads are stand-ins: the GPU's compute
 capability, `flashinfer.__version__`, `envs.SGLANG_CACHE_DIR` (EnvStr with SGLang's default,
@@ -18,7 +24,36 @@ import uuid
 from pathlib import Path
 from typing import Any
 
-FIXTURES = Path(__file__).parent / "fixtures" / "sglang"
+_DEFAULT_WHEELS = Path(__file__).parent.parent / ".cache" / "sglang-wheels"
+WHEELS = Path(os.environ.get("FI_CACHE_SGLANG_WHEELS", _DEFAULT_WHEELS))
+MODULE = "sglang/srt/model_executor/runner/flashinfer_autotune.py"
+# The SGLANG_FLASHINFER_AUTOTUNE_CACHE=0 branch (runs/ files) of flashinfer_autotune_context.
+RUNS_LINES = {"0.5.18": (182, 190), "0.5.23": (306, 316)}
+
+
+class NoWheel(LookupError):
+    """The sglang wheel of that version is not in WHEELS (scripts/test.sh downloads it)."""
+
+
+def sglang_code(version: str) -> str:
+    """SGLang `version`'s path function and its runs/ branch (wrapped as `runs_file`)."""
+    import ast
+    import textwrap
+    import zipfile
+
+    wheel = next(iter(sorted(WHEELS.glob(f"sglang-{version}-*.whl"))), None)
+    if wheel is None:
+        raise NoWheel(f"no sglang {version} wheel in {WHEELS}")
+    with zipfile.ZipFile(wheel) as z:
+        text = z.read(MODULE).decode()
+    tree = ast.parse(text)
+    [fn] = [n for n in tree.body if isinstance(n, ast.FunctionDef)
+            and n.name == "flashinfer_autotune_cache_path"]  # fmt: skip
+    first, last = RUNS_LINES[version]
+    block = textwrap.dedent("\n".join(text.splitlines()[first - 1 : last]))
+    assert block.startswith("timestamp = "), f"sglang {version}: the runs/ branch moved"
+    runs = "def runs_file(cache_path):\n" + textwrap.indent(block, "    ")
+    return f"{ast.get_source_segment(text, fn)}\n\n\n{runs}\n    return autotune_cache\n"
 
 
 def _ns(**kw: Any) -> types.SimpleNamespace:
@@ -39,7 +74,14 @@ def sglang_paths(
     gpu_uuid: str = "1b2c3d4e-0000-1111-2222-333344445555",
 ) -> tuple[Path, Path]:
     """(the rank file, a runs/ file) SGLang `version` ("0.5.18" or "0.5.23") would write."""
-    source = FIXTURES / f"flashinfer_autotune_{version.replace('.', '_')}.py"
+    try:
+        source = sglang_code(version)
+    except NoWheel as exc:  # skipped without it; scripts/test.sh downloads it, so there: fail
+        import pytest
+
+        if os.environ.get("FI_CACHE_REQUIRE_FLASHINFER"):
+            pytest.fail(str(exc))
+        pytest.skip(str(exc))
     ps = _ns(tp_size=tp, pp_size=1, attn_dp_size=1, moe_ep_size=ep, tp_rank=tp_rank, pp_rank=0,
              dp_rank=None, tp_group=None)  # fmt: skip
     runner = _ns(
@@ -66,7 +108,7 @@ def sglang_paths(
         "get_flashinfer_autotune_skip_ops": lambda _mr: frozenset(),
     }  # fmt: skip
     try:
-        exec(compile(source.read_text(), str(source), "exec"), glb)
+        exec(compile(source, f"sglang-{version}:{MODULE}", "exec"), glb)
         rank_file: Path = glb["flashinfer_autotune_cache_path"](runner)
         return rank_file, glb["runs_file"](rank_file)
     finally:
