@@ -25,7 +25,7 @@ from fi_cache.store.locks.api import (
     timeout_error,
     unlink_if_same,
 )
-from fi_cache.store.locks.in_use import in_use
+from fi_cache.store.locks.in_use import flock_refused, in_use
 
 # Descriptors of the namespace locks this process holds, by dir: a guard process inherits them,
 # so the lock stays held (one open file description) until the guard has stopped the engine.
@@ -119,21 +119,7 @@ def held(lock_file: Path) -> bool:
         import fcntl
     except ImportError:
         return False
-    try:
-        fd = os.open(lock_file, os.O_RDONLY)
-    except OSError:
-        return False
-    try:
-        fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)  # shared: two lookers never block each other
-    except BlockingIOError:
-        return True
-    except OSError:
-        return False
-    else:
-        fcntl.flock(fd, fcntl.LOCK_UN)
-        return False
-    finally:
-        os.close(fd)
+    return flock_refused(lock_file, fcntl.LOCK_SH)  # shared: two lookers never block each other
 
 
 def _same_file(fd: int, path: Path) -> bool:

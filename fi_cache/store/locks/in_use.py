@@ -34,12 +34,21 @@ def in_use(directory: Path) -> bool:
     """Does a running server hold `directory`? Creates nothing."""
     import fcntl
 
+    return flock_refused(directory / IN_USE_NAME, fcntl.LOCK_EX)  # servers hold it shared
+
+
+def flock_refused(path: Path, mode: int) -> bool:
+    """Would a flock of `path` in `mode` (fcntl.LOCK_EX or LOCK_SH) be refused now, i.e. does a
+    live process hold it in a conflicting mode? False when `path` cannot be opened or flocked.
+    Creates nothing, and holds nothing afterwards."""
+    import fcntl
+
     try:
-        fd = os.open(directory / IN_USE_NAME, os.O_RDONLY)
+        fd = os.open(path, os.O_RDONLY)
     except OSError:
         return False
     try:
-        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        fcntl.flock(fd, mode | fcntl.LOCK_NB)
     except BlockingIOError:
         return True
     except OSError:
