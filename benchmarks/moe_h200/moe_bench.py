@@ -22,6 +22,7 @@ the same kernels and tactic lists as the stock module.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import json
 import os
@@ -29,6 +30,7 @@ import statistics
 import sys
 import time
 import traceback
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -162,13 +164,20 @@ def tune(mode: str, cache: str, out: str) -> None:
                "choices": CHOICES})  # fmt: skip
 
 
-def replay(mode: str, cache: str, out: str) -> None:
+@contextlib.contextmanager
+def replaying(cache: str) -> Iterator[tuple[Any, Any]]:
+    """The layer's weights, inside autotune(False, cache=CACHE), every tactic choice recorded."""
     import flashinfer
 
     record_choices()
     w1, w2 = weights()
-    rows = []
     with flashinfer.autotune(False, cache=cache):
+        yield w1, w2
+
+
+def replay(mode: str, cache: str, out: str) -> None:
+    rows = []
+    with replaying(cache) as (w1, w2):
         for t in BUCKETS:
             x, sel, sc = tokens(t)
             before = len(CHOICES)
@@ -231,13 +240,9 @@ def _median_ms(run: Any) -> tuple[float, list[float]]:
 
 
 def time_mode(mode: str, cache: str, out: str) -> None:
-    import flashinfer
-
     torch = _torch()
-    record_choices()
-    w1, w2 = weights()
     rows = []
-    with flashinfer.autotune(False, cache=cache):
+    with replaying(cache) as (w1, w2):
         for t in BUCKETS:
             x, sel, sc = tokens(t)
             buf = torch.empty(t, H, dtype=torch.bfloat16, device="cuda")
@@ -256,13 +261,9 @@ def time_mode(mode: str, cache: str, out: str) -> None:
 
 
 def determinism(mode: str, cache: str, out: str) -> None:
-    import flashinfer
-
     torch = _torch()
-    record_choices()
-    w1, w2 = weights()
     rows = []
-    with flashinfer.autotune(False, cache=cache):
+    with replaying(cache) as (w1, w2):
         for t in BUCKETS:
             x, sel, sc = tokens(t, seed=7)
             before = len(CHOICES)
