@@ -312,6 +312,16 @@ needs_vllm = pytest.mark.skipif(
 )
 
 
+@pytest.fixture(scope="session")
+def vllm_model(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A tiny Qwen3-MoE model dir (tests/real_vllm/tiny_model.py, built with the vLLM venv's
+    transformers and tokenizers; no weights: tests pass `--load-format dummy`), one per run."""
+    out = tmp_path_factory.mktemp("tiny") / "qwen3-moe"
+    script = ROOT / "tests" / "real_vllm" / "tiny_model.py"
+    subprocess.run([VLLM_PYTHON, str(script), str(out)], check=True, capture_output=True)
+    return out
+
+
 @pytest.fixture
 def read_only() -> Iterator[Callable[[Path], None]]:
     """read_only(path) makes `path` a read-only bind mount of itself until the test ends (root

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import os
 import shutil
-import subprocess
 import threading
 import time
 from pathlib import Path
@@ -17,7 +16,6 @@ from tests.conftest import (
     HASH_A,
     HASH_B,
     MOE_617_FUSED,
-    ROOT,
     SURROGATE_SPOTS,
     VLLM_PYTHON,
     needs_vllm,
@@ -336,14 +334,12 @@ def test_a_file_a_log_names_is_moved_only_if_it_is_a_cache(run, tmp_path: Path) 
 
 
 @needs_vllm
-def test_doctor_names_the_file_vllm_itself_will_use(run, tmp_path: Path, monkeypatch) -> None:  # type: ignore[no-untyped-def]
+def test_doctor_names_the_file_vllm_itself_will_use(  # type: ignore[no-untyped-def]
+    run, tmp_path: Path, monkeypatch, vllm_model: Path
+) -> None:
     """`doctor -- ARGS` with a real vLLM 0.32 (another venv): the hash dir and per-rank file come
     from vLLM's own code (the same answer its worker computes: tests/engines/vllm)."""
-    python = Path(VLLM_PYTHON)
-    model = tmp_path / "m"
-    subprocess.run(
-        [str(python), str(ROOT / "tests" / "real_vllm" / "tiny_model.py"), str(model)], check=True
-    )
+    python, model = Path(VLLM_PYTHON), vllm_model
     monkeypatch.setenv("FI_CACHE_VLLM", str(python.parent / "vllm"))
     monkeypatch.setenv("VLLM_FLASHINFER_AUTOTUNE_CACHE_DIR", str(tmp_path / "d"))
     r = run("--format", "json", "doctor", "--", "--model", model, "--load-format", "dummy")

@@ -28,14 +28,6 @@ pytestmark = needs_vllm
 FAST = ["--load-format", "dummy", "--enforce-eager", "--max-model-len", "256"]
 
 
-@pytest.fixture(scope="module")
-def model(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    out = tmp_path_factory.mktemp("tiny") / "qwen3-moe"
-    script = ROOT / "tests" / "real_vllm" / "tiny_model.py"
-    subprocess.run([PYTHON, str(script), str(out)], check=True, capture_output=True)
-    return out
-
-
 @pytest.fixture
 def env(tmp_path: Path) -> dict[str, str]:
     scrub = ("FI_CACHE_VLLM", "FI_CACHE_DIR", "VLLM_FLASHINFER_MOE_FUSED_FINALIZE")
@@ -87,11 +79,11 @@ def _healthy(port: int, proc: subprocess.Popen[str], limit: float = 240) -> bool
 
 
 def test_warm_runs_real_vllm_to_health_and_leaves_no_process(
-    model: Path, env: dict[str, str], tmp_path: Path
+    vllm_model: Path, env: dict[str, str], tmp_path: Path
 ) -> None:
     store = tmp_path / "store"
     p = subprocess.run(
-        _fi(store, "--format", "json", "warm", "--", str(model), *FAST),
+        _fi(store, "--format", "json", "warm", "--", str(vllm_model), *FAST),
         env=env, capture_output=True, text=True, timeout=400, check=False,
     )  # fmt: skip
     assert p.returncode == 0, p.stderr[-3000:]
@@ -101,17 +93,17 @@ def test_warm_runs_real_vllm_to_health_and_leaves_no_process(
     assert _vllm_processes(store) == []  # API server, engine core and worker all gone
     [manifest] = list((store / "namespaces").rglob("manifest.json"))
     [warm] = json.loads(manifest.read_text())["warms"]
-    assert warm["vllm_version"] == "0.32.0" and warm["argv"] == [str(model), *FAST]
+    assert warm["vllm_version"] == "0.32.0" and warm["argv"] == [str(vllm_model), *FAST]
 
 
 def test_serve_execs_real_vllm_which_sees_no_unknown_variable(
-    model: Path, env: dict[str, str], tmp_path: Path
+    vllm_model: Path, env: dict[str, str], tmp_path: Path
 ) -> None:
     """serve on a warm namespace runs vLLM in the foreground: it answers /health, stops on
     SIGINT like vLLM does, and vLLM 0.32 (no VLLM_FLASHINFER_MOE_FUSED_FINALIZE in its envs.py)
     warns about no variable fi-cache set."""
     store, port = tmp_path / "store", free_port()
-    argv = [str(model), *FAST, "--port", str(port)]
+    argv = [str(vllm_model), *FAST, "--port", str(port)]
     warm = subprocess.run(_fi(store, "warm", "--", *argv), env=env, capture_output=True,
                           text=True, timeout=400, check=False)  # fmt: skip
     assert warm.returncode == 0, warm.stderr[-3000:]
@@ -128,11 +120,11 @@ def test_serve_execs_real_vllm_which_sees_no_unknown_variable(
 
 
 def test_a_failed_start_is_vllms_exit_code_and_its_words(
-    model: Path, env: dict[str, str], tmp_path: Path
+    vllm_model: Path, env: dict[str, str], tmp_path: Path
 ) -> None:
     store = tmp_path / "store"
     # vLLM's own parser rejects the flag: exit 2 from argparse, before anything starts.
-    p = subprocess.run(_fi(store, "warm", "--", str(model), *FAST, "--no-such-flag"), env=env,
+    p = subprocess.run(_fi(store, "warm", "--", str(vllm_model), *FAST, "--no-such-flag"), env=env,
                        capture_output=True, text=True, timeout=300, check=False)  # fmt: skip
     assert p.returncode == 1
     assert "unrecognized arguments: --no-such-flag" in p.stderr
@@ -140,21 +132,21 @@ def test_a_failed_start_is_vllms_exit_code_and_its_words(
     assert last.endswith("vLLM exited with code 2 before it was healthy")
     assert not (store / "namespaces").exists() or not list((store / "namespaces").rglob("*.json"))
     # serve returns vLLM's exit code (no warm: it would fail the same way first).
-    cmd = _fi(store, "serve", "--no-warm", "--", str(model), "--no-such-flag")
+    cmd = _fi(store, "serve", "--no-warm", "--", str(vllm_model), "--no-such-flag")
     s = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=300, check=False)
     assert s.returncode == 2, s.stderr[-2000:]
 
 
 @pytest.mark.parametrize("how", [signal.SIGINT, signal.SIGKILL])
 def test_stopping_a_real_warm_ends_every_vllm_process(
-    model: Path, env: dict[str, str], tmp_path: Path, how: signal.Signals
+    vllm_model: Path, env: dict[str, str], tmp_path: Path, how: signal.Signals
 ) -> None:
     """Ctrl-C (or SIGKILL, which fi-cache never sees: its guard acts) while vLLM is still
     starting, its engine core and worker already up: vLLM's three processes end within
     seconds, and no warm is recorded."""
     store = tmp_path / "store"
     warm = subprocess.Popen(
-        _fi(store, "warm", "--", str(model), *FAST), env=env, text=True,
+        _fi(store, "warm", "--", str(vllm_model), *FAST), env=env, text=True,
         stdout=subprocess.PIPE, stderr=subprocess.PIPE,
         preexec_fn=lambda: signal.signal(signal.SIGINT, signal.default_int_handler),
     )  # fmt: skip
@@ -174,7 +166,7 @@ def test_stopping_a_real_warm_ends_every_vllm_process(
 
 
 def test_a_changed_config_starts_from_a_seeded_file_at_the_path_vllm_reads(
-    model: Path, env: dict[str, str], tmp_path: Path
+    vllm_model: Path, env: dict[str, str], tmp_path: Path
 ) -> None:
     """An earlier warm of the same model left a file (the real H200 GEMM cache stands in for what
     it tuned); a start with another --max-model-len has a new config hash, so vLLM would start
@@ -182,7 +174,7 @@ def test_a_changed_config_starts_from_a_seeded_file_at_the_path_vllm_reads(
     from tests.conftest import GEMM_618
 
     store = tmp_path / "store"
-    first = subprocess.run(_fi(store, "warm", "--", str(model), *FAST), env=env,
+    first = subprocess.run(_fi(store, "warm", "--", str(vllm_model), *FAST), env=env,
                            capture_output=True, text=True, timeout=400, check=False)  # fmt: skip
     assert first.returncode == 0, first.stderr[-3000:]
     [manifest] = list((store / "namespaces").rglob("manifest.json"))
@@ -193,7 +185,7 @@ def test_a_changed_config_starts_from_a_seeded_file_at_the_path_vllm_reads(
     doc["warms"][0]["files"] = [{"path": earlier, "entries": 38, "size": 1}]
     manifest.write_text(json.dumps(doc))
     hashes = tmp_path / "worker-hash.jsonl"
-    argv = [str(model), *FAST[:-1], "128"]  # --max-model-len 128: another config hash
+    argv = [str(vllm_model), *FAST[:-1], "128"]  # --max-model-len 128: another config hash
     second = subprocess.run(
         _fi(store, "--format", "json", "warm", "--", *argv),
         env={**env, "FI_CACHE_TEST_HASH_OUT": str(hashes)},
@@ -207,7 +199,7 @@ def test_a_changed_config_starts_from_a_seeded_file_at_the_path_vllm_reads(
     [f] = json.loads(second.stdout)["files"]
     assert f["path"] == str(seeded) and f["seeded"] == 38
     third = subprocess.run(
-        _fi(store, "warm", "--no-seed", "--", str(model), *FAST[:-1], "64"), env=env,
+        _fi(store, "warm", "--no-seed", "--", str(vllm_model), *FAST[:-1], "64"), env=env,
         capture_output=True, text=True, timeout=400, check=False,
     )  # fmt: skip
     assert third.returncode == 0 and "seeded" not in third.stderr

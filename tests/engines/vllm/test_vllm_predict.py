@@ -23,17 +23,9 @@ import pytest
 from fi_cache.engines.vllm.launch import free_port
 from fi_cache.engines.vllm.predict import predict
 from fi_cache.errors import FiCacheError, Refused
-from tests.conftest import ROOT, VLLM_PYTHON, needs_vllm
+from tests.conftest import VLLM_PYTHON, needs_vllm
 
 PYTHON = VLLM_PYTHON
-
-
-@pytest.fixture(scope="module")
-def model(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    out = tmp_path_factory.mktemp("tiny") / "qwen3-moe"
-    script = ROOT / "tests" / "real_vllm" / "tiny_model.py"
-    subprocess.run([PYTHON, str(script), str(out)], check=True, capture_output=True)
-    return out
 
 
 def _env(tmp_path: Path) -> dict[str, str]:
@@ -78,8 +70,10 @@ ARGVS = {
 
 @pytest.mark.parametrize("extra", ARGVS.values(), ids=ARGVS.keys())
 @needs_vllm
-def test_the_predicted_hash_is_the_workers(model: Path, tmp_path: Path, extra: list[str]) -> None:
-    argv = ["--model", str(model), "--load-format", "dummy", "--enforce-eager", *extra]
+def test_the_predicted_hash_is_the_workers(
+    vllm_model: Path, tmp_path: Path, extra: list[str]
+) -> None:
+    argv = ["--model", str(vllm_model), "--load-format", "dummy", "--enforce-eager", *extra]
     if "--max-model-len" not in extra:
         argv += ["--max-model-len", "256"]
     env = _env(tmp_path)
@@ -93,9 +87,9 @@ def test_the_predicted_hash_is_the_workers(model: Path, tmp_path: Path, extra: l
 
 
 @needs_vllm
-def test_an_argv_vllm_rejects_is_refused_in_vllms_words(model: Path, tmp_path: Path) -> None:
+def test_an_argv_vllm_rejects_is_refused_in_vllms_words(vllm_model: Path, tmp_path: Path) -> None:
     with pytest.raises(Refused, match="vllm: error: unrecognized arguments: --bogus"):
-        predict(PYTHON, "0.32.0", ["--model", str(model), "--bogus"], _env(tmp_path), None)
+        predict(PYTHON, "0.32.0", ["--model", str(vllm_model), "--bogus"], _env(tmp_path), None)
 
 
 def test_a_python_without_vllm_is_one_failure_line(tmp_path: Path) -> None:
