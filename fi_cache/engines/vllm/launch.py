@@ -201,8 +201,8 @@ class Server:
     ) -> None:
         """`lock_dir`: the namespace whose lock this process holds; a guard then stops vLLM's
         group, and keeps the lock held until it has, if this process dies first."""
-        self.lines: deque[str] = deque(maxlen=keep_lines)
         self.log: deque[str] = deque(maxlen=50_000)  # for the log file a failed warm leaves
+        self._keep = keep_lines
         self.named_files: set[str] = set()  # autotune files its log says it read or wrote
         try:
             self.proc = subprocess.Popen(
@@ -227,14 +227,18 @@ class Server:
     def _read(self) -> None:
         assert self.proc.stdout is not None
         for line in self.proc.stdout:
-            self.lines.append(line.rstrip("\n"))
             self.log.append(line.rstrip("\n"))
             if (path := named_cache_file(line)) is not None:
                 self.named_files.add(path)  # every line, not only the kept tail
 
     @property
     def last_line(self) -> str:
-        return self.lines[-1] if self.lines else ""
+        return self.log[-1] if self.log else ""
+
+    @property
+    def lines(self) -> list[str]:
+        """Its last `keep_lines` lines: what a failure shows."""
+        return list(self.log)[-self._keep :]
 
     def poll(self) -> int | None:
         return self.proc.poll()

@@ -188,14 +188,14 @@ def _run(
             code = server.stop(options.grace)
             raise WarmFailed(
                 f"vLLM exited with code {code} before it was healthy",
-                list(server.lines),
+                server.lines,
                 list(server.log),
             )
         if state == "timeout":
             server.stop(options.grace)
             raise WarmFailed(
                 f"vLLM was not healthy after {options.timeout:.0f}s (--timeout)",
-                list(server.lines),
+                server.lines,
                 list(server.log),
             )
         progress.note("healthy: warm-up and the cache save are done; stopping vLLM")
@@ -214,7 +214,7 @@ def _run(
             "(FlashInfer autotune off: -O0, "
             "--no-enable-flashinfer-autotune or, on 0.33, --disable-flashinfer-autotune? a model "
             "without FlashInfer kernels? vLLM < 0.25?)",
-            list(server.lines),
+            server.lines,
             list(server.log),
         )
     return WarmRecord(
