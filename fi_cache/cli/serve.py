@@ -118,7 +118,7 @@ def serve_command(
         say(f"{f.severity} {f.check}: {f.path}: {f.message}\n    fix: {f.fix}")
     if errors and not force:
         raise FiCacheError(f"pre-flight found {len(errors)} error(s); fix them or pass --force")
-    if not _writable(ns_dir if ns_dir.is_dir() else ctx.store):
+    if _unwritable(ns_dir):
         from fi_cache.engines.vllm.layout import read_only_problem
 
         if (problem := read_only_problem(env.vllm.version, args)) and not force:
@@ -178,10 +178,13 @@ def _serve_doc(
     }
 
 
-def _writable(path: Path) -> bool:
-    while not path.exists() and path != path.parent:
+def _unwritable(path: Path) -> str | None:
+    """Why nothing can be written where the namespace is (or would be created)."""
+    from fi_cache.store.files import unwritable_reason
+
+    while not path.is_dir() and path != path.parent:
         path = path.parent
-    return os.access(path, os.W_OK)
+    return unwritable_reason(path)
 
 
 def _touch(ns_dir: Path) -> None:
