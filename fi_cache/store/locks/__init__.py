@@ -151,8 +151,10 @@ def share_with_guard(directory: Path, guard: int) -> None:
     """The lock this process holds on `directory` stays held by `guard` too, when this process
     dies first: flock through the inherited descriptor (`guard_fds`), a lock file by naming the
     guard in it (its holder is not stale while the guard lives)."""
-    flock.add_guard(directory, guard)
-    lockfile.add_guard(directory, guard)
+    if str(directory) in flock.HELD:  # taken by the flock strategy
+        flock.add_guard(directory, guard)
+    else:
+        lockfile.add_guard(directory, guard)
 
 
 def guard_fds(directory: Path) -> list[int]:
