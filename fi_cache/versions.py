@@ -251,8 +251,6 @@ VLLM_V2_STORE = V("0.33.0")
 # ${FLASHINFER_WORKSPACE_BASE:-$HOME}/.cache/flashinfer/autotune (FlashInfer 0.7.2.post1
 # autotune_cache.py:160-167, jit/env.py:66-70). No vLLM hash, version or arch is in that path.
 FLASHINFER_AUTOTUNE_ROOT_ENV = "FLASHINFER_AUTOTUNE_CACHE_DIR"
-# --disable-flashinfer-autotune exists from 0.33 (utils/argparse_utils.py:179, arg_utils.py:1839).
-VLLM_DISABLE_AUTOTUNE_FLAG = V("0.33.0")
 
 
 class ArchUnknown(ValueError):

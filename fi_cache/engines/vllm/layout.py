@@ -20,14 +20,11 @@ from fi_cache.versions import (
     FLASHINFER_V2_STORE,
     READ_ONLY_FAILS,
     VLLM_CACHE_DIR_ENV,
-    VLLM_CACHE_FILE,
     VLLM_V2_STORE,
-    Version,
     parse_version,
 )
 
 Store = Literal["v1", "v2"]
-PER_RANK_FILES = Version.parse("0.32.0")  # kernel_warmup.py 0.32:455-458
 
 
 def store_kind(vllm_version: str | None, flashinfer_version: str | None, args: ServeArgs) -> Store:
@@ -59,17 +56,6 @@ def vllm_cache_root(environ: Mapping[str, str]) -> str:
     and one expanduser on the result, so "~" in XDG_CACHE_HOME is expanded too."""
     xdg = environ.get("XDG_CACHE_HOME", os.path.join(os.path.expanduser("~"), ".cache"))
     return os.path.expanduser(environ.get("VLLM_CACHE_ROOT", os.path.join(xdg, "vllm")))
-
-
-def rank_files(vllm_version: str | None, args: ServeArgs) -> list[str]:
-    """The v1 file names one serve writes into its hash dir (every DP rank x world rank)."""
-    version = parse_version(vllm_version)
-    if version is not None and version < PER_RANK_FILES:
-        return [VLLM_CACHE_FILE]
-    stem = VLLM_CACHE_FILE.removesuffix(".json")
-    return [
-        f"{stem}_dp{dp}_rank{r}.json" for dp in range(args.dp) for r in range(args.tp * args.pp)
-    ]
 
 
 def read_only_problem(vllm_version: str | None, args: ServeArgs) -> str | None:

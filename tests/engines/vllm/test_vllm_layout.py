@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from fi_cache.engines.vllm.args import parse_serve_args
-from fi_cache.engines.vllm.layout import rank_files, store_kind, v2_root, vllm_cache_root
+from fi_cache.engines.vllm.layout import store_kind, v2_root, vllm_cache_root
 from tests.conftest import VLLM_PYTHON, needs_vllm
 
 
@@ -43,14 +43,6 @@ def test_v2_root_follows_vllm_then_flashinfer() -> None:
     env = {"VLLM_FLASHINFER_AUTOTUNE_CACHE_DIR": "/ns/vllm", "FLASHINFER_AUTOTUNE_CACHE_DIR": "/a"}
     assert v2_root(env, home) == Path("/ns/vllm")
     assert v2_root({"VLLM_FLASHINFER_AUTOTUNE_CACHE_DIR": ""}, home) == default  # "" is unset
-
-
-def test_rank_files() -> None:
-    assert rank_files("0.31.0", parse_serve_args(["m", "-tp", "2"])) == ["autotune_configs.json"]
-    assert rank_files("0.32.0", parse_serve_args(["m", "-tp", "2", "-dp", "2"])) == [
-        "autotune_configs_dp0_rank0.json", "autotune_configs_dp0_rank1.json",
-        "autotune_configs_dp1_rank0.json", "autotune_configs_dp1_rank1.json",
-    ]  # fmt: skip
 
 
 @pytest.mark.parametrize(
