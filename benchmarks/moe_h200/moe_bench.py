@@ -327,10 +327,14 @@ def report(directory: str) -> int:
     return code
 
 
+COMMANDS = {"counts": counts, "tune": tune, "replay": replay, "call": call, "time": time_mode,
+            "determinism": determinism, "report": report}  # fmt: skip
+
 if __name__ == "__main__":
+    if len(sys.argv) < 2 or sys.argv[1] not in COMMANDS:
+        sys.exit(__doc__)  # the subcommands and their arguments, exit 1
     cmd, args = sys.argv[1], sys.argv[2:]
     if cmd == "report":
         sys.exit(report(*args))
     log(f"{cmd} {args} pid={os.getpid()}")
-    {"counts": counts, "tune": tune, "replay": replay, "call": call, "time": time_mode,
-     "determinism": determinism}[cmd](*args)  # fmt: skip
+    COMMANDS[cmd](*args)
