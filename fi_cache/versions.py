@@ -483,6 +483,12 @@ SGLANG_DISABLE_AUTOTUNE_FLAG = "--disable-flashinfer-autotune"
 # is discarded every boot: sglang issue #40320 (open; PR #40420 unreleased as of 0.5.23).
 SGLANG_RANK_DIGEST = VersionRange(V("0.5.19"), None, "FA 0.5.19:209-246, sglang #40320")
 # FlashInfer each release pins (wheel METADATA Requires-Dist flashinfer_python==).
+# FlashInfer's CuTe-DSL NVFP4 (w4a4) MoE runner, the one SGLang's flashinfer_cutedsl backend
+# tunes: its key extras lack use_fused_finalize in 0.6.17 (fused_moe/cute_dsl/tuner.py :409-416)
+# and 0.6.18 (:624-633, CuteDslFusedMoENvfp4Runner); 0.7.1 renames it CuteDslFusedMoERunner and
+# adds the mode (:666-681, at :677). SGLang's path never has it, so both modes share entries.
+CUTEDSL_NVFP4_RUNNER = "CuteDslFusedMoENvfp4Runner"
+CUTEDSL_KEY_HAS_FINALIZE = V("0.7.1")
 SGLANG_FLASHINFER_PIN: dict[str, str] = {
     "0.5.9": "0.6.3", "0.5.10.post1": "0.6.7.post3", "0.5.11": "0.6.8.post1",
     "0.5.12": "0.6.11.post1", "0.5.13": "0.6.12", "0.5.14": "0.6.12", "0.5.15.post1": "0.6.12",
@@ -490,6 +496,34 @@ SGLANG_FLASHINFER_PIN: dict[str, str] = {
     "0.5.20": "0.6.18", "0.5.21": "0.6.18", "0.5.22": "0.7.1", "0.5.23": "0.7.2",
 }  # fmt: skip
 SGLANG_NEWEST_CHECKED = V("0.5.23")
+# Before 0.5.18 SGLang passes no use_fused_finalize, so FlashInfer's default runs: fused
+# (flashinfer/fused_moe/core.py 0.6.17:943, `use_fused_finalize: bool = True` of cutlass_fused_moe).
+SGLANG_FINALIZE_BEFORE_ENV = "fused"
+
+# What moves with SGLANG_CACHE_DIR, so what `--engine sglang` pins back to the user's own dir
+# when it points SGLANG_CACHE_DIR into a namespace. (variable, subdir of SGLANG_CACHE_DIR, first
+# release, source): variables SGLang defaults from it: SGLANG_DG_CACHE_DIR (env 0.5.18:27-37,
+# :981 `_default_cache_subdir("deep_gemm")`; ~/.cache/deep_gemm before), SGLANG_CUTE_AOT_CACHE_DIR
+# (env 0.5.20:1168), and the third-party caches `import sglang` setdefaults (sglang/__init__.py
+# 0.5.18:11-14 -> env 0.5.18:1633-1657 third_party_cache_defaults; TILELANG from env 0.5.21:1971).
+SGLANG_DERIVED_CACHES: tuple[tuple[str, str, Version, str], ...] = (
+    ("SGLANG_DG_CACHE_DIR", "deep_gemm", V("0.5.18"), "env 0.5.18:981"),
+    ("SGLANG_CUTE_AOT_CACHE_DIR", "cute_aot", V("0.5.20"), "env 0.5.20:1168"),
+    ("TRITON_CACHE_DIR", "triton", V("0.5.18"), "env 0.5.18:1636"),
+    ("TORCHINDUCTOR_CACHE_DIR", "inductor", V("0.5.18"), "env 0.5.18:1637"),
+    ("CUDA_CACHE_PATH", "nv", V("0.5.18"), "env 0.5.18:1638"),
+    ("TILELANG_CACHE_DIR", "tilelang", V("0.5.21"), "env 0.5.21:1971"),
+    ("FLASHINFER_WORKSPACE_BASE", "", V("0.5.18"), "env 0.5.18:1641 (FlashInfer adds .cache/)"),
+)
+# Dirs SGLang joins to SGLANG_CACHE_DIR itself, with no variable of their own: torch.compile's
+# cache (compilation/backend.py 0.5.18:405-410), the Run:ai model streamer's (utils/
+# runai_utils.py 0.5.18:123-130), built Rust extensions (rust_extensions/loader.py 0.5.18:299-300,
+# 0.5.23:358-359). Also joined there and not kept: gpu_p2p_access_cache_for_<devices>.json
+# (custom_all_reduce_utils.py 0.5.18:267, re-probed in seconds) and kernels.lock (0.5.23 kernels/
+# ops/attention/flash_attention_v3.py:41-43, read only when the user put one there).
+SGLANG_DIRECT_CACHES = ("torch_compile_cache", "model_streamer", "rust_extensions")
+SGLANG_DEFAULT_PORT = 30000  # server_args.py 0.5.18:1278 `port: ... = 30000`
+SGLANG_LAUNCH_MODULE = "sglang.launch_server"  # `python -m sglang.launch_server ARGS`
 
 
 def sglang_finalize_default(version: str | None) -> str | None:
@@ -499,3 +533,10 @@ def sglang_finalize_default(version: str | None) -> str | None:
     if v is None or v < SGLANG_FINALIZE_FROM:
         return None
     return "unfused" if v >= SGLANG_FINALIZE_DEFAULT_OFF else "fused"
+
+
+def sglang_caches_moved(version: str | None) -> list[tuple[str, str]]:
+    """(variable, subdir) of the caches SGLang `version` derives from SGLANG_CACHE_DIR
+    (SGLANG_DERIVED_CACHES); an unknown version: all of them, as the newest checked does."""
+    v = parse_version(version)
+    return [(var, sub) for var, sub, first, _ in SGLANG_DERIVED_CACHES if v is None or v >= first]

@@ -3,7 +3,6 @@ healthy) or, with --engine flashinfer, FlashInfer's own autotuner (warm_flashinf
 
 from __future__ import annotations
 
-import sys
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, cast
 
@@ -11,7 +10,7 @@ import click
 
 from fi_cache.cli import render
 from fi_cache.cli.argv import VllmCommand
-from fi_cache.cli.process import show_tail, sigterm_as_interrupt, stop_grace
+from fi_cache.cli.process import Status, keep_log, show_tail, sigterm_as_interrupt, stop_grace
 from fi_cache.cli.seeding import seeder
 from fi_cache.engines import NAMES as ENGINE_NAMES
 from fi_cache.errors import Refused
@@ -81,18 +80,11 @@ def vllm_command_line(
 ) -> tuple[str | None, tuple[str, ...]]:
     """(--vllm, vLLM's arguments) from a pasted `vllm serve ARGS` or `PYTHON -m
     vllm.entrypoints.openai.api_server ARGS` line: its launcher is the vLLM to run."""
-    import shlex
-
+    from fi_cache.cli.argv import pasted_launcher
     from fi_cache.engines.vllm.args import split_launcher
     from fi_cache.engines.vllm.launch import find_launcher
 
-    words, rest = split_launcher(argv)
-    if not words:
-        return vllm_path, tuple(rest)
-    pasted = shlex.join(words)
-    if vllm_path is not None and find_launcher(vllm_path) != find_launcher(pasted):
-        raise Refused(f"--vllm {vllm_path} and the pasted `{pasted}` name two vLLMs; give one")
-    return pasted, tuple(rest)
+    return pasted_launcher(vllm_path, argv, split_launcher, find_launcher, "--vllm", "vLLM")
 
 
 def _said(what: str) -> bool:
@@ -126,38 +118,6 @@ def check_finalize_support(env: Any, finalize: str, force: bool, what: str) -> N
         )
 
 
-class _Status:
-    """Elapsed time and vLLM's last log line: one live line on a terminal, plain lines else."""
-
-    def __init__(self, quiet: bool) -> None:
-        self.quiet = quiet
-        self.tty = sys.stderr.isatty()
-        self.last_plain = 0.0
-        self.live = False
-
-    def waiting(self, holder: Any) -> None:
-        who = holder.describe() if holder else "another fi-cache process"
-        self.note(f"waiting for {who}")
-
-    def tick(self, elapsed: float, line: str) -> None:
-        if self.quiet:
-            return
-        if self.tty:
-            width = max(20, render.terminal_width_stderr() - 12)
-            click.echo(f"\r\x1b[K[warm {elapsed:5.0f}s] {line[-width:]}", err=True, nl=False)
-            self.live = True
-        elif elapsed - self.last_plain >= 15:
-            self.last_plain = elapsed
-            click.echo(f"[warm {elapsed:.0f}s] {line}", err=True)
-
-    def note(self, message: str) -> None:
-        if self.live:
-            click.echo(err=True)
-            self.live = False
-        if not self.quiet:
-            click.echo(f"fi-cache: {message}", err=True)
-
-
 def run_vllm_warm(
     ns: Namespace,
     env: Environment,
@@ -169,7 +129,7 @@ def run_vllm_warm(
     seed: bool = True,
 ) -> Any:
     """Warm `ns` with `vllm serve ARGV`, progress on stderr (serve warms a cold namespace so)."""
-    from fi_cache.engines import get
+    from fi_cache.engines import get, warming
     from fi_cache.engines.api import WarmFailed
     from fi_cache.engines.vllm import launch
     from fi_cache.engines.vllm import warm as warm_mod
@@ -178,11 +138,11 @@ def run_vllm_warm(
     engine = get("vllm")
     args = engine.read_args(argv)
     launcher = launch.find_launcher(vllm_path)
-    status = _Status(ctx.quiet)
-    progress = warm_mod.Progress(status.waiting, status.tick, status.note)
+    status = Status(ctx.quiet)
+    progress = warming.Progress(status.waiting, status.tick, status.note)
     quiet_start = warm_mod.nothing_to_tune(env, args)
     before = seeder(ctx.store, ns, env, argv, args, status.note) if seed else None
-    options = warm_mod.WarmOptions(
+    options = warming.WarmOptions(
         timeout, port, lock_timeout, stop_grace(), quiet_start, before_start=before
     )
     sigterm_as_interrupt()
@@ -191,29 +151,8 @@ def run_vllm_warm(
     except WarmFailed as exc:
         status.note("warm failed")  # the reason is the last line, after vLLM's output
         show_tail(exc.lines, "vLLM's output")
-        _keep_log(ctx.store, exc.log, status.note)
+        keep_log(ctx.store, exc.log, status.note)
         raise
-
-
-def _keep_log(store: Path, lines: list[str], note: Any) -> None:
-    """Save a failed warm's whole output and say what a gemm profile-id crash means."""
-    from fi_cache.doctor.logs import PROFILE_ID
-    from fi_cache.errors import FiCacheError
-    from fi_cache.store.logs import save_failed_warm
-
-    if not lines:
-        return
-    try:
-        log = save_failed_warm(store, lines)
-    except (FiCacheError, OSError):
-        return  # a read-only store: the tail above is all there is
-    crash = next((m.group(0) for line in lines if (m := PROFILE_ID.search(line))), None)
-    if crash:
-        note(
-            f"vLLM died replaying a cached MoE tactic its kernels do not have ({crash}): a file "
-            "tuned in the other finalize mode is where this start looked"
-        )
-    note(f"vLLM's whole output: {log} (explain it: fi-cache doctor --log {log})")
 
 
 VLLM_ARGS = click.argument(
@@ -225,6 +164,15 @@ VLLM_OPT = click.option(
     default=None,
     help="vLLM to run: its executable, or a Python (runs -m vllm.entrypoints.openai.api_server) "
     "(default: $FI_CACHE_VLLM, else `vllm` on PATH).",
+)
+
+
+SGLANG_OPT = click.option(
+    "--sglang",
+    "sglang_path",
+    default=None,
+    help="SGLang to run (--engine sglang): its executable, or a Python (runs -m "
+    "sglang.launch_server) (default: $FI_CACHE_SGLANG, else `sglang` on PATH).",
 )
 
 
@@ -242,8 +190,8 @@ SEED_OPT = click.option(
     cls=VllmCommand,
     epilog=render.examples(
         "fi-cache warm Qwen/Qwen3-30B-A3B -tp 2",
-        "fi-cache warm --finalize unfused Qwen/Qwen3-30B-A3B",
         "fi-cache warm --engine flashinfer --plan plan.toml",
+        "fi-cache warm --engine sglang --model-path Qwen/Qwen3-30B-A3B --tp-size 2",
     ),
 )
 @click.option(
@@ -251,7 +199,8 @@ SEED_OPT = click.option(
     type=click.Choice(ENGINE_NAMES),
     default="vllm",
     show_default=True,
-    help="vllm: run `vllm serve` until healthy; flashinfer: tune a --plan with FlashInfer itself.",
+    help="vllm / sglang: run `vllm serve` / `sglang serve` until healthy; flashinfer: tune a "
+    "--plan with FlashInfer itself.",
 )
 @click.option(
     "--plan",
@@ -270,13 +219,14 @@ SEED_OPT = click.option(
     "--finalize",
     type=click.Choice(["fused", "unfused"]),
     default=None,
-    help="MoE finalize mode, hence the namespace [vllm: fused; flashinfer: the plan's modes].",
+    help="MoE finalize mode, hence the namespace [vllm: fused; sglang: the release's default; "
+    "flashinfer: the plan's modes].",
 )
 @click.option(
     "--timeout",
     type=click.FloatRange(min=0, min_open=True),
     default=None,
-    help="Seconds to wait for vLLM's /health [1800], or for one mode's tuning [7200].",
+    help="Seconds to wait for vLLM's or SGLang's /health [1800], or for one mode's tuning [7200].",
 )
 @click.option(
     "--port",
@@ -294,6 +244,7 @@ SEED_OPT = click.option(
 )
 @SEED_OPT
 @VLLM_OPT
+@SGLANG_OPT
 @VLLM_ARGS
 def warm_command(
     engine: str,
@@ -306,10 +257,12 @@ def warm_command(
     lock_timeout: float,
     seed: bool,
     vllm_path: str | None,
+    sglang_path: str | None,
     vllm_args: tuple[str, ...],
 ) -> int:
     """Fill this machine's namespace: `vllm serve VLLM_SERVE_ARGS` until healthy, or (--engine
-    flashinfer --plan PLAN) FlashInfer's autotuner on the plan's ops, without vLLM or weights.
+    sglang) `sglang serve SGLANG_ARGS`, or (--engine flashinfer --plan PLAN) FlashInfer's
+    autotuner on the plan's ops, without a serving engine or weights.
 
     fi-cache's options come first; from the first word that is not one of them (or `--`) on,
     everything is vLLM's, as on a `vllm serve` line (a pasted `vllm serve ...` or `python -m
@@ -317,6 +270,16 @@ def warm_command(
     VLLM_FLASHINFER_MOE_FUSED_FINALIZE=0 set, --engine vllm warms unfused.
     """
     ctx = _ctx()
+    if sglang_path is not None and engine != "sglang":
+        raise Refused("--sglang applies to --engine sglang only")
+    if engine == "sglang":
+        if plan_path is not None or python is not None or vllm_path is not None or force:
+            raise Refused("--plan, --python, --vllm and --force do not apply to --engine sglang")
+        from fi_cache.cli.sglang import warm_sglang
+
+        mode = cast("FinalizeMode | None", finalize)
+        limit = 1800.0 if timeout is None else timeout
+        return warm_sglang(sglang_path, vllm_args, mode, limit, port, lock_timeout)
     if engine == "flashinfer":
         misplaced = [
             flag

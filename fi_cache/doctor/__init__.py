@@ -15,6 +15,7 @@ from fi_cache.caches.inventory import Cache
 from fi_cache.doctor.findings import Finding
 from fi_cache.doctor.logs import LogFacts
 from fi_cache.engines.sglang.args import SglangArgs
+from fi_cache.engines.sglang.live import Engine as LiveSglang
 from fi_cache.engines.vllm.args import ServeArgs
 from fi_cache.engines.vllm.predict import CacheLocation
 from fi_cache.model.fingerprint import Fingerprint
@@ -68,6 +69,10 @@ class Inputs:
     location: CacheLocation | None = None  # vLLM's own answer for `-- ARGS`, when it was asked
     location_from: str = ""  # which answer cache-location gives, and why
     sglang: SglangArgs | None = None  # `-- ARGS` of an SGLang target
+    # SGLang target: the servers running here, and where a start from this shell would keep
+    # its cache and on which GPUs (engines/sglang/live.py).
+    sglang_live: tuple[LiveSglang, ...] = ()
+    sglang_here: tuple[str, frozenset[str] | None] | None = None
 
 
 @dataclass(frozen=True)

@@ -13,7 +13,10 @@ from fi_cache.caches.discover import ScanProblem, leftover_mtime, tmp_leftovers
 from fi_cache.caches.inventory import Cache, scan
 from fi_cache.doctor import CacheView, Inputs, Target
 from fi_cache.doctor.logs import looks_like_log, read_log
+from fi_cache.engines.sglang import launch as sglang_launch
+from fi_cache.engines.sglang import live as sglang_live
 from fi_cache.engines.sglang.args import env_bool, parse_sglang_args
+from fi_cache.engines.sglang.live import Engine as LiveSglang
 from fi_cache.engines.vllm import layout
 from fi_cache.engines.vllm.args import ServeArgs, parse_serve_args
 from fi_cache.engines.vllm.predict import CacheLocation
@@ -145,8 +148,12 @@ def gather(
 ) -> Inputs:
     """Everything the checks look at. Raises Refused for bad paths, logs and argv."""
     sglang = None
+    live: tuple[LiveSglang, ...] = ()
+    here = None
     if target.sglang_version is not None:
         sglang, serve_argv = parse_sglang_args(serve_argv or ()), None
+        live = tuple(sglang_live.running())
+        here = (sglang_launch.user_cache_dir(environ), sglang_live.devices(environ))
     serve: ServeArgs | None = parse_serve_args(serve_argv) if serve_argv is not None else None
     log_facts = tuple(read_log(p) for p in logs)
     if location is not None and location.dir:
@@ -237,4 +244,6 @@ def gather(
         empty=tuple(given.empty),
         logs_as_paths=tuple(sorted(as_logs)),
         sglang=sglang,
+        sglang_live=live,
+        sglang_here=here,
     )

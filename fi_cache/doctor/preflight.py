@@ -19,6 +19,7 @@ PREFLIGHT_CHECKS = (
     "foreign-environment",
     "records-unreadable",
 )
+SGLANG_PREFLIGHT = ("sglang-ranks-disagree",)  # SGLang 0.5.19+ would delete them all at start
 
 
 def check_namespace(
@@ -28,9 +29,11 @@ def check_namespace(
     m: Manifest | None,
     vllm_version: str | None = None,
     supports_finalize: bool | None = None,
+    sglang_version: str | None = None,
 ) -> list[Finding]:
-    """Findings for the caches under `cache_dir` (the namespace's vLLM dir); `supports_finalize`:
-    does the vLLM that will start read VLLM_FLASHINFER_MOE_FUSED_FINALIZE (its envs.py says)."""
+    """Findings for the caches under `cache_dir` (the namespace's vLLM dir, or SGLang's autotune
+    dir when `sglang_version` is the SGLang about to start); `supports_finalize`: does the vLLM
+    that will start read VLLM_FLASHINFER_MOE_FUSED_FINALIZE (its envs.py says)."""
     if not cache_dir.is_dir():
         return []
     inv = scan([cache_dir], explicit=False)
@@ -38,5 +41,6 @@ def check_namespace(
         CacheView(c, ns_dir, ns.finalize, m, (*c.read_defects, *v1.defects(c.file)))
         for c in inv.caches
     )
-    target = Target(ns.fingerprint, vllm_version, supports_finalize, ns.finalize)
-    return doctor.run(Inputs(target, views, tuple(inv.problems)), PREFLIGHT_CHECKS)
+    target = Target(ns.fingerprint, vllm_version, supports_finalize, ns.finalize, sglang_version)
+    checks = (*PREFLIGHT_CHECKS, *(SGLANG_PREFLIGHT if sglang_version else ()))
+    return doctor.run(Inputs(target, views, tuple(inv.problems)), checks)

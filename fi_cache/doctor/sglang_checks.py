@@ -2,12 +2,18 @@
 
 from __future__ import annotations
 
+import json
 from collections.abc import Iterator
+from typing import Any
 
-from fi_cache.doctor import Check, Inputs
+from fi_cache.doctor import CacheView, Check, Inputs
 from fi_cache.doctor.findings import Finding
 from fi_cache.engines.sglang.args import env_bool
+from fi_cache.engines.sglang.live import share_gpus, sharing
+from fi_cache.model.keys import parse_key
 from fi_cache.versions import (
+    CUTEDSL_KEY_HAS_FINALIZE,
+    CUTEDSL_NVFP4_RUNNER,
     SGLANG_AUTOTUNE_CACHE_ENV,
     SGLANG_DETERMINISTIC_SKIPS_TUNE,
     SGLANG_FINALIZE_ENV,
@@ -80,7 +86,7 @@ def nothing_tuned(inp: Inputs) -> Iterator[Finding]:
         )
 
 
-CHECKS = (
+_RELEASE_CHECKS = (
     Check(
         "sglang-ep-cache-discarded",
         "SGLang 0.5.19+, expert parallel with TP > 1: the cache is deleted every boot",
@@ -95,5 +101,179 @@ CHECKS = (
         "sglang-nothing-tuned",
         "SGLang 0.5.18+ deterministic inference tunes nothing (info)",
         nothing_tuned,
+    ),
+)
+
+
+def _deployments(inp: Inputs) -> dict[tuple[str | None, str | None, str], list[CacheView]]:
+    """SGLang rank files (not runs/ copies) by deployment: FlashInfer dir, arch dir, key hash.
+    Copies of one deployment from several nodes (PATHs given) land in one group."""
+    out: dict[tuple[str | None, str | None, str], list[CacheView]] = {}
+    for view in inp.caches:
+        f = view.cache.found
+        if f.layout == "sglang" and f.key_dir is not None and f.run is None:
+            out.setdefault((f.dir_version, f.arch, f.key_dir), []).append(view)
+    return out
+
+
+def _differing(metas: list[dict[str, Any]]) -> list[str]:
+    fields = sorted({k for m in metas for k in m})
+    return [k for k in fields if len({json.dumps(m.get(k), sort_keys=True) for m in metas}) > 1]
+
+
+def _content(view: CacheView) -> str:
+    f = view.cache.file
+    return json.dumps([f.metadata, f.entries, f.reserved], sort_keys=True, default=str)
+
+
+def ranks_disagree(inp: Inputs) -> Iterator[Finding]:
+    """Rank files of one deployment written in different environments (any release), or, for
+    0.5.19+, TP ranks whose files differ: SGLang deletes them all at start."""
+    v = parse_version(inp.target.sglang_version)
+    for (_, _, key), views in sorted(_deployments(inp).items(), key=lambda kv: kv[0][2]):
+        if len(views) < 2:
+            continue
+        where = str(views[0].cache.path.parent)
+        names = sorted({vw.cache.path.name for vw in views})
+        differ = _differing([vw.cache.file.metadata or {} for vw in views])
+        if differ:
+            yield Finding(
+                "sglang-ranks-disagree",
+                "warning",
+                where,
+                f"the {len(views)} rank files of deployment {key} were written in different "
+                f"environments ({', '.join(differ)} differ): FlashInfer skips a file whose "
+                "`_metadata` does not match the start that reads it, so some ranks tune afresh",
+                "tune every rank of a deployment on the same stack (CUDA, torch, FlashInfer, "
+                "GPU), or delete the odd files",
+                {"deployment": key, "files": names, "fields": differ},
+            )
+            continue
+        if v not in SGLANG_RANK_DIGEST:
+            continue
+        by_group: dict[tuple[int, ...], set[str]] = {}
+        for vw in views:
+            rank = vw.cache.found.rank or (0, 0, 0)
+            by_group.setdefault(rank[1:], set()).add(_content(vw))  # one TP group per (pp, dp)
+        split = [g for g, contents in by_group.items() if len(contents) > 1]
+        if not split:
+            continue
+        yield Finding(
+            "sglang-ranks-disagree",
+            "warning",
+            where,
+            f"SGLang {inp.target.sglang_version} compares its TP ranks' files at every start "
+            f"and deletes them all when they differ (flashinfer_autotune.py 0.5.19:209-246); "
+            f"the TP ranks of deployment {key} hold different files, so the next start "
+            "discards this cache and tunes from scratch (under expert parallelism they never "
+            "agree: sglang issue #40320)",
+            "expect full tuning at the next start; copy or warm all ranks together, and do not "
+            "mix files from separate runs",
+            {"deployment": key, "files": names},
+        )
+
+
+def cutedsl_mode_blind(inp: Inputs) -> Iterator[Finding]:
+    """CuTe-DSL NVFP4 entries of FlashInfer < 0.7.1, whose keys lack the finalize mode, where
+    nothing says they were tuned in the mode the target runs."""
+    for view in inp.caches:
+        if not view.applies or view.cache.found.layout != "sglang":
+            continue
+        fi = view.cache.found.dir_version or (view.cache.file.metadata or {}).get(
+            "flashinfer_version"
+        )
+        fv = parse_version(fi)
+        if fv is None or fv >= CUTEDSL_KEY_HAS_FINALIZE:
+            continue
+        n = sum(_runner(k) == CUTEDSL_NVFP4_RUNNER for k in view.cache.file.entries)
+        if not n or view.namespace_finalize == inp.target.finalize:
+            continue  # a fi-cache namespace of the target's mode tuned them in that mode
+        tuned = (
+            f"were tuned {view.namespace_finalize} (their namespace)"
+            if view.namespace_finalize
+            else "may have been tuned in either mode (SGLang 0.5.19-0.5.20 default to fused, "
+            "0.5.21+ to unfused)"
+        )
+        yield Finding(
+            "sglang-cutedsl-mode-blind",
+            "warning",
+            str(view.cache.path),
+            f"{n} CuTe-DSL NVFP4 MoE entries ({CUTEDSL_NVFP4_RUNNER}): FlashInfer {fi}'s keys "
+            "for them do not carry the finalize mode, nor does SGLang's path, so the target's "
+            f"{inp.target.finalize} start replays them as they are; they {tuned}",
+            "delete this rank file before starting in the other mode (or after upgrading "
+            "0.5.20 -> 0.5.21), or start SGLang through `fi-cache serve --engine sglang`, which "
+            "gives each mode a namespace of its own",
+            {"entries": n, "flashinfer_version": fi},
+        )
+
+
+def _runner(key: str) -> str | None:
+    try:
+        return parse_key(key).runner
+    except ValueError:
+        return None
+
+
+def shared_cache_dir(inp: Inputs) -> Iterator[Finding]:
+    """Two SGLang servers, or a running one and a start from here, on one cache dir and GPUs
+    that can overlap."""
+    live = list(inp.sglang_live)
+    for i, a in enumerate(live):
+        for b in live[i + 1 :]:
+            if a.cache_dir == b.cache_dir and share_gpus(a.devices, b.devices):
+                yield Finding(
+                    "sglang-shared-cache-dir",
+                    "warning",
+                    a.cache_dir,
+                    f"SGLang servers pid {a.pid} (GPUs {a.gpus}) and pid {b.pid} (GPUs "
+                    f"{b.gpus}) share this SGLANG_CACHE_DIR: {_SHARED_WHY}",
+                    _SHARED_FIX,
+                    {"pids": [a.pid, b.pid]},
+                )
+    if inp.sglang_here is None:
+        return
+    cache_dir, gpus = inp.sglang_here
+    for e in sharing(live, cache_dir, gpus):
+        shown = ",".join(sorted(gpus)) if gpus is not None else "all"
+        yield Finding(
+            "sglang-shared-cache-dir",
+            "warning",
+            e.cache_dir,
+            f"SGLang pid {e.pid} runs on GPUs {e.gpus} with this SGLANG_CACHE_DIR, and an SGLang "
+            f"started from here (GPUs {shown}) would use it too: {_SHARED_WHY}",
+            _SHARED_FIX,
+            {"pids": [e.pid]},
+        )
+
+
+_SHARED_WHY = (
+    "SGLang 0.5.22+ says engines sharing physical GPUs must use separate SGLANG_CACHE_DIRs "
+    "(flashinfer_autotune.py 0.5.22:176-189): two servers of one deployment read and rewrite "
+    "the same rank files"
+)
+_SHARED_FIX = (
+    "give each server its own SGLANG_CACHE_DIR, or its own GPUs (CUDA_VISIBLE_DEVICES); "
+    "`fi-cache serve --engine sglang` warns when it would start a second one"
+)
+
+
+CHECKS: tuple[Check, ...] = (
+    *_RELEASE_CHECKS,
+    Check(
+        "sglang-ranks-disagree",
+        "SGLang rank files of one deployment from different environments, or TP ranks that "
+        "differ (0.5.19+ deletes them all at start)",
+        ranks_disagree,
+    ),
+    Check(
+        "sglang-cutedsl-mode-blind",
+        "CuTe-DSL NVFP4 entries of FlashInfer < 0.7.1 replayed in either finalize mode",
+        cutedsl_mode_blind,
+    ),
+    Check(
+        "sglang-shared-cache-dir",
+        "Two SGLang servers on one SGLANG_CACHE_DIR and the same GPUs",
+        shared_cache_dir,
     ),
 )

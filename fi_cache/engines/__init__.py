@@ -1,7 +1,8 @@
 """Engines: the programs fi-cache runs to fill a namespace (api.py states the contract).
 
-One package per engine: `vllm/` (`vllm serve`), `flashinfer/` (FlashInfer's own autotuner, from a
-plan, without a serving engine). Each is imported only when a command needs it.
+One package per engine: `vllm/` (`vllm serve`), `sglang/` (`sglang serve`), `flashinfer/`
+(FlashInfer's own autotuner, from a plan, without a serving engine). Each is imported only when
+a command needs it; what the server engines share is in server.py and warming.py.
 """
 
 from __future__ import annotations
@@ -12,7 +13,7 @@ from typing import TYPE_CHECKING
 if TYPE_CHECKING:  # the tuning child imports this package: it stays empty at run time
     from fi_cache.engines.api import Engine
 
-NAMES = ("vllm", "flashinfer")
+NAMES = ("vllm", "flashinfer", "sglang")
 
 
 def get(name: str) -> Engine:

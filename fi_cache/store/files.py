@@ -50,6 +50,24 @@ def ensure_dir(directory: Path) -> None:
         raise Refused(f"cannot create directory: {exc.strerror}", directory) from None
 
 
+def ensure_link(link: Path, target: Path) -> bool:
+    """`link` -> `target` (a dir, made if missing), unless something is at `link` already.
+    False when it cannot be made: the engine then writes at `link` itself, which is harmless."""
+    if os.path.lexists(link):
+        return True
+    tmp = link.with_name(f".{link.name}.{os.getpid()}.tmp")
+    try:
+        target.mkdir(parents=True, exist_ok=True)
+        link.parent.mkdir(parents=True, exist_ok=True)
+        tmp.symlink_to(target, target_is_directory=True)
+        os.replace(tmp, link)  # two starts racing: one link wins, both are the same
+    except OSError:
+        with contextlib.suppress(OSError):
+            tmp.unlink()
+        return os.path.lexists(link)
+    return True
+
+
 def atomic_write(
     path: Path,
     data: bytes,

@@ -41,6 +41,7 @@ class WarmRecord:
     supports_finalize_env: bool | None  # did that vLLM read VLLM_FLASHINFER_MOE_FUSED_FINALIZE?
     ok: bool = True
     engine: str = "vllm"  # "flashinfer": tuned by `warm --engine flashinfer --plan` (argv)
+    engine_version: str | None = None  # SGLang's release, for engine "sglang"
 
 
 @dataclass(frozen=True)
@@ -124,6 +125,7 @@ _WARM_TYPES: dict[str, tuple[type, ...]] = {
     "supports_finalize_env": (bool, type(None)),
     "ok": (bool,),
     "engine": (str,),
+    "engine_version": (str, type(None)),
 }
 
 

@@ -1,33 +1,19 @@
 """Finding vLLM, its environment, launching and stopping it.
 
-Launch pattern (vLLM's own test launcher): a new process session, poll `GET /health` until 200
-(warm-up, FlashInfer autotuning and the cache save are done by then), stop the whole process
-group with SIGINT, then SIGTERM, then SIGKILL.
+Starting, polling and stopping the server is engines/server.py's (vLLM's own test launcher's
+pattern: a new session, `GET /health` until 200, the group stopped SIGINT, SIGTERM, SIGKILL).
 """
 
 from __future__ import annotations
 
-import contextlib
-import os
-import re
-import shlex
-import shutil
-import signal
-import socket
-import subprocess
-import threading
-import time
-from collections import deque
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from fi_cache.engines.guard import Guard
+from fi_cache.engines.scripts import interpreter, resolve_launcher
 from fi_cache.engines.vllm.args import API_SERVER_MODULE, with_model_flag
-from fi_cache.engines.vllm.logs import named_cache_file
 from fi_cache.errors import Refused
-from fi_cache.store import locks
 from fi_cache.versions import VLLM_CACHE_DIR_ENV, VLLM_FINALIZE_ENV
 
 if TYPE_CHECKING:
@@ -69,57 +55,15 @@ def find_launcher(explicit: str | None) -> Launcher:
     """`--vllm CMD`, else $FI_CACHE_VLLM, else `vllm` on PATH. CMD is a vLLM executable, a
     Python (its `-m vllm.entrypoints.openai.api_server`), or that module form spelled out.
     Raises Refused."""
-    spec = explicit or os.environ.get(VLLM_ENV) or "vllm"
-    where = "--vllm" if explicit else (VLLM_ENV if os.environ.get(VLLM_ENV) else "PATH")
-    words = shlex.split(spec) if " " in spec.strip() else [spec]
-    found = shutil.which(words[0]) if words else None
-    if found is None:
-        raise Refused(f"no vLLM executable {spec!r} (from {where}); install vLLM or pass --vllm")
-    rest = words[1:]
-    if rest and rest != ["-m", API_SERVER_MODULE]:
-        raise Refused(
-            f"{spec!r} (from {where}): give a vLLM executable, a Python, or "
-            f"`PYTHON -m {API_SERVER_MODULE}`"
-        )
-    return Launcher(found, bool(rest) or bool(_PYTHON_NAME.fullmatch(os.path.basename(found))))
+    found, module = resolve_launcher(
+        explicit, VLLM_ENV, "vllm", API_SERVER_MODULE, "vLLM", "--vllm"
+    )
+    return Launcher(found, module)
 
 
 def find_executable(explicit: str | None) -> str:
     """The program `find_launcher` starts. Raises Refused."""
     return find_launcher(explicit).executable
-
-
-_PYTHON_NAME = re.compile(r"python[0-9.]*")
-# pip's launcher for interpreter paths too long for a `#!` line: '''exec' "/path/python" "$0" "$@"
-_SH_EXEC = re.compile(rb"^'''exec' \"([^\"]+)\" \"\$0\"")
-
-
-def interpreter(executable: str) -> str | None:
-    """The Python that runs `executable` (a vLLM console script), so that facts about vLLM come
-    from the environment that runs it: itself when it is a Python, else what its `#!` line (or
-    pip's long-path launcher) names. None for anything else, e.g. a shell wrapper."""
-    if _PYTHON_NAME.fullmatch(os.path.basename(executable)):
-        return executable
-    try:
-        with open(executable, "rb") as f:
-            head = f.read(1024).splitlines()
-    except OSError:
-        return None
-    if not head or not head[0].startswith(b"#!"):
-        return None
-    words = head[0][2:].decode(errors="replace").split()
-    found: str | None = None
-    if words and os.path.basename(words[0]) == "env":
-        names = [w for w in words[1:] if not w.startswith("-")]
-        found = shutil.which(names[0]) if names else None
-    elif words:
-        found = words[0]
-    if found and os.path.basename(found) == "sh" and len(head) > 1:
-        m = _SH_EXEC.match(head[1])
-        found = m.group(1).decode(errors="replace") if m else None
-    if found and _PYTHON_NAME.fullmatch(os.path.basename(found)) and os.access(found, os.X_OK):
-        return found
-    return None
 
 
 def user_finalize(
@@ -171,128 +115,6 @@ def launch_env(
             prefixes.append("FLASHINFER_")
         env[RAY_PREFIXES_ENV] = ",".join(prefixes)
     return env
-
-
-def free_port(host: str = "127.0.0.1") -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind((host, 0))
-        return int(s.getsockname()[1])
-
-
-def port_in_use(port: int, host: str = "127.0.0.1") -> bool:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        try:
-            s.bind((host, port))
-        except OSError:
-            return True
-    return False
-
-
-class Server:
-    """A `vllm serve` child in its own session, with its last log lines kept."""
-
-    def __init__(
-        self,
-        cmd: list[str],
-        env: dict[str, str],
-        keep_lines: int = 30,
-        lock_dir: Path | None = None,
-        grace: float = 10.0,
-    ) -> None:
-        """`lock_dir`: the namespace whose lock this process holds; a guard then stops vLLM's
-        group, and keeps the lock held until it has, if this process dies first."""
-        self.log: deque[str] = deque(maxlen=50_000)  # for the log file a failed warm leaves
-        self._keep = keep_lines
-        self.named_files: set[str] = set()  # autotune files its log says it read or wrote
-        try:
-            self.proc = subprocess.Popen(
-                cmd,
-                env=env,
-                stdin=subprocess.DEVNULL,
-                stdout=subprocess.PIPE,
-                stderr=subprocess.STDOUT,
-                start_new_session=True,
-                text=True,
-                errors="replace",
-            )
-        except OSError as exc:
-            raise Refused(f"cannot start vLLM: {exc.strerror}", cmd[0]) from None
-        self._guard: Guard | None = None
-        if lock_dir is not None:
-            self._guard = Guard(self.proc.pid, grace, locks.guard_fds(lock_dir))
-            locks.share_with_guard(lock_dir, self._guard.pid)
-        self._reader = threading.Thread(target=self._read, daemon=True)
-        self._reader.start()
-
-    def _read(self) -> None:
-        assert self.proc.stdout is not None
-        for line in self.proc.stdout:
-            self.log.append(line.rstrip("\n"))
-            if (path := named_cache_file(line)) is not None:
-                self.named_files.add(path)  # every line, not only the kept tail
-
-    @property
-    def last_line(self) -> str:
-        return self.log[-1] if self.log else ""
-
-    @property
-    def lines(self) -> list[str]:
-        """Its last `keep_lines` lines: what a failure shows."""
-        return list(self.log)[-self._keep :]
-
-    def poll(self) -> int | None:
-        return self.proc.poll()
-
-    def stop(self, grace: float = 10.0) -> int:
-        """SIGINT, then SIGTERM, then SIGKILL to the whole process group; returns the exit code."""
-        for sig, wait in ((signal.SIGINT, grace), (signal.SIGTERM, grace / 2), (signal.SIGKILL, 5)):
-            if self.proc.poll() is not None:
-                break
-            with contextlib.suppress(ProcessLookupError, PermissionError):
-                os.killpg(self.proc.pid, sig)
-            with contextlib.suppress(subprocess.TimeoutExpired):
-                self.proc.wait(wait)
-        # Workers left in the group after the leader exited: no orphans.
-        with contextlib.suppress(ProcessLookupError, PermissionError):
-            os.killpg(self.proc.pid, signal.SIGKILL)
-        self._reader.join(timeout=2)
-        code = self.proc.wait()
-        if self._guard is not None:
-            self._guard.release()
-        return code
-
-
-def health_ok(port: int, host: str = "127.0.0.1", timeout: float = 2.0) -> bool:
-    import urllib.error  # deferred: only a warm polls, serve's exec path never does
-    import urllib.request
-
-    try:
-        with urllib.request.urlopen(f"http://{host}:{port}/health", timeout=timeout) as r:
-            return bool(r.status == 200)
-    except (urllib.error.URLError, OSError, ValueError):
-        return False
-
-
-def wait_healthy(
-    server: Server,
-    port: int,
-    timeout: float,
-    tick: float = 0.5,
-    on_tick: Callable[[float, str], None] | None = None,
-) -> str:
-    """'healthy', 'exited' or 'timeout'; calls on_tick(elapsed, last_line) while waiting."""
-    start = time.monotonic()
-    while True:
-        if server.poll() is not None:
-            return "exited"
-        if health_ok(port):
-            return "healthy"
-        elapsed = time.monotonic() - start
-        if elapsed >= timeout:
-            return "timeout"
-        if on_tick is not None:
-            on_tick(elapsed, server.last_line)
-        time.sleep(tick)
 
 
 def vllm_python(explicit: str | None) -> str | None:

@@ -20,7 +20,7 @@ from pathlib import Path
 
 import pytest
 
-from fi_cache.engines.vllm.launch import free_port
+from fi_cache.engines.server import free_port
 from tests.conftest import ROOT, VLLM_PYTHON, needs_vllm
 
 PYTHON = VLLM_PYTHON

@@ -96,7 +96,7 @@ def test_launchers_console_script_python_and_module_form(
             sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model", "M", "-tp", "2",
         ]  # fmt: skip
         assert m.command(["--model", "M"])[-2:] == ["--model", "M"]
-    with pytest.raises(Refused, match="give a vLLM executable, a Python"):
+    with pytest.raises(Refused, match="give the vLLM executable, a Python"):
         launch.find_launcher(f"{sys.executable} -c print")
 
 

@@ -8,7 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from fi_cache.engines.vllm.launch import interpreter, vllm_python
+from fi_cache.engines.scripts import interpreter
+from fi_cache.engines.vllm.launch import vllm_python
 from tests.conftest import write_script
 
 PY = sys.executable

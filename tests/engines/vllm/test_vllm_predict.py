@@ -20,7 +20,7 @@ from pathlib import Path
 
 import pytest
 
-from fi_cache.engines.vllm.launch import free_port
+from fi_cache.engines.server import free_port
 from fi_cache.engines.vllm.predict import predict
 from fi_cache.errors import FiCacheError, Refused
 from tests.conftest import VLLM_PYTHON, needs_vllm

@@ -316,7 +316,7 @@ def test_serve_warms_a_cold_namespace_then_runs_vllm_with_its_exit_code(rig: Rig
 
 
 def test_serve_forwards_signals_to_vllm(rig: Rig) -> None:
-    from fi_cache.engines.vllm.launch import free_port
+    from fi_cache.engines.server import free_port
 
     port = str(free_port())
     assert rig.run("warm", "--", MODEL, "--port", port).returncode == 0
@@ -425,7 +425,7 @@ def _cannot_write(path: Path) -> bool:
 def test_a_vllm_serve_line_runs_as_is_after_fi_cache_serve(rig: Rig) -> None:
     """`vllm serve ARGS` -> `fi-cache warm/serve ARGS`, no `--`: the same vLLM command line (and
     -q there is vLLM's --quantization, not fi-cache's quiet); global options after the name."""
-    from fi_cache.engines.vllm.launch import free_port
+    from fi_cache.engines.server import free_port
 
     port = str(free_port())
     p = rig.run("warm", "--format", "json", MODEL, "-tp", "1", "--max-model-len", "4096")
@@ -516,7 +516,7 @@ def test_an_undetected_environment_is_said_before_warming(rig: Rig, tmp_path: Pa
 
 
 def test_prune_leaves_the_namespace_of_a_running_server_alone(rig: Rig) -> None:
-    from fi_cache.engines.vllm.launch import free_port
+    from fi_cache.engines.server import free_port
 
     port = str(free_port())
     assert rig.run("warm", "--", MODEL, "--port", port).returncode == 0

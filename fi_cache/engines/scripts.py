@@ -1,0 +1,66 @@
+"""Which Python runs an engine's console script (`vllm`, `sglang`): the packages of that
+interpreter, not fi-cache's own (a pipx install), name the namespace."""
+
+from __future__ import annotations
+
+import os
+import re
+import shlex
+import shutil
+
+PYTHON_NAME = re.compile(r"python[0-9.]*")
+# pip's launcher for interpreter paths too long for a `#!` line: '''exec' "/path/python" "$0" "$@"
+_SH_EXEC = re.compile(rb"^'''exec' \"([^\"]+)\" \"\$0\"")
+
+
+def interpreter(executable: str) -> str | None:
+    """The Python that runs `executable` (an engine's console script), so that facts about the
+    engine come from the environment that runs it: itself when it is a Python, else what its
+    `#!` line (or pip's long-path launcher) names. None for anything else, e.g. a shell wrapper."""
+    if PYTHON_NAME.fullmatch(os.path.basename(executable)):
+        return executable
+    try:
+        with open(executable, "rb") as f:
+            head = f.read(1024).splitlines()
+    except OSError:
+        return None
+    if not head or not head[0].startswith(b"#!"):
+        return None
+    words = head[0][2:].decode(errors="replace").split()
+    found: str | None = None
+    if words and os.path.basename(words[0]) == "env":
+        names = [w for w in words[1:] if not w.startswith("-")]
+        found = shutil.which(names[0]) if names else None
+    elif words:
+        found = words[0]
+    if found and os.path.basename(found) == "sh" and len(head) > 1:
+        m = _SH_EXEC.match(head[1])
+        found = m.group(1).decode(errors="replace") if m else None
+    if found and PYTHON_NAME.fullmatch(os.path.basename(found)) and os.access(found, os.X_OK):
+        return found
+    return None
+
+
+def resolve_launcher(
+    explicit: str | None, variable: str, default: str, module: str, what: str, flag: str
+) -> tuple[str, bool]:
+    """(The program to start, whether it runs `-m module`): `flag CMD`, else $variable, else
+    `default` on PATH. CMD is the engine's executable, a Python (run with `-m module`), or that
+    module form spelled out. Raises Refused naming `what` and where CMD came from."""
+    from fi_cache.errors import Refused
+
+    spec = explicit or os.environ.get(variable) or default
+    where = flag if explicit else (variable if os.environ.get(variable) else "PATH")
+    words = shlex.split(spec) if " " in spec.strip() else [spec]
+    found = shutil.which(words[0]) if words else None
+    if found is None:
+        raise Refused(
+            f"no {what} executable {spec!r} (from {where}); install {what} or pass {flag}"
+        )
+    rest = words[1:]
+    if rest and rest != ["-m", module]:
+        raise Refused(
+            f"{spec!r} (from {where}): give the {what} executable, a Python, or "
+            f"`PYTHON -m {module}`"
+        )
+    return found, bool(rest) or bool(PYTHON_NAME.fullmatch(os.path.basename(found)))

@@ -1,0 +1,229 @@
+"""Finding SGLang, choosing its finalize mode, and the environment it runs with on a namespace.
+
+What fi-cache moves: SGLANG_CACHE_DIR, to `<namespace>/sglang`. No release up to 0.5.23 has a
+variable for the autotune part alone (docs/research/sglang-releases.md), so the rest is kept
+where the user had it: every cache variable SGLang derives from SGLANG_CACHE_DIR is set to the
+user's own value unless they set it (versions.SGLANG_DERIVED_CACHES), and the dirs SGLang joins to
+SGLANG_CACHE_DIR itself are links into the user's dir (versions.SGLANG_DIRECT_CACHES).
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, cast
+
+from fi_cache.engines.scripts import interpreter, resolve_launcher
+from fi_cache.engines.sglang.args import SglangArgs, env_bool
+from fi_cache.errors import Refused
+from fi_cache.versions import (
+    SGLANG_AUTOTUNE_CACHE_ENV,
+    SGLANG_CACHE_DIR_DEFAULT,
+    SGLANG_CACHE_DIR_ENV,
+    SGLANG_DETERMINISTIC_SKIPS_TUNE,
+    SGLANG_DIRECT_CACHES,
+    SGLANG_FINALIZE_BEFORE_ENV,
+    SGLANG_FINALIZE_ENV,
+    SGLANG_FINALIZE_FROM,
+    SGLANG_LAUNCH_MODULE,
+    SGLANG_NEWEST_CHECKED,
+    SGLANG_PERSISTENT_CACHE,
+    SGLANG_RANK_DIGEST,
+    SGLANG_RUNS_FROM,
+    parse_version,
+    sglang_caches_moved,
+    sglang_finalize_default,
+)
+
+if TYPE_CHECKING:
+    from fi_cache.store.namespace import FinalizeMode
+
+SGLANG_ENV = "FI_CACHE_SGLANG"
+
+
+@dataclass(frozen=True)
+class Launcher:
+    """How to start SGLang: its console script (`sglang serve ARGS`, 0.5.5+) or a Python running
+    its server module (`PYTHON -m sglang.launch_server ARGS`)."""
+
+    executable: str
+    module: bool
+
+    @property
+    def python(self) -> str | None:
+        """The interpreter whose packages SGLang runs with (None: not a Python script)."""
+        return self.executable if self.module else interpreter(self.executable)
+
+    def command(self, args: SglangArgs, extra: Sequence[str] = ()) -> list[str]:
+        # A positional model is 0.5.23's `sglang serve MODEL` only: spell it --model-path.
+        argv = [*args.with_model_flag(), *extra]
+        if self.module:
+            return [self.executable, "-m", SGLANG_LAUNCH_MODULE, *argv]
+        return [self.executable, "serve", *argv]
+
+
+def find_launcher(explicit: str | None) -> Launcher:
+    """`--sglang CMD`, else $FI_CACHE_SGLANG, else `sglang` on PATH: the console script, a
+    Python, or `PYTHON -m sglang.launch_server`. Raises Refused."""
+    found, module = resolve_launcher(
+        explicit, SGLANG_ENV, "sglang", SGLANG_LAUNCH_MODULE, "SGLang", "--sglang"
+    )
+    return Launcher(found, module)
+
+
+def sglang_python(explicit: str | None) -> str | None:
+    """The interpreter of the SGLang fi-cache would launch; None when there is none or it is not
+    a Python script."""
+    try:
+        return find_launcher(explicit).python
+    except Refused:
+        return None
+
+
+def require_version(version: str | None, launcher: Launcher) -> str:
+    """SGLang's release, which decides its cache layout and finalize variable. Raises Refused
+    when it cannot be read (a wrapper script, or no sglang dist in that Python)."""
+    if version is not None and parse_version(version) is not None:
+        return version
+    where = launcher.python or launcher.executable
+    raise Refused(
+        f"cannot tell which SGLang release {launcher.executable} runs (no sglang package seen by "
+        f"{where}): its cache layout and finalize variable depend on it; pass --sglang with the "
+        "Python of SGLang's environment"
+    )
+
+
+def user_cache_dir(environ: Mapping[str, str]) -> str:
+    """The user's SGLANG_CACHE_DIR, as SGLang's derived defaults read it (expanduser: environ.py
+    0.5.23:31-37)."""
+    path = environ.get(SGLANG_CACHE_DIR_ENV) or SGLANG_CACHE_DIR_DEFAULT
+    home = environ.get("HOME")
+    if home and (path == "~" or path.startswith("~/")):
+        return home + path[1:]  # the HOME that SGLang will see
+    return os.path.expanduser(path)
+
+
+def choose_finalize(
+    environ: Mapping[str, str],
+    asked: FinalizeMode | None,
+    given: str,
+    version: str,
+    args: SglangArgs,
+) -> tuple[FinalizeMode, str | None]:
+    """(The finalize mode SGLang `version` will run, a note to show): the command line (`given`
+    spells it), else SGLang's --enable-deterministic-inference (unfused from 0.5.18), else the
+    user's SGLANG_FLASHINFER_MOE_FUSED_FINALIZE, else the release's default. A variable that
+    contradicts the command line, or one SGLang would not read as a boolean, is refused."""
+    v = parse_version(version)
+    reads = v is not None and v >= SGLANG_FINALIZE_FROM
+    raw = environ.get(SGLANG_FINALIZE_ENV)
+    theirs: FinalizeMode | None = None
+    if raw is not None and reads:
+        said = env_bool(raw)
+        if said is None:
+            raise Refused(
+                f"{SGLANG_FINALIZE_ENV}={raw!r} in the environment: SGLang reads true/1/yes/y or "
+                "false/0/no/n and falls back to its default on anything else; set one, or unset it"
+            )
+        theirs = "fused" if said else "unfused"
+    implied: FinalizeMode | None = "unfused" if args.deterministic and reads else None
+    for what, mode in ((f"{SGLANG_FINALIZE_ENV}={raw}", theirs),
+                       ("--enable-deterministic-inference", implied)):  # fmt: skip
+        if asked is not None and mode is not None and mode != asked:
+            raise Refused(
+                f"{what} asks SGLang for {mode} finalize and {given} for {asked}: drop one"
+            )
+    if implied == "unfused" and theirs == "fused":
+        theirs = None  # SGLang sets the variable to 0 itself (serving_hook.py 0.5.19:404-405)
+    if not reads:
+        if asked == "unfused":
+            raise Refused(
+                f"SGLang {version} does not read {SGLANG_FINALIZE_ENV} (from {SGLANG_FINALIZE_FROM}"
+                "): it would tune and run fused (non-deterministic) MoE finalize; upgrade SGLang"
+            )
+        note = None
+        if args.deterministic:
+            note = (
+                f"SGLang {version}'s --enable-deterministic-inference still runs fused MoE "
+                f"finalize and tunes it ({SGLANG_FINALIZE_FROM}+ runs unfused): fused namespace"
+            )
+        return cast("FinalizeMode", SGLANG_FINALIZE_BEFORE_ENV), note
+    mode = asked or implied or theirs
+    if mode is not None:
+        return mode, None
+    default = cast("FinalizeMode", sglang_finalize_default(version) or "fused")
+    return default, (
+        f"{SGLANG_FINALIZE_ENV} unset: SGLang {version} runs {default} finalize by default, "
+        f"so the {default} namespace"
+    )
+
+
+def nothing_to_tune(environ: Mapping[str, str], version: str, args: SglangArgs) -> str | None:
+    """Why this SGLang start will keep no cache, when that is known before it starts."""
+    v = parse_version(version)
+    if v is not None and v < SGLANG_PERSISTENT_CACHE:
+        return f"SGLang {version} keeps no autotune cache (from {SGLANG_PERSISTENT_CACHE})"
+    if args.autotune_disabled:
+        return "--disable-flashinfer-autotune is in the SGLang arguments"
+    if args.deterministic and v is not None and v >= SGLANG_DETERMINISTIC_SKIPS_TUNE:
+        return (
+            f"SGLang {version} with --enable-deterministic-inference skips FlashInfer "
+            "autotuning (and runs unfused finalize)"
+        )
+    off = env_bool(environ.get(SGLANG_AUTOTUNE_CACHE_ENV)) is False
+    if off and v is not None and v >= SGLANG_RUNS_FROM:
+        return (
+            f"{SGLANG_AUTOTUNE_CACHE_ENV}={environ[SGLANG_AUTOTUNE_CACHE_ENV]}: SGLang writes "
+            "write-only runs/ files and never reads one back"
+        )
+    return None
+
+
+def warnings(version: str, args: SglangArgs) -> list[str]:
+    """What a user should know before this SGLang starts on a namespace."""
+    v = parse_version(version)
+    out = []
+    if v is not None and v > SGLANG_NEWEST_CHECKED:
+        out.append(
+            f"SGLang {version} is newer than the newest release fi-cache was checked against "
+            f"({SGLANG_NEWEST_CHECKED}): its cache layout is assumed unchanged"
+        )
+    if v in SGLANG_RANK_DIGEST and args.ep > 1 and args.tp > 1:
+        out.append(
+            f"SGLang {version} with --ep-size {args.ep} and --tp-size {args.tp} deletes its "
+            "autotune cache at every start (sglang issue #40320): a warm only saves this "
+            "start's tuning"
+        )
+    return out
+
+
+def launch_env(
+    base: Mapping[str, str], cache_dir: Path, finalize: str, version: str
+) -> dict[str, str]:
+    """The environment SGLang runs with: SGLANG_CACHE_DIR in the namespace, the caches SGLang
+    `version` derives from it pinned to the user's own dir (unless set), the finalize mode
+    where the release reads it."""
+    env = dict(base)
+    theirs = user_cache_dir(base)
+    for var, sub in sglang_caches_moved(version):
+        env.setdefault(var, os.path.join(theirs, sub) if sub else theirs)
+    env[SGLANG_CACHE_DIR_ENV] = str(cache_dir)
+    v = parse_version(version)
+    if v is not None and v >= SGLANG_FINALIZE_FROM:
+        env[SGLANG_FINALIZE_ENV] = "0" if finalize == "unfused" else "1"
+    return env
+
+
+def link_direct_caches(cache_dir: Path, environ: Mapping[str, str]) -> list[str]:
+    """Point the dirs SGLang joins to SGLANG_CACHE_DIR itself back into the user's dir (links
+    made once, kept); returns the ones that could not be linked."""
+    from fi_cache.store.files import ensure_link
+
+    theirs = Path(user_cache_dir(environ))
+    failed = []
+    for name in SGLANG_DIRECT_CACHES:
+        if not ensure_link(cache_dir / name, theirs / name):
+            failed.append(name)
+    return failed

@@ -1,0 +1,95 @@
+"""SGLang servers running on this machine, as /proc shows them: which cache dir and which GPUs
+each uses. SGLang 0.5.22+ says engines sharing physical GPUs must use separate
+SGLANG_CACHE_DIRs (flashinfer_autotune.py 0.5.22:176-189): doctor and serve look for two that
+do not."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+from fi_cache.engines.sglang.launch import user_cache_dir
+from fi_cache.versions import SGLANG_LAUNCH_MODULE
+
+
+@dataclass(frozen=True)
+class Engine:
+    """One SGLang server: its process tree (one session), its cache dir and visible GPUs."""
+
+    pid: int  # its lowest pid: the launcher
+    session: int
+    cache_dir: str
+    devices: frozenset[str] | None  # CUDA_VISIBLE_DEVICES; None: all of the machine's GPUs
+
+    @property
+    def gpus(self) -> str:
+        return ",".join(sorted(self.devices)) if self.devices is not None else "all"
+
+
+def is_sglang(cmdline: Sequence[str]) -> bool:
+    """`sglang serve ...`, `python -m sglang.launch_server ...`, or one of its processes
+    (SGLang names them `sglang::scheduler_TP0` and so on)."""
+    if cmdline and cmdline[0].startswith("sglang::"):
+        return True
+    for i, word in enumerate(cmdline):
+        if os.path.basename(word) == "sglang" and cmdline[i + 1 : i + 2] == ["serve"]:
+            return True
+        if word == "-m" and cmdline[i + 1 : i + 2] == [SGLANG_LAUNCH_MODULE]:
+            return True
+    return False
+
+
+def devices(environ: Mapping[str, str]) -> frozenset[str] | None:
+    value = environ.get("CUDA_VISIBLE_DEVICES")
+    if value is None:
+        return None
+    return frozenset(d.strip() for d in value.split(",") if d.strip())
+
+
+def share_gpus(a: frozenset[str] | None, b: frozenset[str] | None) -> bool:
+    """Whether two CUDA_VISIBLE_DEVICES lists can name one GPU (unset: every GPU)."""
+    return a is None or b is None or bool(a & b)
+
+
+def engines(procs: Iterable[tuple[int, int, Sequence[str], Mapping[str, str]]]) -> list[Engine]:
+    """The SGLang servers among (pid, session, cmdline, environ) rows, one per session."""
+    found: dict[int, Engine] = {}
+    for pid, session, cmdline, environ in procs:
+        if not is_sglang(cmdline):
+            continue
+        here = Engine(pid, session, os.path.realpath(user_cache_dir(environ)), devices(environ))
+        if session not in found or pid < found[session].pid:
+            found[session] = here
+    return sorted(found.values(), key=lambda e: e.pid)
+
+
+def _read(pid: str) -> tuple[int, int, list[str], dict[str, str]] | None:
+    try:
+        cmdline = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
+        raw = Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
+        session = os.getsid(int(pid))
+    except (OSError, ValueError):
+        return None  # gone, or another user's
+    words = [w.decode(errors="replace") for w in cmdline if w]
+    env = dict(kv.decode(errors="replace").partition("=")[::2] for kv in raw if b"=" in kv)
+    return int(pid), session, words, env
+
+
+def running() -> list[Engine]:
+    """The SGLang servers this user can see (Linux /proc; elsewhere none)."""
+    try:
+        pids = [p for p in os.listdir("/proc") if p.isdigit()]
+    except OSError:
+        return []
+    rows = (row for p in pids if int(p) != os.getpid() and (row := _read(p)) is not None)
+    return engines(rows)
+
+
+def sharing(
+    engines_: Sequence[Engine], cache_dir: str, gpus: frozenset[str] | None
+) -> list[Engine]:
+    """The running servers that use `cache_dir` on GPUs that can be among `gpus`."""
+    real = os.path.realpath(cache_dir)
+    return [e for e in engines_ if e.cache_dir == real and share_gpus(e.devices, gpus)]

@@ -1,0 +1,101 @@
+"""Warm a namespace with SGLang: `sglang serve` on it until /health answers 200 (every scheduler
+is ready only after FlashInfer autotuning and the save: http_server.py 0.5.23:721-799, engine.py
+:2013-2041), stop it, check and record the rank files (the lock, the reuse of a warm waited for
+and the recording are engines/warming.py's)."""
+
+from __future__ import annotations
+
+import os
+import time
+from pathlib import Path
+
+from fi_cache.engines.api import WarmFailed
+from fi_cache.engines.server import Server, free_port, port_in_use
+from fi_cache.engines.sglang import launch
+from fi_cache.engines.sglang.args import SglangArgs
+from fi_cache.engines.sglang.engine import ENGINE
+from fi_cache.engines.warming import (
+    Progress,
+    WarmOptions,
+    WarmResult,
+    collect_files,
+    locked_warm,
+    snapshot,
+    until_healthy,
+    used_files,
+)
+from fi_cache.errors import Refused
+from fi_cache.store.files import ensure_dir
+from fi_cache.store.manifest import WarmRecord
+from fi_cache.store.namespace import Namespace
+from fi_cache.versions import SGLANG_FINALIZE_FROM, parse_version
+
+NO_CACHE_HINTS = (
+    "SGLang became healthy but wrote no autotune file in the namespace (it tunes only with a "
+    "FlashInfer MoE backend, e.g. --moe-runner-backend flashinfer_cutlass, or FP4/FP8 GEMMs "
+    "that use FlashInfer, on SM90+ GPUs; and not with --disable-flashinfer-autotune)"
+)
+
+
+def warm(
+    store: Path,
+    ns: Namespace,
+    args: SglangArgs,
+    launcher: launch.Launcher,
+    version: str,
+    options: WarmOptions | None = None,
+    progress: Progress | None = None,
+) -> WarmResult:
+    """Warm `ns` with `sglang serve ARGS` (SGLang `version`). Raises WarmFailed, Refused or
+    FiCacheError."""
+    progress = progress or Progress()
+    opts = options or WarmOptions()
+
+    def run(ns_dir: Path, seeded: dict[str, int]) -> WarmRecord:
+        return _run(ns_dir, ns, args, launcher, version, opts, progress)
+
+    return locked_warm(store, ns, args.key, run, opts, progress)
+
+
+def _run(
+    ns_dir: Path,
+    ns: Namespace,
+    args: SglangArgs,
+    launcher: launch.Launcher,
+    version: str,
+    options: WarmOptions,
+    progress: Progress,
+) -> WarmRecord:
+    port = options.port or free_port()
+    if options.port and port_in_use(port):
+        raise Refused(f"port {port} is in use; pick another with --port or leave it out")
+    cache_dir = ENGINE.cache_dir(ns_dir)
+    ensure_dir(cache_dir)
+    launch.link_direct_caches(cache_dir, os.environ)
+    env = launch.launch_env(os.environ, cache_dir, ns.finalize, version)
+    # Warming never needs outside traffic: loopback, our port (argparse: the last flag wins).
+    cmd = launcher.command(args, ["--host", "127.0.0.1", "--port", str(port)])
+    root = ENGINE.autotune_dir(ns_dir)
+    started = time.time()
+    before = snapshot(root)
+    progress.note(f"starting {' '.join(cmd[1:])}")
+    server = Server(cmd, env, lock_dir=ns_dir, grace=options.grace, name="SGLang")
+    until_healthy(server, port, "SGLang", options, progress)
+    used = used_files(root, before, server.named_files, {})
+    files = collect_files(root, ns_dir, "SGLang", used)
+    if not files and options.nothing_to_tune:
+        progress.note(f"nothing to tune: {options.nothing_to_tune}")
+    elif not files:
+        raise WarmFailed(NO_CACHE_HINTS, server.lines, list(server.log))
+    v = parse_version(version)
+    return WarmRecord(
+        started=started,
+        seconds=round(time.time() - started, 3),
+        vllm_version=None,
+        argv=list(args.argv),
+        argv_key=args.key,
+        files=files,
+        supports_finalize_env=v is not None and v >= SGLANG_FINALIZE_FROM,
+        engine="sglang",
+        engine_version=version,
+    )

@@ -1,0 +1,141 @@
+"""doctor's SGLang checks (fi_cache/doctor/sglang_checks.py) through the CLI: files placed where
+SGLang's own path code puts them (tests/sglang_layout.py), written by real FlashInfer."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from fi_cache.engines.server import free_port, health_ok
+from fi_cache.engines.sglang import live
+from tests.conftest import MOE_618_FUSED, ROOT, flashinfer_dir
+from tests.sglang_layout import sglang_paths
+from tests.sglang_rig import sglang_venv
+
+
+def _findings(doc: dict[str, Any], check: str) -> list[dict[str, Any]]:
+    return [f for f in doc["findings"] if f["check"] == check]
+
+
+def _cutedsl_file(path: Path, mode: str) -> None:
+    env = {**os.environ, "PYTHONPATH": str(flashinfer_dir("0.6.18"))}
+    subprocess.run([sys.executable, "-m", "tests.real_flashinfer.cutedsl_writer", str(path), mode],
+                   env=env, cwd=ROOT, check=True, capture_output=True, timeout=180)  # fmt: skip
+
+
+def test_cutedsl_nvfp4_entries_are_shared_by_both_modes_on_0_6_18(run, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+    rank, _ = sglang_paths("0.5.18", tmp_path, flashinfer="0.6.18", backend="flashinfer_cutedsl")
+    _cutedsl_file(rank, "fused")
+    fused = rank.read_text()
+    _cutedsl_file(rank, "unfused")  # an unfused start, e.g. after the upgrade to 0.5.21
+    assert rank.read_text() == fused  # FlashInfer found every key: nothing was re-tuned
+    r = run("--format", "json", "doctor", "--flashinfer-version", "0.6.18",
+            "--sglang-version", "0.5.21", tmp_path)  # fmt: skip
+    [f] = _findings(r.json(), "sglang-cutedsl-mode-blind")
+    assert f["path"] == str(rank) and f["details"]["entries"] == 8
+    assert "do not carry the finalize mode" in f["message"] and "unfused start" in f["message"]
+
+
+def test_cutedsl_entries_of_a_flashinfer_that_keys_the_mode_are_fine(run, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+    rank, _ = sglang_paths("0.5.23", tmp_path, flashinfer="0.7.2", backend="flashinfer_cutedsl")
+    _cutedsl_file(rank, "fused")
+    r = run("--format", "json", "doctor", "--flashinfer-version", "0.7.2",
+            "--sglang-version", "0.5.23", tmp_path)  # fmt: skip
+    assert _findings(r.json(), "sglang-cutedsl-mode-blind") == []
+
+
+def _two_ranks(tmp_path: Path, second: Path = MOE_618_FUSED) -> tuple[Path, Path]:
+    a, _ = sglang_paths("0.5.18", tmp_path, tp=2, tp_rank=0)
+    b, _ = sglang_paths("0.5.18", tmp_path, tp=2, tp_rank=1)
+    shutil.copy(MOE_618_FUSED, a)
+    shutil.copy(second, b)
+    return a, b
+
+
+def test_tp_ranks_that_differ_are_deleted_at_start_from_0_5_19(run, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+    _, b = _two_ranks(tmp_path)
+    data = json.loads(b.read_text())
+    data.pop(next(k for k in data if not k.startswith("_")))  # rank 1 tuned one shape fewer
+    b.write_text(json.dumps(data, indent=2))
+    argv = ["--format", "json", "doctor", "--flashinfer-version", "0.6.18", "--sglang-version"]
+    [f] = _findings(run(*argv, "0.5.19", tmp_path).json(), "sglang-ranks-disagree")
+    assert "deletes them all when they differ" in f["message"]
+    assert f["details"]["files"] == ["rank_tp0_pp0_dp0.json", "rank_tp1_pp0_dp0.json"]
+    assert _findings(run(*argv, "0.5.18", tmp_path).json(), "sglang-ranks-disagree") == []
+
+
+def test_identical_tp_ranks_are_kept(run, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+    _two_ranks(tmp_path)
+    doc = run("--format", "json", "doctor", "--flashinfer-version", "0.6.18", "--sglang-version",
+              "0.5.23", tmp_path).json()  # fmt: skip
+    assert _findings(doc, "sglang-ranks-disagree") == []
+
+
+def test_ranks_or_nodes_from_different_stacks_are_named(run, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+    a, _ = sglang_paths("0.5.18", tmp_path / "node0", tp=2, tp_rank=0)
+    b, _ = sglang_paths("0.5.18", tmp_path / "node1", tp=2, tp_rank=1)
+    shutil.copy(MOE_618_FUSED, a)
+    data = json.loads(MOE_618_FUSED.read_text())
+    data["_metadata"]["cuda_version"] = "12.9"  # node 1 runs another CUDA
+    b.write_text(json.dumps(data, indent=2))
+    doc = run("--format", "json", "doctor", "--flashinfer-version", "0.6.18", "--sglang-version",
+              "0.5.18", tmp_path / "node0", tmp_path / "node1").json()  # fmt: skip
+    [f] = _findings(doc, "sglang-ranks-disagree")
+    assert f["details"]["fields"] == ["cuda_version"]
+    assert "different environments" in f["message"]
+
+
+def test_servers_are_told_apart_by_session_cache_dir_and_gpus() -> None:
+    rows = [
+        (10, 10, ["/v/bin/python", "/v/bin/sglang", "serve", "--model-path", "M"],
+         {"HOME": "/h", "CUDA_VISIBLE_DEVICES": "0,1"}),
+        (11, 10, ["sglang::scheduler_TP0"], {"HOME": "/h", "CUDA_VISIBLE_DEVICES": "0,1"}),
+        (20, 20, ["python", "-m", "sglang.launch_server", "--model-path", "M"],
+         {"HOME": "/h", "CUDA_VISIBLE_DEVICES": "1"}),
+        (30, 30, ["python", "-m", "vllm.entrypoints.openai.api_server"], {"HOME": "/h"}),
+    ]  # fmt: skip
+    found = live.engines(rows)
+    assert [(e.pid, e.gpus) for e in found] == [(10, "0,1"), (20, "1")]
+    assert found[0].cache_dir == os.path.realpath("/h/.cache/sglang")
+    assert live.sharing(found, "/h/.cache/sglang", frozenset({"1"})) == found
+    assert live.sharing(found, "/h/.cache/sglang", frozenset({"2"})) == []
+    assert live.sharing(found, "/elsewhere", None) == []
+
+
+def test_a_running_sglang_on_the_same_cache_dir_and_gpus_is_named(  # type: ignore[no-untyped-def]
+    run, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    sglang = sglang_venv(tmp_path / "venv", "0.5.23", None)
+    cache = tmp_path / "sglang-cache"
+    port = free_port()
+    env = {**os.environ, "SGLANG_CACHE_DIR": str(cache), "CUDA_VISIBLE_DEVICES": "0"}
+    server = subprocess.Popen([str(sglang), "serve", "--model-path", "M", "--port", str(port)],
+                              env=env, start_new_session=True, stdout=subprocess.DEVNULL,
+                              stderr=subprocess.DEVNULL)  # fmt: skip
+    try:
+        deadline = time.monotonic() + 60
+        while not health_ok(port):
+            assert server.poll() is None and time.monotonic() < deadline
+            time.sleep(0.2)
+        monkeypatch.setenv("SGLANG_CACHE_DIR", str(cache))
+        argv = ["--format", "json", "doctor", "--sglang-version", "0.5.23", tmp_path / "none"]
+        (tmp_path / "none").mkdir()
+        monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "0")
+        [f] = _findings(run(*argv).json(), "sglang-shared-cache-dir")
+        assert f["details"]["pids"] == [server.pid] and "GPUs 0" in f["message"]
+        monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "1")  # other GPUs: their own business
+        assert _findings(run(*argv).json(), "sglang-shared-cache-dir") == []
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(server.pid, signal.SIGKILL)
+        server.wait()

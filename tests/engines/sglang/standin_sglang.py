@@ -1,0 +1,180 @@
+"""STAND-IN for SGLang's server (`sglang serve ARGS`), for tests without a GPU: SGLang has no CPU
+build on PyPI. Run as the `sglang` console script of a test venv (tests/engines/sglang/rig.py)
+whose sglang dist-info says which release it is (0.5.18 or 0.5.23).
+
+SGLang's own code, read from that release's wheel (.cache/sglang-wheels, downloaded by
+scripts/test.sh, never installed) and run here:
+- sglang/srt/environ.py, whole: how SGLANG_CACHE_DIR, SGLANG_FLASHINFER_MOE_FUSED_FINALIZE and
+  SGLANG_FLASHINFER_AUTOTUNE_CACHE are read (EnvStr, EnvBool, `.set()`), and
+  `redirect_third_party_caches()`, which `import sglang` runs first (sglang/__init__.py:11-14);
+- `flashinfer_autotune_cache_path` and the runs/ branch of model_executor/runner/
+  flashinfer_autotune.py (tests/sglang_layout.py): where the rank file goes.
+
+FlashInfer's own code: the rank file is loaded and saved by `flashinfer.autotune(True, cache=...)`
+(as SGLang 0.5.17-0.5.20 do) around FlashInfer's real `cutlass_fused_moe`, called with
+`use_fused_finalize` read from SGLang's variable as moe_runner/flashinfer_cutlass.py 0.5.23:391
+passes it. The kernel and the device are tests/engines/flashinfer/cpu_tune_child.py's CPU
+stand-ins (an H200's metadata is stamped).
+
+MIMICKED, not run (SGLang 0.5.23's behaviour, file:line in docs/research/sglang-releases.md):
+a few server flags (others are refused, as SGLang's parser does); --enable-deterministic-inference
+sets the variable to 0 (arg_groups/serving_hook.py:447-448) and, like --disable-flashinfer-autotune
+or a non-FlashInfer MoE backend, skips autotune (flashinfer_autotune.py:91); one rank per
+--tp-size, in one process; the port stays closed until tuning and the save are done, then
+/health answers 200 (http_server.py:721); SIGTERM or SIGINT ends it (no requests to drain).
+
+$FI_CACHE_STANDIN_REPORT: a JSON file it writes what it saw to (one object per start, appended).
+"""
+
+from __future__ import annotations
+
+import argparse
+import http.server
+import importlib.metadata as md
+import json
+import os
+import signal
+import sys
+import threading
+import types
+import zipfile
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[3]
+sys.path.insert(0, str(ROOT))
+
+from tests import sglang_layout  # noqa: E402
+
+FLASHINFER_MOE = {"flashinfer_cutlass", "flashinfer_trtllm", "flashinfer_cutedsl",
+                  "flashinfer_mxfp4"}  # fmt: skip
+WATCHED = ("SGLANG_CACHE_DIR", "SGLANG_FLASHINFER_MOE_FUSED_FINALIZE", "SGLANG_DG_CACHE_DIR",
+           "SGLANG_CUTE_AOT_CACHE_DIR", "TRITON_CACHE_DIR", "TORCHINDUCTOR_CACHE_DIR",
+           "CUDA_CACHE_PATH", "TILELANG_CACHE_DIR", "FLASHINFER_WORKSPACE_BASE")  # fmt: skip
+
+
+def real_environ(version: str) -> types.ModuleType:
+    """SGLang `version`'s sglang/srt/environ.py, from its wheel, as `sglang.srt.environ`."""
+    wheel = next(iter(sorted(sglang_layout.WHEELS.glob(f"sglang-{version}-*.whl"))), None)
+    if wheel is None:
+        sys.exit(f"stand-in sglang: no sglang {version} wheel in {sglang_layout.WHEELS}")
+    with zipfile.ZipFile(wheel) as z:
+        source = z.read("sglang/srt/environ.py").decode()
+    for name in ("sglang", "sglang.srt"):
+        sys.modules.setdefault(name, types.ModuleType(name))
+    module = types.ModuleType("sglang.srt.environ")
+    module.__file__ = f"{wheel}/sglang/srt/environ.py"
+    sys.modules["sglang.srt.environ"] = module
+    exec(compile(source, module.__file__, "exec"), module.__dict__)
+    return module
+
+
+def parse(argv: list[str], version: str) -> argparse.Namespace:
+    p = argparse.ArgumentParser(prog="sglang serve")
+    if tuple(map(int, version.split(".")[:3])) >= (0, 5, 23):
+        p.add_argument("model", nargs="?")  # cli/serve.py 0.5.23:62-66
+    p.add_argument("--model-path", "--model", dest="model_path")
+    p.add_argument("--host", default="127.0.0.1")
+    p.add_argument("--port", type=int, default=30000)
+    p.add_argument("--tp-size", "--tensor-parallel-size", dest="tp", type=int, default=1)
+    p.add_argument("--ep-size", "--expert-parallel-size", "--ep", dest="ep", type=int, default=1)
+    p.add_argument("--moe-runner-backend", default="auto")
+    p.add_argument("--enable-deterministic-inference", action="store_true")
+    p.add_argument("--disable-flashinfer-autotune", action="store_true")
+    args = p.parse_args(argv)
+    args.model_path = args.model_path or getattr(args, "model", None)
+    if not args.model_path:
+        p.error("the following arguments are required: --model-path")
+    return args
+
+
+def tune(rank_file: Path, fused: bool) -> int:
+    """FlashInfer's autotune context around its real cutlass_fused_moe; returns the entries."""
+    import torch
+
+    sys.path.insert(0, str(ROOT / "tests" / "engines" / "flashinfer"))
+    import cpu_tune_child  # the CPU kernel and device stand-ins
+    import flashinfer
+    from flashinfer.autotuner import autotuner as fi_at
+
+    from fi_cache.engines.flashinfer import ops
+    from fi_cache.engines.flashinfer.plan import MoeOp
+
+    cpu_tune_child._install()
+    fi_at.AutoTuner._instance = None  # one process per rank in SGLang: a fresh tuner each
+    op = MoeOp("bf16", 256, 128, 8, 2, (1, 16), ("fused" if fused else "unfused",))
+    mode = "fused" if fused else "unfused"
+    with flashinfer.autotune(True, cache=str(rank_file)):
+        for call in ops.ADAPTERS["cutlass_fused_moe"].calls(op, torch.device("cpu"), mode):
+            call.run()
+    return sum(not k.startswith("_") for k in json.loads(rank_file.read_text()))
+
+
+def serve_health(host: str, port: int) -> None:
+    class Health(http.server.BaseHTTPRequestHandler):
+        def do_GET(self) -> None:
+            self.send_response(200 if self.path in ("/health", "/health_generate") else 404)
+            self.end_headers()
+
+        def log_message(self, *args: object) -> None:
+            return
+
+    server = http.server.ThreadingHTTPServer((host, port), Health)
+
+    def stop(signum: int, frame: object) -> None:
+        threading.Thread(target=server.shutdown, daemon=True).start()
+
+    signal.signal(signal.SIGTERM, stop)
+    signal.signal(signal.SIGINT, stop)
+    print(f"The server is fired up and ready to roll! ({host}:{port})", flush=True)
+    server.serve_forever()
+
+
+def main() -> int:
+    version = md.version("sglang")
+    if sys.argv[1:2] != ["serve"]:
+        sys.exit("stand-in sglang: only `sglang serve ARGS`")
+    environ = real_environ(version)
+    if hasattr(environ, "redirect_third_party_caches"):
+        environ.redirect_third_party_caches()  # what `import sglang` does first (0.5.18+)
+    envs = environ.envs
+    args = parse(sys.argv[2:], version)
+    if args.enable_deterministic_inference:
+        envs.SGLANG_FLASHINFER_MOE_FUSED_FINALIZE.set("0")
+    fused = bool(envs.SGLANG_FLASHINFER_MOE_FUSED_FINALIZE.get())
+    tunes = not (
+        args.enable_deterministic_inference
+        or args.disable_flashinfer_autotune
+        or args.moe_runner_backend not in FLASHINFER_MOE
+    )
+    report: dict[str, object] = {
+        "version": version,
+        "env": {k: os.environ.get(k) for k in WATCHED},
+        "fused": fused,
+        "tuned": tunes,
+        "files": [],
+    }
+    cache_dir = Path(envs.SGLANG_CACHE_DIR.get())
+    for rank in range(args.tp if tunes else 0):
+        fi_version = md.version("flashinfer-python")
+        rank_file, runs_file = sglang_layout.sglang_paths(
+            version, cache_dir, flashinfer=fi_version, model=args.model_path, tp=args.tp,
+            ep=args.ep, tp_rank=rank, backend=args.moe_runner_backend,
+        )  # fmt: skip
+        target = rank_file if envs.SGLANG_FLASHINFER_AUTOTUNE_CACHE.get() else runs_file
+        existed = target.exists()
+        entries = tune(target, fused)
+        report["files"].append({"path": str(target), "existed": existed, "entries": entries})  # type: ignore[attr-defined]
+        print(f"[Autotuner]: saved {entries} configs to {target}", flush=True)
+    # Triton writes into its cache dir while kernels compile: where it went is what users notice.
+    triton = Path(os.environ.get("TRITON_CACHE_DIR") or Path.home() / ".triton" / "cache")
+    triton.mkdir(parents=True, exist_ok=True)
+    (triton / "standin-kernel.txt").write_text("compiled\n")
+    if path := os.environ.get("FI_CACHE_STANDIN_REPORT"):
+        with open(path, "a") as f:
+            f.write(json.dumps(report) + "\n")
+    serve_health(args.host, args.port)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

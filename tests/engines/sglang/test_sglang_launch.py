@@ -1,0 +1,188 @@
+"""What SGLang is started with: its finalize mode, the environment on a namespace (checked
+against SGLang's own environ.py from its wheels), its arguments, and how it is found."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import zipfile
+from pathlib import Path
+
+import pytest
+
+from fi_cache.engines.sglang import launch
+from fi_cache.engines.sglang.args import parse_sglang_args, split_launcher
+from fi_cache.errors import Refused
+from tests.sglang_layout import WHEELS
+
+ARGS = parse_sglang_args(["--model-path", "M"])
+DET = parse_sglang_args(["--model-path", "M", "--enable-deterministic-inference"])
+
+
+@pytest.mark.parametrize(
+    ("version", "mode"),
+    [("0.5.18", "fused"), ("0.5.20", "fused"), ("0.5.21", "unfused"), ("0.5.23", "unfused")],
+)
+def test_the_release_default_picks_the_namespace_and_says_so(version: str, mode: str) -> None:
+    got, note = launch.choose_finalize({}, None, "--finalize", version, ARGS)
+    assert got == mode
+    assert note and f"SGLang {version} runs {mode} finalize by default" in note
+
+
+def test_the_users_variable_picks_the_mode_as_sglang_reads_it() -> None:
+    assert launch.choose_finalize({"SGLANG_FLASHINFER_MOE_FUSED_FINALIZE": "Yes"}, None, "x",
+                                  "0.5.23", ARGS) == ("fused", None)  # fmt: skip
+    assert launch.choose_finalize({"SGLANG_FLASHINFER_MOE_FUSED_FINALIZE": "false"}, None, "x",
+                                  "0.5.18", ARGS) == ("unfused", None)  # fmt: skip
+
+
+def test_a_value_sglang_would_not_read_as_a_boolean_is_refused() -> None:
+    with pytest.raises(Refused, match="SGLANG_FLASHINFER_MOE_FUSED_FINALIZE='maybe'"):
+        launch.choose_finalize(
+            {"SGLANG_FLASHINFER_MOE_FUSED_FINALIZE": "maybe"}, None, "x", "0.5.23", ARGS
+        )
+
+
+def test_a_variable_contradicting_the_command_line_is_refused() -> None:
+    env = {"SGLANG_FLASHINFER_MOE_FUSED_FINALIZE": "1"}
+    with pytest.raises(Refused, match="asks SGLang for fused finalize and --deterministic for"):
+        launch.choose_finalize(env, "unfused", "--deterministic", "0.5.23", ARGS)
+
+
+def test_deterministic_inference_is_unfused_and_contradicts_finalize_fused() -> None:
+    assert launch.choose_finalize({}, None, "x", "0.5.18", DET) == ("unfused", None)
+    with pytest.raises(Refused, match="--enable-deterministic-inference asks SGLang for unfused"):
+        launch.choose_finalize({}, "fused", "--finalize fused", "0.5.23", DET)
+    # SGLang sets the variable to 0 itself: a user's =1 is overridden, not a contradiction.
+    env = {"SGLANG_FLASHINFER_MOE_FUSED_FINALIZE": "1"}
+    assert launch.choose_finalize(env, None, "x", "0.5.23", DET) == ("unfused", None)
+
+
+def test_before_0_5_18_unfused_cannot_be_had_and_deterministic_still_runs_fused() -> None:
+    with pytest.raises(Refused, match=r"SGLang 0\.5\.17 does not read SGLANG_FLASHINFER_MOE_FUSED"):
+        launch.choose_finalize({}, "unfused", "--deterministic", "0.5.17", ARGS)
+    mode, note = launch.choose_finalize({}, None, "x", "0.5.17", DET)
+    assert mode == "fused" and note and "still runs fused" in note
+
+
+def test_what_keeps_a_start_from_tuning_is_known_before_it_starts() -> None:
+    assert "keeps no autotune cache" in (launch.nothing_to_tune({}, "0.5.11", ARGS) or "")
+    assert "skips FlashInfer autotuning" in (launch.nothing_to_tune({}, "0.5.18", DET) or "")
+    assert launch.nothing_to_tune({}, "0.5.17", DET) is None  # 0.5.12-0.5.17 still tune
+    off = {"SGLANG_FLASHINFER_AUTOTUNE_CACHE": "0"}
+    assert "write-only runs/" in (launch.nothing_to_tune(off, "0.5.23", ARGS) or "")
+    disabled = parse_sglang_args(["--model-path", "M", "--disable-flashinfer-autotune"])
+    assert "--disable-flashinfer-autotune" in (launch.nothing_to_tune({}, "0.5.23", disabled) or "")
+    assert launch.nothing_to_tune({}, "0.5.23", ARGS) is None
+
+
+def test_warnings_name_expert_parallel_discard_and_an_unchecked_release() -> None:
+    ep = parse_sglang_args(["--model-path", "M", "--tp-size", "4", "--ep-size", "4"])
+    assert any("#40320" in w for w in launch.warnings("0.5.19", ep))
+    assert not launch.warnings("0.5.18", ep)
+    assert any("newer than the newest" in w for w in launch.warnings("0.5.24", ARGS))
+
+
+def test_the_finalize_variable_is_set_only_where_the_release_reads_it(tmp_path: Path) -> None:
+    env = launch.launch_env({"HOME": str(tmp_path)}, tmp_path / "ns", "unfused", "0.5.18")
+    assert env["SGLANG_FLASHINFER_MOE_FUSED_FINALIZE"] == "0"
+    assert env["SGLANG_CACHE_DIR"] == str(tmp_path / "ns")
+    old = launch.launch_env({"HOME": str(tmp_path)}, tmp_path / "ns", "fused", "0.5.17")
+    assert "SGLANG_FLASHINFER_MOE_FUSED_FINALIZE" not in old
+    # 0.5.17 derives nothing from SGLANG_CACHE_DIR: nothing to pin, nothing moved.
+    assert "TRITON_CACHE_DIR" not in old and "SGLANG_DG_CACHE_DIR" not in old
+
+
+# SGLang's own answer: its environ.py from the wheel, run in a child with the given environment.
+_DERIVED = """
+import json, os, sys, types, zipfile
+wheel = sys.argv[1]
+src = zipfile.ZipFile(wheel).read("sglang/srt/environ.py").decode()
+for n in ("sglang", "sglang.srt"):
+    sys.modules[n] = types.ModuleType(n)
+m = types.ModuleType("sglang.srt.environ"); sys.modules[m.__name__] = m
+exec(compile(src, "environ.py", "exec"), m.__dict__)
+m.redirect_third_party_caches()
+names = ("TRITON_CACHE_DIR", "TORCHINDUCTOR_CACHE_DIR", "CUDA_CACHE_PATH", "TILELANG_CACHE_DIR",
+         "FLASHINFER_WORKSPACE_BASE")
+out = {n: os.environ.get(n) for n in names}
+out["SGLANG_DG_CACHE_DIR"] = m.envs.SGLANG_DG_CACHE_DIR.get()
+if hasattr(m.envs, "SGLANG_CUTE_AOT_CACHE_DIR"):
+    out["SGLANG_CUTE_AOT_CACHE_DIR"] = m.envs.SGLANG_CUTE_AOT_CACHE_DIR.get()
+print(json.dumps(out))
+"""
+
+
+def _sglang_resolves(version: str, env: dict[str, str]) -> dict[str, str]:
+    import json
+
+    wheel = next(iter(sorted(WHEELS.glob(f"sglang-{version}-*.whl"))), None)
+    if wheel is None:
+        if os.environ.get("FI_CACHE_REQUIRE_FLASHINFER"):
+            pytest.fail(f"no sglang {version} wheel in {WHEELS}")
+        pytest.skip(f"no sglang {version} wheel in {WHEELS} (scripts/test.sh downloads it)")
+    assert zipfile.is_zipfile(wheel)
+    out = subprocess.run([sys.executable, "-I", "-c", _DERIVED, str(wheel)], env=env,
+                         capture_output=True, text=True, check=True)  # fmt: skip
+    return dict(json.loads(out.stdout))
+
+
+@pytest.mark.parametrize("version", ["0.5.18", "0.5.23"])
+def test_sglangs_own_code_keeps_every_derived_cache_where_the_user_had_it(
+    tmp_path: Path, version: str
+) -> None:
+    home = tmp_path / "home"
+    theirs = {"HOME": str(home), "PATH": os.environ["PATH"]}
+    before = _sglang_resolves(version, theirs)  # no fi-cache: under ~/.cache/sglang
+    ns = tmp_path / "store" / "ns" / "sglang"
+    after = _sglang_resolves(version, launch.launch_env(theirs, ns, "unfused", version))
+    assert after == before
+    assert all(str(ns) not in v for v in after.values() if v)
+    # ...and a variable the user set stays theirs.
+    mine = {**theirs, "TRITON_CACHE_DIR": str(tmp_path / "triton")}
+    assert _sglang_resolves(version, launch.launch_env(mine, ns, "fused", version))[
+        "TRITON_CACHE_DIR"
+    ] == str(tmp_path / "triton")
+
+
+def test_direct_cache_dirs_are_links_into_the_users_dir(tmp_path: Path) -> None:
+    ns = tmp_path / "ns" / "sglang"
+    env = {"SGLANG_CACHE_DIR": str(tmp_path / "mine")}
+    assert launch.link_direct_caches(ns, env) == []
+    link = ns / "torch_compile_cache"
+    assert link.is_symlink() and link.resolve() == (tmp_path / "mine" / "torch_compile_cache")
+    (tmp_path / "mine" / "torch_compile_cache" / "x").write_text("kept")
+    assert launch.link_direct_caches(ns, env) == []  # a second start keeps the links
+    assert (link / "x").read_text() == "kept"
+
+
+def test_a_positional_model_is_spelled_model_path_for_the_launcher() -> None:
+    args = parse_sglang_args(["Qwen/Qwen3-8B", "--tp-size", "2"])
+    cmd = launch.Launcher("/v/bin/python", module=True).command(args, ["--port", "1"])
+    assert cmd == ["/v/bin/python", "-m", "sglang.launch_server", "--model-path", "Qwen/Qwen3-8B",
+                   "--tp-size", "2", "--port", "1"]  # fmt: skip
+    same = parse_sglang_args(["--tp-size", "2", "--model-path", "Qwen/Qwen3-8B", "--port", "9"])
+    assert args.key == same.key  # where it listens and how the model is spelled: one warm
+
+
+def test_pasted_sglang_lines_name_their_launcher() -> None:
+    assert split_launcher(["sglang", "serve", "--model-path", "M"]) == ([], ["--model-path", "M"])
+    assert split_launcher(["/v/bin/python", "-m", "sglang.launch_server", "--model-path", "M"]) == (
+        ["/v/bin/python", "-m", "sglang.launch_server"], ["--model-path", "M"])  # fmt: skip
+    assert split_launcher(["--model-path", "M"]) == (None, ["--model-path", "M"])
+
+
+def test_no_sglang_is_one_refusal(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("FI_CACHE_SGLANG", "/nonexistent/sglang")
+    with pytest.raises(Refused, match=r"no SGLang executable '/nonexistent/sglang' \(from FI_"):
+        launch.find_launcher(None)
+
+
+def test_an_unreadable_release_is_one_refusal(tmp_path: Path) -> None:
+    wrapper = tmp_path / "sglang"
+    wrapper.write_text("#!/bin/sh\nexec /opt/sglang/bin/sglang \"$@\"\n")
+    wrapper.chmod(0o755)
+    found = launch.find_launcher(str(wrapper))
+    with pytest.raises(Refused, match="cannot tell which SGLang release"):
+        launch.require_version(None, found)

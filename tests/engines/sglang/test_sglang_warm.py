@@ -1,0 +1,250 @@
+"""`warm --engine sglang` and `serve --engine sglang` in real processes, against the STAND-IN
+SGLang server (tests/engines/sglang/standin_sglang.py: SGLang's own environ.py and cache-path
+code from its 0.5.18 / 0.5.23 wheels, FlashInfer's real autotuner writing the rank file; SGLang
+has no CPU build to run). A fake nvidia-smi reports an H200."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from fi_cache.engines.server import free_port, health_ok
+from tests.conftest import (
+    FLASHINFER_INSTALLS,
+    H200_ROW,
+    ROOT,
+    fake_gpu_bin,
+    flashinfer_dir,
+    one_line,
+)
+from tests.sglang_rig import sglang_venv
+
+MODEL = ["--model-path", "Qwen/Qwen3-30B-A3B", "--moe-runner-backend", "flashinfer_cutlass"]
+PINS = {"0.5.23": "0.6.18", "0.5.18": "0.6.17"}  # 0.5.23 pins FlashInfer 0.7.2: see the rig's doc
+
+
+class Rig:
+    """A store, a HOME (the user's ~/.cache/sglang), a PATH with a fake nvidia-smi, and one
+    stand-in SGLang venv."""
+
+    def __init__(self, root: Path, sglang: Path) -> None:
+        self.root, self.sglang = root, sglang
+        self.store, self.home, self.report = root / "store", root / "home", root / "report.jsonl"
+        self.home.mkdir(parents=True, exist_ok=True)
+        gpu = fake_gpu_bin(root / "bin", H200_ROW)
+        theirs = ("SGLANG_", "FI_CACHE_", "TRITON_", "VLLM_FLASHINFER_")
+        keep = {k: v for k, v in os.environ.items() if not k.startswith(theirs)}
+        self.env = {**keep, "HOME": str(self.home), "PYTHONPATH": str(ROOT),
+                    "PATH": f"{gpu}{os.pathsep}{os.environ['PATH']}",
+                    "FI_CACHE_STANDIN_REPORT": str(self.report),
+                    "FI_CACHE_STOP_GRACE": "2"}  # fmt: skip
+
+    def argv(self, *args: str) -> list[str]:
+        return [sys.executable, "-m", "fi_cache", "--store", str(self.store), *args]
+
+    def run(self, *args: str, **env: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run(self.argv(*args), env={**self.env, **env}, cwd=self.root,
+                              capture_output=True, text=True, timeout=300)  # fmt: skip
+
+    def warm(self, *args: str, **env: str) -> subprocess.CompletedProcess[str]:
+        return self.run("--format", "json", "warm", "--engine", "sglang", "--sglang",
+                        str(self.sglang), *args, **env)  # fmt: skip
+
+    def starts(self) -> list[dict[str, Any]]:
+        """What each stand-in start saw (its report lines)."""
+        if not self.report.exists():
+            return []
+        return [json.loads(line) for line in self.report.read_text().splitlines()]
+
+
+def _rig(tmp_path: Path, version: str) -> Rig:
+    fi = flashinfer_dir(PINS[version])
+    venv = tmp_path / f"sglang-{version}"
+    return Rig(tmp_path / "rig", sglang_venv(venv, version, fi))
+
+
+@pytest.fixture
+def rig(tmp_path: Path) -> Rig:
+    return _rig(tmp_path, "0.5.23")
+
+
+def test_warm_fills_the_namespace_the_release_default_names(rig: Rig) -> None:
+    p = rig.warm(*MODEL)
+    assert p.returncode == 0, p.stderr
+    doc = json.loads(p.stdout)
+    assert doc["finalize"] == "unfused"  # SGLang 0.5.23's default, said on stderr
+    assert "SGLang 0.5.23 runs unfused finalize by default" in p.stderr
+    [f] = doc["files"]
+    rank = Path(f["path"])
+    assert rank.name == "rank_tp0_pp0_dp0.json" and f["entries"] > 0
+    ns_cache = Path(doc["namespace"]) / "sglang"
+    # SGLang's own path code put it under the namespace's SGLANG_CACHE_DIR, FlashInfer wrote it
+    assert rank.relative_to(ns_cache / "flashinfer" / "autotune" / "0.6.18" / "sm90")
+    [start] = rig.starts()
+    assert start["env"]["SGLANG_CACHE_DIR"] == str(ns_cache)
+    assert start["env"]["SGLANG_FLASHINFER_MOE_FUSED_FINALIZE"] == "0"
+    assert start["fused"] is False
+    keys = [k for k in json.loads(rank.read_text()) if not k.startswith("_")]
+    assert keys and all("False" in k for k in keys if "fused_moe" in k)  # 0.6.18 keys: the mode
+
+
+def test_the_users_other_sglang_caches_stay_where_they_were(rig: Rig) -> None:
+    p = rig.warm(*MODEL)
+    assert p.returncode == 0, p.stderr
+    theirs = rig.home / ".cache" / "sglang"
+    [start] = rig.starts()
+    assert start["env"]["TRITON_CACHE_DIR"] == str(theirs / "triton")
+    assert start["env"]["FLASHINFER_WORKSPACE_BASE"] == str(theirs)  # FlashInfer's JIT cache
+    assert start["env"]["SGLANG_DG_CACHE_DIR"] == str(theirs / "deep_gemm")
+    assert (theirs / "triton" / "standin-kernel.txt").exists()  # Triton wrote where it always did
+    link = Path(json.loads(p.stdout)["namespace"]) / "sglang" / "torch_compile_cache"
+    assert link.is_symlink() and link.resolve() == (theirs / "torch_compile_cache").resolve()
+    assert "kept in" in p.stderr and "TRITON_CACHE_DIR" in p.stderr  # and it says so
+
+
+def test_the_two_finalize_modes_never_share_a_rank_file(rig: Rig) -> None:
+    unfused, fused = rig.warm(*MODEL), rig.warm("--finalize", "fused", *MODEL)
+    assert unfused.returncode == 0 and fused.returncode == 0, fused.stderr
+    a, b = json.loads(unfused.stdout), json.loads(fused.stdout)
+    assert a["namespace"] != b["namespace"]
+    assert a["files"][0]["path"] != b["files"][0]["path"]
+    assert [s["env"]["SGLANG_FLASHINFER_MOE_FUSED_FINALIZE"] for s in rig.starts()] == ["0", "1"]
+
+
+def test_a_second_start_reads_the_rank_file_the_warm_left(rig: Rig) -> None:
+    assert rig.warm(*MODEL).returncode == 0
+    again = rig.warm(*MODEL)
+    assert again.returncode == 0, again.stderr
+    first, second = rig.starts()
+    assert second["files"][0]["path"] == first["files"][0]["path"]
+    assert second["files"][0]["existed"] is True
+
+
+def test_deterministic_inference_tunes_nothing_and_still_starts(rig: Rig) -> None:
+    p = rig.warm(*MODEL, "--enable-deterministic-inference")
+    assert p.returncode == 0, p.stderr
+    doc = json.loads(p.stdout)
+    assert doc["finalize"] == "unfused" and doc["files"] == []
+    assert "skips FlashInfer autotuning" in doc["nothing_to_tune"]
+    [start] = rig.starts()
+    assert start["tuned"] is False  # SGLang started, and tuned nothing
+
+
+@pytest.mark.parametrize(
+    ("args", "env", "said"),
+    [
+        (["--finalize", "fused", *MODEL, "--enable-deterministic-inference"], {},
+         "--enable-deterministic-inference asks SGLang for unfused finalize"),
+        (MODEL, {"SGLANG_FLASHINFER_MOE_FUSED_FINALIZE": "maybe"},
+         "SGLANG_FLASHINFER_MOE_FUSED_FINALIZE='maybe'"),
+        (["--moe-runner-backend", "flashinfer_cutlass"], {}, "no model in the SGLang arguments"),
+        (["--model-path", "M", "--tp-size", "two"], {}, "--tp-size 'two' is not a positive"),
+    ],
+)  # fmt: skip
+def test_bad_input_is_one_line_exit_2_and_nothing_in_the_store(
+    rig: Rig, args: list[str], env: dict[str, str], said: str
+) -> None:
+    p = rig.warm(*args, **env)
+    assert p.returncode == 2
+    assert said in one_line(p)
+    assert not rig.store.exists() or not any((rig.store / "namespaces").rglob("*"))
+    assert rig.starts() == []
+
+
+def test_an_unknown_release_is_refused_before_anything_starts(rig: Rig, tmp_path: Path) -> None:
+    wrapper = tmp_path / "wrap" / "sglang"
+    wrapper.parent.mkdir()
+    wrapper.write_text(f"#!/bin/sh\nexec {rig.sglang} \"$@\"\n")
+    wrapper.chmod(0o755)
+    p = rig.run("warm", "--engine", "sglang", "--sglang", str(wrapper), *MODEL)
+    assert p.returncode == 2
+    assert "cannot tell which SGLang release" in one_line(p)
+    assert rig.starts() == [] and not (rig.store / "namespaces").exists()
+
+
+def test_a_release_without_a_cache_has_nothing_to_warm(tmp_path: Path) -> None:
+    rig = Rig(tmp_path / "rig", sglang_venv(tmp_path / "old", "0.5.11", None))
+    p = rig.run("warm", "--engine", "sglang", "--sglang", str(rig.sglang), *MODEL)
+    assert p.returncode == 2
+    assert "SGLang 0.5.11 keeps no FlashInfer autotune cache" in one_line(p)
+    assert not (rig.store / "namespaces").exists()
+
+
+def test_a_launch_that_fails_is_named_with_sglangs_words(rig: Rig) -> None:
+    p = rig.warm(*MODEL, "--no-such-flag")
+    assert p.returncode != 0
+    assert "unrecognized arguments: --no-such-flag" in p.stderr  # SGLang's parser said it
+    assert p.stderr.strip().splitlines()[-1].endswith(
+        "SGLang exited with code 2 before it was healthy"
+    )
+    manifests = list((rig.store / "namespaces").rglob("manifest.json"))
+    assert manifests == []  # no warm recorded
+
+
+@pytest.mark.skipif("0.6.17" not in FLASHINFER_INSTALLS and not os.environ.get(
+    "FI_CACHE_REQUIRE_FLASHINFER"), reason="FlashInfer 0.6.17 not installed")  # fmt: skip
+def test_0_5_18_defaults_to_fused_and_reads_the_variable(tmp_path: Path) -> None:
+    rig = _rig(tmp_path, "0.5.18")
+    fused, unfused = rig.warm(*MODEL), rig.warm("--finalize", "unfused", *MODEL)
+    assert fused.returncode == 0 and unfused.returncode == 0, unfused.stderr
+    assert json.loads(fused.stdout)["finalize"] == "fused"
+    assert [s["fused"] for s in rig.starts()] == [True, False]
+    # FlashInfer 0.6.17's keys do not carry the mode: only the namespaces keep them apart
+    a, b = (json.loads(p.stdout)["files"][0]["path"] for p in (fused, unfused))
+    assert a != b and Path(a).name == Path(b).name == "rank_tp0_pp0_dp0.json"
+
+
+def _serve(rig: Rig, port: int, *args: str) -> subprocess.Popen[str]:
+    argv = rig.argv("--format", "json", "serve", "--engine", "sglang", "--sglang",
+                    str(rig.sglang), *args, "--port", str(port))  # fmt: skip
+    return subprocess.Popen(argv, env=rig.env, cwd=rig.root, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True)  # fmt: skip
+
+
+def _until_healthy(proc: subprocess.Popen[str], port: int, limit: float = 120) -> None:
+    deadline = time.monotonic() + limit
+    while not health_ok(port):
+        assert proc.poll() is None, proc.communicate()[1]
+        assert time.monotonic() < deadline, "serve never became healthy"
+        time.sleep(0.3)
+
+
+def _stop(proc: subprocess.Popen[str]) -> tuple[str, str]:
+    proc.send_signal(signal.SIGTERM)
+    try:
+        return proc.communicate(timeout=30)
+    finally:
+        proc.kill()
+
+
+def test_serve_warms_a_cold_namespace_then_execs_sglang_on_it(rig: Rig) -> None:
+    port = free_port()
+    first = _serve(rig, port, *MODEL)
+    try:
+        _until_healthy(first, port)
+        # Warm now: a second serve starts SGLang once, with no warm first, and says that the
+        # first one already serves from this namespace's SGLANG_CACHE_DIR on the same GPUs.
+        port2 = free_port()
+        second = _serve(rig, port2, *MODEL)
+        try:
+            _until_healthy(second, port2)
+        finally:
+            out2, err2 = _stop(second)
+    finally:
+        out, err = _stop(first)
+    assert first.returncode == 0, err  # SGLang's exit code is serve's
+    doc = json.loads(out)
+    assert doc["engine"] == "sglang" and doc["warm"]["files"]
+    _, served, again = rig.starts()
+    assert served["env"]["SGLANG_CACHE_DIR"] == doc["cache_dir"]
+    assert served["files"][0]["existed"] is True  # the served start read what the warm wrote
+    assert json.loads(out2)["warm"] is None and again["files"][0]["existed"] is True
+    assert f"SGLang pid {first.pid} already serves from {doc['cache_dir']}" in err2
