@@ -504,11 +504,13 @@ SGLANG_FINALIZE_BEFORE_ENV = "fused"
 # when it points SGLANG_CACHE_DIR into a namespace. (variable, subdir of SGLANG_CACHE_DIR, first
 # release, source): variables SGLang defaults from it: SGLANG_DG_CACHE_DIR (env 0.5.18:27-37,
 # :981 `_default_cache_subdir("deep_gemm")`; ~/.cache/deep_gemm before), SGLANG_CUTE_AOT_CACHE_DIR
-# (env 0.5.20:1168), and the third-party caches `import sglang` setdefaults (sglang/__init__.py
-# 0.5.18:11-14 -> env 0.5.18:1633-1657 third_party_cache_defaults; TILELANG from env 0.5.21:1971).
+# (env 0.5.20:1168), SGLANG_QWEN4_PLE_FILE_DIR (env 0.5.20:311), and the third-party caches
+# `import sglang` setdefaults (sglang/__init__.py 0.5.18:11-14 -> env 0.5.18:1633-1657
+# third_party_cache_defaults; TILELANG from env 0.5.21:1971).
 SGLANG_DERIVED_CACHES: tuple[tuple[str, str, Version, str], ...] = (
     ("SGLANG_DG_CACHE_DIR", "deep_gemm", V("0.5.18"), "env 0.5.18:981"),
     ("SGLANG_CUTE_AOT_CACHE_DIR", "cute_aot", V("0.5.20"), "env 0.5.20:1168"),
+    ("SGLANG_QWEN4_PLE_FILE_DIR", "ple", V("0.5.20"), "env 0.5.20:311"),
     ("TRITON_CACHE_DIR", "triton", V("0.5.18"), "env 0.5.18:1636"),
     ("TORCHINDUCTOR_CACHE_DIR", "inductor", V("0.5.18"), "env 0.5.18:1637"),
     ("CUDA_CACHE_PATH", "nv", V("0.5.18"), "env 0.5.18:1638"),
@@ -519,8 +521,10 @@ SGLANG_DERIVED_CACHES: tuple[tuple[str, str, Version, str], ...] = (
 # cache (compilation/backend.py 0.5.18:405-410), the Run:ai model streamer's (utils/
 # runai_utils.py 0.5.18:123-130), built Rust extensions (rust_extensions/loader.py 0.5.18:299-300,
 # 0.5.23:358-359). Also joined there and not kept: gpu_p2p_access_cache_for_<devices>.json
-# (custom_all_reduce_utils.py 0.5.18:267, re-probed in seconds) and kernels.lock (0.5.23 kernels/
-# ops/attention/flash_attention_v3.py:41-43, read only when the user put one there).
+# (custom_all_reduce_utils.py 0.5.18:267, re-probed in seconds), kernels.lock (kernels/ops/
+# attention/flash_attention_v3.py 0.5.18:41-43, read only when the user put one there), and in
+# 0.5.23 diffusion's flashinfer/autotune/flux3_prims_ts/... (multimodal_gen/.../flux3_image.py:
+# 435-446), which moves with the autotune dir, as it should.
 SGLANG_DIRECT_CACHES = ("torch_compile_cache", "model_streamer", "rust_extensions")
 SGLANG_DEFAULT_PORT = 30000  # server_args.py 0.5.18:1278 `port: ... = 30000`
 SGLANG_LAUNCH_MODULE = "sglang.launch_server"  # `python -m sglang.launch_server ARGS`
