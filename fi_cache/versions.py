@@ -463,6 +463,10 @@ SGLANG_RUN_FILE = re.compile(
 # class (+ skip_ops= from 0.5.17, candidate_selection= from 0.5.23, draft_quant= for drafts):
 # FA 0.5.23:172-189. Never the finalize mode: no FA of any release names FUSED_FINALIZE.
 SGLANG_KEY_HAS_FINALIZE = False
+SGLANG_KEY_FIELDS = (
+    "model path (as given)", "dtype", "quantization", "MoE runner backend", "TP/PP/DP/EP sizes",
+    "HF config class", "skip_ops (0.5.17+)", "candidate_selection (0.5.23+)",
+)  # fmt: skip
 
 # SGLANG_FLASHINFER_MOE_FUSED_FINALIZE, read per call and passed to FlashInfer as
 # use_fused_finalize= (layers/moe/moe_runner/flashinfer_cutlass.py 0.5.18:239, flashinfer_cutedsl.py

@@ -10,7 +10,7 @@ import click
 
 from fi_cache.caches.inventory import Cache, scan
 from fi_cache.cli import render
-from fi_cache.errors import EXIT_REFUSED, CorruptCache, Refused
+from fi_cache.errors import EXIT_REFUSED, CorruptCache, FiCacheError, Refused
 from fi_cache.model import keys as keymod
 from fi_cache.model import moe, v1
 
@@ -81,18 +81,50 @@ def show_command(path: Path, op_filter: str | None) -> int:
         return _show_ranks(caches, op_filter)
     cache = caches[0]
     entries = _entries(cache, op_filter)
+    key = _sglang_key(caches, ctx.store)
     if ctx.json:
-        render.emit_json(
-            {
-                "path": str(cache.path),
-                "format": cache.found.format,
-                "metadata": cache.metadata,
-                "entries": entries,
-            }
-        )
+        doc = {"path": str(cache.path), "format": cache.found.format,
+               "metadata": cache.metadata, "entries": entries}  # fmt: skip
+        render.emit_json({**doc, "sglang": key} if key else doc)
         return 0
+    _say_key(key)
     _show_human(cache, entries)
     return 0
+
+
+def _sglang_key(caches: list[Cache], store: Path) -> dict[str, Any] | None:
+    """What an SGLang deployment's 16-hex dir hashes (not reversible), and the SGLang arguments
+    that made it when a fi-cache warm in the store wrote these files."""
+    found = caches[0].found
+    if found.layout != "sglang" or found.key_dir is None:
+        return None
+    from fi_cache.store import manifest as manifests
+    from fi_cache.store.namespace import namespace_parts
+    from fi_cache.versions import SGLANG_KEY_FIELDS
+
+    out: dict[str, Any] = {"key_dir": found.key_dir, "hashes": list(SGLANG_KEY_FIELDS),
+                           "warmed_with": None, "sglang_version": None}  # fmt: skip
+    parts = namespace_parts(caches[0].path, store)
+    try:
+        m = manifests.load(Path(parts["dir"])) if parts else None
+    except FiCacheError:
+        m = None  # doctor and verify name a broken manifest; show only shows
+    paths = {c.path.resolve() for c in caches}
+    ns = Path(parts["dir"]) if parts else Path()
+    for warm in reversed(m.warms if m else ()):
+        if warm.engine == "sglang" and any((ns / f.path).resolve() in paths for f in warm.files):
+            out["warmed_with"], out["sglang_version"] = warm.argv, warm.engine_version
+            break
+    return out
+
+
+def _say_key(key: dict[str, Any] | None) -> None:
+    if key is None:
+        return
+    click.echo(f"SGLang deployment {key['key_dir']}: a hash of {', '.join(key['hashes'])}")
+    if key["warmed_with"] is not None:
+        argv = " ".join(key["warmed_with"])
+        click.echo(f"  warmed by fi-cache with SGLang {key['sglang_version']}: {argv}")
 
 
 def _entries(cache: Cache, op_filter: str | None) -> list[dict[str, Any]]:
@@ -118,10 +150,13 @@ def _show_ranks(caches: list[Cache], op_filter: str | None) -> int:
         }
         for c in caches
     ]
+    key = _sglang_key(caches, _ctx().store)
     if _ctx().json:
-        render.emit_json({"path": str(group), "format": "v1", "layout": "sglang", "ranks": ranks})
+        render.emit_json({"path": str(group), "format": "v1", "layout": "sglang", "ranks": ranks,
+                          "sglang": key})  # fmt: skip
         return 0
     click.echo(f"{render.display_path(Path(str(group)))}  (SGLang, {len(caches)} rank files)")
+    _say_key(key)
     for cache, rank in zip(caches, ranks, strict=True):
         tp, pp, dp = (*rank["rank"], 0, 0, 0)[:3]
         click.echo(f"\nrank tp{tp} pp{pp} dp{dp}: ", nl=False)

@@ -248,3 +248,16 @@ def test_serve_warms_a_cold_namespace_then_execs_sglang_on_it(rig: Rig) -> None:
     assert served["files"][0]["existed"] is True  # the served start read what the warm wrote
     assert json.loads(out2)["warm"] is None and again["files"][0]["existed"] is True
     assert f"SGLang pid {first.pid} already serves from {doc['cache_dir']}" in err2
+
+
+def test_show_names_what_the_deployment_hash_covers_and_the_warm_that_made_it(rig: Rig) -> None:
+    p = rig.warm(*MODEL)
+    assert p.returncode == 0, p.stderr
+    rank = Path(json.loads(p.stdout)["files"][0]["path"])
+    shown = rig.run("--format", "json", "show", str(rank))
+    key = json.loads(shown.stdout)["sglang"]
+    assert key["key_dir"] == rank.parent.name and "model path (as given)" in key["hashes"]
+    assert key["warmed_with"] == MODEL and key["sglang_version"] == "0.5.23"
+    human = rig.run("show", str(rank.parent)).stdout
+    assert f"SGLang deployment {rank.parent.name}: a hash of model path" in human
+    assert "warmed by fi-cache with SGLang 0.5.23: --model-path Qwen/Qwen3-30B-A3B" in human
