@@ -282,13 +282,16 @@ def one_line(p: subprocess.CompletedProcess[str]) -> str:
     return lines[0]
 
 
-# Tests never see this machine's own FlashInfer v2 root or vLLM cache root (ls and doctor scan
-# them): one empty root of each per run.
+# Tests never see this machine's own FlashInfer v2 root, vLLM cache root or SGLang cache dir (ls
+# and doctor scan them): one empty root of each per run.
 os.environ["FLASHINFER_AUTOTUNE_CACHE_DIR"] = os.path.join(
     os.environ.get("TMPDIR", "/tmp"), f"fi-cache-tests-{os.getpid()}-flashinfer-autotune"
 )
 os.environ["VLLM_CACHE_ROOT"] = os.path.join(
     os.environ.get("TMPDIR", "/tmp"), f"fi-cache-tests-{os.getpid()}-vllm-root"
+)
+os.environ["SGLANG_CACHE_DIR"] = os.path.join(
+    os.environ.get("TMPDIR", "/tmp"), f"fi-cache-tests-{os.getpid()}-sglang-cache"
 )
 
 def write_v2_store(root: Path, source: Path = GEMM_618, version: str = "0.7.2.post1") -> Path:

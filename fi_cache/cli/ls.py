@@ -11,6 +11,7 @@ import click
 from fi_cache.caches.discover import ScanProblem, flashinfer_default_root
 from fi_cache.caches.inventory import Cache, Inventory, scan
 from fi_cache.cli import render
+from fi_cache.engines.sglang.layout import autotune_root as sglang_autotune_root
 from fi_cache.engines.vllm.layout import vllm_cache_root
 from fi_cache.model import v2
 from fi_cache.store.namespace import FINALIZE_MODES, NAMESPACES_DIR, namespace_parts
@@ -25,12 +26,13 @@ def _ctx() -> Any:
 
 def _store_roots(store: Path) -> list[Path]:
     """The store, and when they exist FlashInfer's own v2 root (where vLLM 0.33 with one rank
-    and no override dir keeps its cache) and vLLM's default cache root (every other vLLM
-    without an override dir; doctor reads it too)."""
+    and no override dir keeps its cache), vLLM's default cache root (every other vLLM without
+    an override dir; doctor reads it too) and SGLang's autotune dir ($SGLANG_CACHE_DIR)."""
     roots = [
         store / NAMESPACES_DIR,
         flashinfer_default_root(os.environ) / v2.SCHEMA_DIR,
         Path(vllm_cache_root(os.environ)) / VLLM_CACHE_SUBDIR,
+        sglang_autotune_root(os.environ),
     ]
     return [r for r in roots if r.is_dir()]
 

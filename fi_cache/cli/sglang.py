@@ -84,7 +84,7 @@ def prepare(
 def say_what_moves(run: SglangRun) -> None:
     """Once, before SGLang starts: where its cache dir goes and what stays with the user."""
     from fi_cache.engines.sglang.engine import ENGINE
-    from fi_cache.engines.sglang.launch import user_cache_dir
+    from fi_cache.engines.sglang.layout import user_cache_dir
     from fi_cache.store.namespace import unknown_levels
     from fi_cache.versions import SGLANG_CACHE_DIR_ENV, SGLANG_DIRECT_CACHES, sglang_caches_moved
 

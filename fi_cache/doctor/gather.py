@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import re
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -13,7 +14,7 @@ from fi_cache.caches.discover import ScanProblem, leftover_mtime, tmp_leftovers
 from fi_cache.caches.inventory import Cache, scan
 from fi_cache.doctor import CacheView, Inputs, Target
 from fi_cache.doctor.logs import looks_like_log, read_log
-from fi_cache.engines.sglang import launch as sglang_launch
+from fi_cache.engines.sglang import layout as sglang_layout
 from fi_cache.engines.sglang import live as sglang_live
 from fi_cache.engines.sglang.args import env_bool, parse_sglang_args
 from fi_cache.engines.sglang.live import Engine as LiveSglang
@@ -133,6 +134,15 @@ def _applies(cache: Cache, ns_dir: Path | None, ours: Path, target: Target) -> s
             )
         if fp.arch and found.arch != fp.arch:
             return f"it is in the {found.arch} dir; the target's GPU arch is {fp.arch}"
+    if found.layout == "sglang" and target.sglang_version is not None:
+        if fp.flashinfer_version and found.dir_version != fp.flashinfer_version:
+            return (
+                f"SGLang keeps FlashInfer {found.dir_version}'s files in their own dir; the "
+                f"target runs FlashInfer {fp.flashinfer_version}"
+            )
+        one = re.fullmatch(r"(\d+)[af]?", fp.arch or "")  # one GPU kind: FlashInfer's "90a"
+        if one and found.arch and found.arch != f"sm{one.group(1)}":
+            return f"it is in the {found.arch} dir; the target's GPU is sm{one.group(1)}"
     return None
 
 
@@ -153,11 +163,13 @@ def gather(
     if target.sglang_version is not None:
         sglang, serve_argv = parse_sglang_args(serve_argv or ()), None
         live = tuple(sglang_live.running())
-        here = (sglang_launch.user_cache_dir(environ), sglang_live.devices(environ))
+        here = (sglang_layout.user_cache_dir(environ), sglang_live.devices(environ))
     serve: ServeArgs | None = parse_serve_args(serve_argv) if serve_argv is not None else None
     log_facts = tuple(read_log(p) for p in logs)
     if location is not None and location.dir:
         predicted = Path(location.dir)  # vLLM's own answer, hash dir included
+    elif target.sglang_version is not None:
+        predicted = sglang_layout.autotune_root(environ)  # where plain `sglang serve` keeps it
     else:
         predicted = predicted_vllm_dir(target, environ, serve)
     roots_implicit = [store / NAMESPACES_DIR]

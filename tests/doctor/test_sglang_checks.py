@@ -139,3 +139,22 @@ def test_a_running_sglang_on_the_same_cache_dir_and_gpus_is_named(  # type: igno
         with contextlib.suppress(ProcessLookupError):
             os.killpg(server.pid, signal.SIGKILL)
         server.wait()
+
+
+def test_doctor_reads_sglangs_own_cache_dir_for_the_target_version_only(  # type: ignore[no-untyped-def]
+    run, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Without PATHs, an SGLang target's checks read $SGLANG_CACHE_DIR/flashinfer/autotune, as
+    plain `sglang serve` would; only the target's FlashInfer version dir is loaded."""
+    cache = tmp_path / "sglang"
+    monkeypatch.setenv("SGLANG_CACHE_DIR", str(cache))
+    ours, _ = sglang_paths("0.5.18", cache, flashinfer="0.6.18", backend="flashinfer_cutedsl")
+    other, _ = sglang_paths("0.5.18", cache, flashinfer="0.6.17", backend="flashinfer_cutedsl")
+    _cutedsl_file(ours, "fused")
+    shutil.copy(ours, other)
+    doc = run("--format", "json", "doctor", "--flashinfer-version", "0.6.18",
+              "--sglang-version", "0.5.21").json()  # fmt: skip
+    assert [f["path"] for f in _findings(doc, "sglang-cutedsl-mode-blind")] == [str(ours)]
+    listed = run("--format", "json", "ls").json()
+    rows = listed["caches"] if isinstance(listed, dict) else listed
+    assert {r["path"] for r in rows} >= {str(ours), str(other)}  # ls lists SGLang's dir too

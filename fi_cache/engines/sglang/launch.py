@@ -17,10 +17,10 @@ from typing import TYPE_CHECKING, cast
 
 from fi_cache.engines.scripts import interpreter, resolve_launcher
 from fi_cache.engines.sglang.args import SglangArgs, env_bool
+from fi_cache.engines.sglang.layout import user_cache_dir
 from fi_cache.errors import Refused
 from fi_cache.versions import (
     SGLANG_AUTOTUNE_CACHE_ENV,
-    SGLANG_CACHE_DIR_DEFAULT,
     SGLANG_CACHE_DIR_ENV,
     SGLANG_DETERMINISTIC_SKIPS_TUNE,
     SGLANG_DIRECT_CACHES,
@@ -93,16 +93,6 @@ def require_version(version: str | None, launcher: Launcher) -> str:
         f"{where}): its cache layout and finalize variable depend on it; pass --sglang with the "
         "Python of SGLang's environment"
     )
-
-
-def user_cache_dir(environ: Mapping[str, str]) -> str:
-    """The user's SGLANG_CACHE_DIR, as SGLang's derived defaults read it (expanduser: environ.py
-    0.5.23:31-37)."""
-    path = environ.get(SGLANG_CACHE_DIR_ENV) or SGLANG_CACHE_DIR_DEFAULT
-    home = environ.get("HOME")
-    if home and (path == "~" or path.startswith("~/")):
-        return home + path[1:]  # the HOME that SGLang will see
-    return os.path.expanduser(path)
 
 
 def choose_finalize(

@@ -10,7 +10,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from fi_cache.engines.sglang.launch import user_cache_dir
+from fi_cache.engines.sglang.layout import user_cache_dir
 from fi_cache.versions import SGLANG_LAUNCH_MODULE
 
 
