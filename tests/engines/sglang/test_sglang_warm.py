@@ -261,3 +261,19 @@ def test_show_names_what_the_deployment_hash_covers_and_the_warm_that_made_it(ri
     human = rig.run("show", str(rank.parent)).stdout
     assert f"SGLang deployment {rank.parent.name}: a hash of model path" in human
     assert "warmed by fi-cache with SGLang 0.5.23: --model-path Qwen/Qwen3-30B-A3B" in human
+
+
+def test_every_tp_rank_file_is_recorded_and_they_agree(rig: Rig) -> None:
+    p = rig.warm(*MODEL, "--tp-size", "2")
+    assert p.returncode == 0, p.stderr
+    names = sorted(Path(f["path"]).name for f in json.loads(p.stdout)["files"])
+    assert names == ["rank_tp0_pp0_dp0.json", "rank_tp1_pp0_dp0.json"]
+    doctor = ("--format", "json", "doctor", "--sglang-version", "0.5.23")
+    checks = {f["check"] for f in json.loads(rig.run(*doctor).stdout)["findings"]}
+    assert "sglang-ranks-disagree" not in checks  # 0.5.19+ would delete them all otherwise
+    rank1 = Path(json.loads(p.stdout)["files"][1]["path"])
+    data = json.loads(rank1.read_text())
+    data.pop(next(k for k in data if not k.startswith("_")))
+    rank1.write_text(json.dumps(data))  # now they differ: the next SGLang start discards both
+    checks = {f["check"] for f in json.loads(rig.run(*doctor).stdout)["findings"]}
+    assert "sglang-ranks-disagree" in checks
