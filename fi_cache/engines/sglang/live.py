@@ -66,13 +66,17 @@ def engines(procs: Iterable[tuple[int, int, Sequence[str], Mapping[str, str]]]) 
 
 
 def _read(pid: str) -> tuple[int, int, list[str], dict[str, str]] | None:
+    """(pid, session, cmdline, environ) of an SGLang process; None for any other (its environ
+    is not read) or one that is gone or another user's."""
     try:
         cmdline = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
+        words = [w.decode(errors="replace") for w in cmdline if w]
+        if not is_sglang(words):
+            return None
         raw = Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
         session = os.getsid(int(pid))
     except (OSError, ValueError):
-        return None  # gone, or another user's
-    words = [w.decode(errors="replace") for w in cmdline if w]
+        return None
     env = dict(kv.decode(errors="replace").partition("=")[::2] for kv in raw if b"=" in kv)
     return int(pid), session, words, env
 
