@@ -24,6 +24,7 @@ or a non-FlashInfer MoE backend, skips autotune (flashinfer_autotune.py:91); one
 /health answers 200 (http_server.py:721); SIGTERM or SIGINT ends it (no requests to drain).
 
 $FI_CACHE_STANDIN_REPORT: a JSON file it writes what it saw to (one object per start, appended).
+$FI_CACHE_STANDIN_EXIT=1: exit 0 once the arguments are read (the serve-overhead benchmark).
 """
 
 from __future__ import annotations
@@ -141,6 +142,8 @@ def main() -> int:
     if args.enable_deterministic_inference:
         envs.SGLANG_FLASHINFER_MOE_FUSED_FINALIZE.set("0")
     fused = bool(envs.SGLANG_FLASHINFER_MOE_FUSED_FINALIZE.get())
+    if os.environ.get("FI_CACHE_STANDIN_EXIT"):
+        return 0  # benchmarks/bench_serve_sglang.py: a start that costs the same either way
     tunes = not (
         args.enable_deterministic_inference
         or args.disable_flashinfer_autotune
