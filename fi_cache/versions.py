@@ -530,6 +530,15 @@ SGLANG_DERIVED_CACHES: tuple[tuple[str, str, Version, str], ...] = (
 # 0.5.23 diffusion's flashinfer/autotune/flux3_prims_ts/... (multimodal_gen/.../flux3_image.py:
 # 435-446), which moves with the autotune dir, as it should.
 SGLANG_DIRECT_CACHES = ("torch_compile_cache", "model_streamer", "rust_extensions")
+# MoE all-to-all backends that span every rank: SGLang sets ep_size = tp_size for them
+# (arg_groups/overrides.py 0.5.18:2566, 0.5.23:1578-1592 `_A2A_EP_SPANNING_BACKENDS`, :1610-1620).
+SGLANG_A2A_EP_SPANNING = frozenset({
+    "megamoe", "deepep", "deepep_v2", "mooncake", "nixl", "ascend_fuseep", "flashinfer",
+    "flashinfer_megamoe", "mori", "pplx",
+})  # fmt: skip
+# SGLang copies every SGL_X over SGLANG_X at import (environ.py 0.5.12:715-720, 0.5.18:1623-1630,
+# 0.5.23:2298-2305 `_handle_deprecated_envs`): a legacy twin wins over the new name.
+SGLANG_LEGACY_PREFIX = ("SGL_", "SGLANG_")
 SGLANG_DEFAULT_PORT = 30000  # server_args.py 0.5.18:1278 `port: ... = 30000`
 SGLANG_LAUNCH_MODULE = "sglang.launch_server"  # `python -m sglang.launch_server ARGS`
 

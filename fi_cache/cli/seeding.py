@@ -62,7 +62,8 @@ def _seed(
         except Refused:
             return False
 
-    earlier = [w for w in (manifest.warms if manifest else ()) if w.files and same_model(w.argv)]
+    warms = manifest.warms if manifest else ()
+    earlier = [w for w in warms if w.engine == "vllm" and w.files and same_model(w.argv)]
     if not earlier or args.model is None:
         return {}  # nothing to carry: vLLM's prediction is not worth its seconds
     if env.vllm.version is None:

@@ -56,7 +56,11 @@ def command_line(path: str | None, argv: tuple[str, ...]) -> tuple[str | None, t
 
 
 def prepare(
-    sglang_path: str | None, argv: tuple[str, ...], asked: FinalizeMode | None, given: str
+    sglang_path: str | None,
+    argv: tuple[str, ...],
+    asked: FinalizeMode | None,
+    given: str,
+    force: bool = False,
 ) -> SglangRun:
     """Find SGLang and its release, read its arguments, choose the finalize mode and the
     namespace; say what a user may not expect. Raises Refused."""
@@ -69,10 +73,14 @@ def prepare(
     ctx = _ctx()
     sglang_path, argv = command_line(sglang_path, argv)
     launcher = launch.find_launcher(sglang_path)
-    args = ENGINE.read_args(argv)
+    args = launch.with_environment(ENGINE.read_args(argv), os.environ)
     env = environment.detect(state_dir(ctx.store), python=launcher.python)
-    version = launch.require_version(env.sglang_version, launcher)
-    finalize, note = launch.choose_finalize(os.environ, asked, given, version, args)
+    # Only the launcher's own Python may say which SGLang it is, never fi-cache's fallback.
+    mine = launcher.python is not None and os.path.abspath(env.python) == os.path.abspath(
+        launcher.python
+    )  # not realpath: a venv's python links to the base interpreter
+    version = launch.require_version(env.sglang_version if mine else None, launcher)
+    finalize, note = launch.choose_finalize(os.environ, asked, given, version, args, force)
     if not ctx.quiet:
         for line in (*env.notes, *([note] if note else []), *launch.warnings(version, args)):
             render.warn(line)
@@ -136,10 +144,11 @@ def warm_sglang(
     timeout: float,
     port: int | None,
     lock_timeout: float,
+    force: bool = False,
 ) -> int:
     """The warm command with --engine sglang."""
     ctx = _ctx()
-    run = prepare(sglang_path, argv, finalize, f"--finalize {finalize}")
+    run = prepare(sglang_path, argv, finalize, f"--finalize {finalize}", force)
     if not run.keeps_cache:
         from fi_cache.versions import SGLANG_PERSISTENT_CACHE
 
@@ -219,7 +228,7 @@ def serve_sglang(
 
     ctx = _ctx()
     asked: FinalizeMode | None = "unfused" if deterministic else None
-    run = prepare(sglang_path, argv, asked, "--deterministic")
+    run = prepare(sglang_path, argv, asked, "--deterministic", force)
     ns_dir = run.ns.path(ctx.store)
     cmd = run.launcher.command(run.args)
     if not run.keeps_cache:
@@ -243,7 +252,7 @@ def serve_sglang(
         elif not ctx.quiet:
             render.warn("namespace is cold: SGLang tunes at start-up and saves into it")
     touch(ns_dir)
-    _say_shared(str(ENGINE.cache_dir(ns_dir)))
+    _say_shared(str(ENGINE.cache_dir(ns_dir)), run.args.moe_backend)
     env = serve_env(run, ns_dir)
     if ns_dir.is_dir():
         locks.hold_in_use(ns_dir)  # inherited by SGLang: prune leaves a served namespace alone
@@ -254,15 +263,17 @@ def serve_sglang(
     exec_engine(cmd, env, "SGLang", doc)
 
 
-def _say_shared(cache_dir: str) -> None:
-    """A server already running on this namespace's SGLang dir and GPUs this one may use."""
+def _say_shared(cache_dir: str, backend: str | None) -> None:
+    """A server already running on this namespace's SGLang dir and GPUs this one may use, when
+    one of them runs MegaMoE (live.sharing)."""
     from fi_cache.engines.sglang import live
 
     if _ctx().quiet:
         return
-    for e in live.sharing(live.running(), cache_dir, live.devices(os.environ)):
+    for e in live.sharing(live.running(), cache_dir, live.devices(os.environ), backend):
         render.warn(
-            f"SGLang pid {e.pid} already serves from {cache_dir} on GPUs {e.gpus}: SGLang says "
-            "engines sharing GPUs must use separate SGLANG_CACHE_DIRs (`fi-cache doctor "
-            "--sglang-version V` explains; give this one other GPUs)"
+            f"SGLang pid {e.pid} already serves from {cache_dir} on GPUs {e.gpus}: with "
+            "flashinfer_megamoe SGLang says engines sharing GPUs must use separate "
+            "SGLANG_CACHE_DIRs (`fi-cache doctor --sglang-version V` explains; give this one "
+            "other GPUs)"
         )

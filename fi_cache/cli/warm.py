@@ -234,7 +234,9 @@ SEED_OPT = click.option(
     default=None,
     help="Port for the warm-up server (default: a free one).",
 )
-@click.option("--force", is_flag=True, help="Warm unfused even on a vLLM that ignores the mode.")
+@click.option(
+    "--force", is_flag=True, help="Warm unfused even on a vLLM (or SGLang) that ignores the mode."
+)
 @click.option(
     "--lock-timeout",
     type=click.FloatRange(min=0),
@@ -273,13 +275,13 @@ def warm_command(
     if sglang_path is not None and engine != "sglang":
         raise Refused("--sglang applies to --engine sglang only")
     if engine == "sglang":
-        if plan_path is not None or python is not None or vllm_path is not None or force:
-            raise Refused("--plan, --python, --vllm and --force do not apply to --engine sglang")
+        if plan_path is not None or python is not None or vllm_path is not None:
+            raise Refused("--plan, --python and --vllm do not apply to --engine sglang")
         from fi_cache.cli.sglang import warm_sglang
 
         mode = cast("FinalizeMode | None", finalize)
         limit = 1800.0 if timeout is None else timeout
-        return warm_sglang(sglang_path, vllm_args, mode, limit, port, lock_timeout)
+        return warm_sglang(sglang_path, vllm_args, mode, limit, port, lock_timeout, force)
     if engine == "flashinfer":
         misplaced = [
             flag

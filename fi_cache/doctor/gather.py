@@ -81,7 +81,7 @@ def _sglang_target(fp: Fingerprint, o: Overrides, environ: dict[str, str]) -> Ta
     variable, else its release's default (versions.sglang_finalize_default)."""
     _valid_version("--sglang-version", o.sglang_version)
     args = parse_sglang_args(o.sglang_argv or ())
-    said = env_bool(environ.get(SGLANG_FINALIZE_ENV))
+    said = env_bool(sglang_layout.effective(environ, SGLANG_FINALIZE_ENV))
     if o.finalize:
         finalize = o.finalize
     elif args.deterministic:
@@ -246,7 +246,9 @@ def gather(
         logs=log_facts,
         serve=serve,
         environ={
-            k: v for k, v in environ.items() if k.startswith(("VLLM_", "FLASHINFER_", "SGLANG_"))
+            k: v
+            for k, v in environ.items()
+            if k.startswith(("VLLM_", "FLASHINFER_", "SGLANG_", "SGL_"))
         },
         modes=modes,
         store=store,

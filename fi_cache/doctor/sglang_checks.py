@@ -9,7 +9,8 @@ from typing import Any
 from fi_cache.doctor import CacheView, Check, Inputs
 from fi_cache.doctor.findings import Finding
 from fi_cache.engines.sglang.args import env_bool
-from fi_cache.engines.sglang.live import share_gpus, sharing
+from fi_cache.engines.sglang.layout import effective
+from fi_cache.engines.sglang.live import sharing
 from fi_cache.model.keys import parse_key
 from fi_cache.versions import (
     CUTEDSL_KEY_HAS_FINALIZE,
@@ -33,7 +34,8 @@ def ep_cache_discarded(inp: Inputs) -> Iterator[Finding]:
     v, args = parse_version(inp.target.sglang_version), inp.sglang
     if v not in SGLANG_RANK_DIGEST or args is None or args.ep <= 1 or args.tp <= 1:
         return
-    if env_bool(inp.environ.get(SGLANG_AUTOTUNE_CACHE_ENV)) is False or args.autotune_disabled:
+    cache_off = env_bool(effective(inp.environ, SGLANG_AUTOTUNE_CACHE_ENV)) is False
+    if cache_off or args.autotune_disabled:
         return  # no cache read, nothing compared
     yield Finding(
         "sglang-ep-cache-discarded",
@@ -50,7 +52,8 @@ def ep_cache_discarded(inp: Inputs) -> Iterator[Finding]:
 def finalize_not_read(inp: Inputs) -> Iterator[Finding]:
     """The variable set for a release that does not read it (before 0.5.18)."""
     v = parse_version(inp.target.sglang_version)
-    if v is None or v >= SGLANG_FINALIZE_FROM or SGLANG_FINALIZE_ENV not in inp.environ:
+    said = effective(inp.environ, SGLANG_FINALIZE_ENV)
+    if v is None or v >= SGLANG_FINALIZE_FROM or said is None:
         return
     yield Finding(
         "sglang-finalize-unsupported",
@@ -151,10 +154,13 @@ def ranks_disagree(inp: Inputs) -> Iterator[Finding]:
             continue
         if v not in SGLANG_RANK_DIGEST:
             continue
+        # One TP group per (pp, dp), or per pp under --enable-dp-attention, where the TP group
+        # spans the DP ranks (managers/data_parallel_controller.py 0.5.23:717-743).
+        spans_dp = inp.sglang is not None and inp.sglang.dp_attention
         by_group: dict[tuple[int, ...], set[str]] = {}
         for vw in views:
             rank = vw.cache.found.rank or (0, 0, 0)
-            by_group.setdefault(rank[1:], set()).add(_content(vw))  # one TP group per (pp, dp)
+            by_group.setdefault(rank[1:2] if spans_dp else rank[1:], set()).add(_content(vw))
         split = [g for g, contents in by_group.items() if len(contents) > 1]
         if not split:
             continue
@@ -217,40 +223,42 @@ def _runner(key: str) -> str | None:
 
 def shared_cache_dir(inp: Inputs) -> Iterator[Finding]:
     """Two SGLang servers, or a running one and a start from here, on one cache dir and GPUs
-    that can overlap."""
+    that can overlap, one of them with MegaMoE (the backend whose files need one writer)."""
     live = list(inp.sglang_live)
     for i, a in enumerate(live):
-        for b in live[i + 1 :]:
-            if a.cache_dir == b.cache_dir and share_gpus(a.devices, b.devices):
-                yield Finding(
-                    "sglang-shared-cache-dir",
-                    "warning",
-                    a.cache_dir,
-                    f"SGLang servers pid {a.pid} (GPUs {a.gpus}) and pid {b.pid} (GPUs "
-                    f"{b.gpus}) share this SGLANG_CACHE_DIR: {_SHARED_WHY}",
-                    _SHARED_FIX,
-                    {"pids": [a.pid, b.pid]},
-                )
+        for b in sharing(live[i + 1 :], a.cache_dir, a.devices, a.backend):
+            yield Finding(
+                "sglang-shared-cache-dir",
+                "warning",
+                a.cache_dir,
+                f"SGLang servers pid {a.pid} (GPUs {a.gpus}, {a.backend or 'auto'}) and pid "
+                f"{b.pid} (GPUs {b.gpus}, {b.backend or 'auto'}) share this SGLANG_CACHE_DIR: "
+                f"{_SHARED_WHY}",
+                _SHARED_FIX,
+                {"pids": [a.pid, b.pid]},
+            )
     if inp.sglang_here is None:
         return
     cache_dir, gpus = inp.sglang_here
-    for e in sharing(live, cache_dir, gpus):
+    mine = inp.sglang.moe_backend if inp.sglang else None
+    for e in sharing(live, cache_dir, gpus, mine):
         shown = ",".join(sorted(gpus)) if gpus is not None else "all"
         yield Finding(
             "sglang-shared-cache-dir",
             "warning",
             e.cache_dir,
-            f"SGLang pid {e.pid} runs on GPUs {e.gpus} with this SGLANG_CACHE_DIR, and an SGLang "
-            f"started from here (GPUs {shown}) would use it too: {_SHARED_WHY}",
+            f"SGLang pid {e.pid} runs on GPUs {e.gpus} ({e.backend or 'auto'}) with this "
+            f"SGLANG_CACHE_DIR, and an SGLang started from here (GPUs {shown}, {mine or 'auto'}) "
+            f"would use it too: {_SHARED_WHY}",
             _SHARED_FIX,
             {"pids": [e.pid]},
         )
 
 
 _SHARED_WHY = (
-    "SGLang 0.5.22+ says engines sharing physical GPUs must use separate SGLANG_CACHE_DIRs "
-    "(flashinfer_autotune.py 0.5.22:176-189): two servers of one deployment read and rewrite "
-    "the same rank files"
+    "with --moe-runner-backend flashinfer_megamoe SGLang names rank files by the physical GPU and "
+    "their records need one writer per file, so engines sharing GPUs must use separate "
+    "SGLANG_CACHE_DIRs (flashinfer_autotune.py 0.5.22:176-189; other tactics merge best-effort)"
 )
 _SHARED_FIX = (
     "give each server its own SGLANG_CACHE_DIR, or its own GPUs (CUDA_VISIBLE_DEVICES); "
@@ -273,7 +281,7 @@ CHECKS: tuple[Check, ...] = (
     ),
     Check(
         "sglang-shared-cache-dir",
-        "Two SGLang servers on one SGLANG_CACHE_DIR and the same GPUs",
+        "Two SGLang servers on one SGLANG_CACHE_DIR and the same GPUs, one with MegaMoE",
         shared_cache_dir,
     ),
 )

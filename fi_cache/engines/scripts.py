@@ -51,7 +51,10 @@ def resolve_launcher(
 
     spec = explicit or os.environ.get(variable) or default
     where = flag if explicit else (variable if os.environ.get(variable) else "PATH")
-    words = shlex.split(spec) if " " in spec.strip() else [spec]
+    try:
+        words = shlex.split(spec) if " " in spec.strip() else [spec]
+    except ValueError as exc:  # an unbalanced quote
+        raise Refused(f"{spec!r} (from {where}): {exc}") from None
     found = shutil.which(words[0]) if words else None
     if found is None:
         raise Refused(

@@ -46,7 +46,8 @@ def test_cutedsl_nvfp4_entries_are_shared_by_both_modes_on_0_6_18(run, tmp_path:
     assert "do not carry the finalize mode" in f["message"] and "unfused start" in f["message"]
 
 
-def test_cutedsl_entries_of_a_flashinfer_that_keys_the_mode_are_fine(run, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+def test_cutedsl_entries_in_a_0_7_flashinfer_dir_are_not_flagged(run, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+    """The version gate: the file is 0.6.18's, placed where SGLang keeps FlashInfer 0.7.2's."""
     rank, _ = sglang_paths("0.5.23", tmp_path, flashinfer="0.7.2", backend="flashinfer_cutedsl")
     _cutedsl_file(rank, "fused")
     r = run("--format", "json", "doctor", "--flashinfer-version", "0.7.2",
@@ -107,20 +108,26 @@ def test_servers_are_told_apart_by_session_cache_dir_and_gpus() -> None:
     found = live.engines(rows)
     assert [(e.pid, e.gpus) for e in found] == [(10, "0,1"), (20, "1")]
     assert found[0].cache_dir == os.path.realpath("/h/.cache/sglang")
-    assert live.sharing(found, "/h/.cache/sglang", frozenset({"1"})) == found
-    assert live.sharing(found, "/h/.cache/sglang", frozenset({"2"})) == []
-    assert live.sharing(found, "/elsewhere", None) == []
+    mega = "flashinfer_megamoe"
+    assert live.sharing(found, "/h/.cache/sglang", frozenset({"1"}), mega) == found
+    assert live.sharing(found, "/h/.cache/sglang", frozenset({"1"}), "flashinfer_cutlass") == []
+    assert live.sharing(found, "/h/.cache/sglang", frozenset({"2"}), mega) == []
+    assert live.sharing(found, "/elsewhere", None, mega) == []
+    row = (40, 40, ["sglang", "serve", "--model-path", "M", "--moe-runner-backend", mega],
+           {"HOME": "/h"})  # fmt: skip
+    assert live.engines([row])[0].backend == mega
 
 
-def test_a_running_sglang_on_the_same_cache_dir_and_gpus_is_named(  # type: ignore[no-untyped-def]
+def test_a_running_megamoe_sglang_on_the_same_cache_dir_and_gpus_is_named(  # type: ignore[no-untyped-def]
     run, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     sglang = sglang_venv(tmp_path / "venv", "0.5.23", None)
     cache = tmp_path / "sglang-cache"
     port = free_port()
     env = {**os.environ, "SGLANG_CACHE_DIR": str(cache), "CUDA_VISIBLE_DEVICES": "0"}
-    server = subprocess.Popen([str(sglang), "serve", "--model-path", "M", "--port", str(port)],
-                              env=env, start_new_session=True, stdout=subprocess.DEVNULL,
+    argv = [str(sglang), "serve", "--model-path", "M", "--port", str(port),
+            "--moe-runner-backend", "flashinfer_megamoe", "--disable-flashinfer-autotune"]
+    server = subprocess.Popen(argv, env=env, start_new_session=True, stdout=subprocess.DEVNULL,
                               stderr=subprocess.DEVNULL)  # fmt: skip
     try:
         deadline = time.monotonic() + 60

@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 
 from fi_cache.errors import Refused
 from fi_cache.versions import (
+    SGLANG_A2A_EP_SPANNING,
     SGLANG_DETERMINISTIC_FLAG,
     SGLANG_DISABLE_AUTOTUNE_FLAG,
     SGLANG_LAUNCH_MODULE,
@@ -20,7 +21,20 @@ from fi_cache.versions import (
 
 _SIZES = {"--tp-size": "tp", "--tensor-parallel-size": "tp", "--ep-size": "ep",
           "--expert-parallel-size": "ep", "--ep": "ep"}  # fmt: skip
-_VALUED = (*_SIZES, "--model-path", "--model", "--moe-runner-backend", "--host", "--port")
+_VALUED = (*_SIZES, "--model-path", "--model", "--moe-runner-backend", "--moe-a2a-backend",
+           "--host", "--port")  # fmt: skip
+_SWITCHES = (SGLANG_DETERMINISTIC_FLAG, SGLANG_DISABLE_AUTOTUNE_FLAG, "--enable-dp-attention")
+_CONFIG = "--config"  # a YAML file of more arguments (server_args.py 0.5.23:402-405, 683-686)
+
+
+def _spelled(flag: str) -> str:
+    """The flag `flag` stands for: itself, or the one of fi-cache's it is a prefix of (SGLang's
+    argparse takes unique prefixes, e.g. `--tp 8`, as its docs write it). A prefix that is
+    ambiguous in SGLang's parser is rejected there, so taking it here is never wrong."""
+    if flag in _VALUED or flag in _SWITCHES or len(flag) < 4:
+        return flag
+    matches = {f for f in (*_VALUED, *_SWITCHES) if f.startswith(flag)}
+    return matches.pop() if len(matches) == 1 else flag
 _ADDRESS_FLAGS = ("--host", "--port")  # where the server listens: not part of a warm's identity
 _PYTHON = re.compile(r"python[0-9.]*")
 
@@ -36,6 +50,10 @@ class SglangArgs:
     argv: tuple[str, ...] = ()
     model_at: int | None = None  # index of a positional model (`sglang serve MODEL`, 0.5.23)
     address: dict[str, str] = field(default_factory=dict)  # --host / --port as given
+    dp_attention: bool = False  # --enable-dp-attention: one TP group spans the DP ranks
+    # Settings from the environment that change what a start keeps (not arguments, but part of
+    # a warm's identity): e.g. SGLANG_FLASHINFER_AUTOTUNE_CACHE=0.
+    environment: tuple[str, ...] = ()
 
     @property
     def key(self) -> str:
@@ -51,7 +69,7 @@ class SglangArgs:
             else:
                 kept.append(args[i])
                 i += 1
-        return json.dumps(kept)
+        return json.dumps([*kept, *self.environment])
 
     def with_model_flag(self) -> list[str]:
         """argv with a positional model spelled `--model-path M`: `python -m
@@ -63,19 +81,29 @@ class SglangArgs:
 
 
 def parse_sglang_args(argv: Sequence[str]) -> SglangArgs:
-    """Raises Refused (exit 2) for a size that is not a positive integer."""
+    """Raises Refused (exit 2) for a size that is not a positive integer, and for --config,
+    whose YAML can set any of these where fi-cache does not look."""
     values: dict[str, str] = {}
+    switches: set[str] = set()
     model, model_at = None, None
     args = list(argv)
     i = 0
     while i < len(args):
-        flag, eq, inline = args[i].partition("=")
+        given, eq, inline = args[i].partition("=")
+        if given == _CONFIG:
+            raise Refused(
+                "SGLang's --config file is not read by fi-cache, and it can set the model, the "
+                "parallel sizes and the switches fi-cache decides on: put them on the command line"
+            )
+        flag = _spelled(given)
         if flag in _VALUED:
             value = inline if eq else (args[i + 1] if i + 1 < len(args) else "")
             values[_SIZES.get(flag, flag)] = value
             i += 1 if eq else 2
             continue
-        if not args[i].startswith("-") and model is None and i == 0:
+        if flag in _SWITCHES:
+            switches.add(flag)
+        elif not args[i].startswith("-") and model is None and i == 0:
             model, model_at = args[i], i  # 0.5.23 `sglang serve MODEL` (cli/serve.py:62-66)
         i += 1
     sizes = {}
@@ -84,17 +112,20 @@ def parse_sglang_args(argv: Sequence[str]) -> SglangArgs:
         if not text.isdigit() or int(text) < 1:
             raise Refused(f"SGLang argument --{name}-size {text!r} is not a positive integer")
         sizes[name] = int(text)
+    if values.get("--moe-a2a-backend") in SGLANG_A2A_EP_SPANNING:
+        sizes["ep"] = sizes["tp"]  # SGLang sets it so (arg_groups/overrides.py 0.5.23:1610-1620)
     flagged = values.get("--model-path") or values.get("--model")
     return SglangArgs(
         model=flagged or model,
         tp=sizes["tp"],
         ep=sizes["ep"],
         moe_backend=values.get("--moe-runner-backend"),
-        deterministic=SGLANG_DETERMINISTIC_FLAG in args,
-        autotune_disabled=SGLANG_DISABLE_AUTOTUNE_FLAG in args,
+        deterministic=SGLANG_DETERMINISTIC_FLAG in switches,
+        autotune_disabled=SGLANG_DISABLE_AUTOTUNE_FLAG in switches,
         argv=tuple(args),
         model_at=None if flagged else model_at,
         address={k: values[k] for k in _ADDRESS_FLAGS if k in values},
+        dp_attention="--enable-dp-attention" in switches,
     )
 
 

@@ -11,13 +11,13 @@ from __future__ import annotations
 
 import os
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, cast
 
 from fi_cache.engines.scripts import interpreter, resolve_launcher
 from fi_cache.engines.sglang.args import SglangArgs, env_bool
-from fi_cache.engines.sglang.layout import user_cache_dir
+from fi_cache.engines.sglang.layout import effective, legacy_name, user_cache_dir
 from fi_cache.errors import Refused
 from fi_cache.versions import (
     SGLANG_AUTOTUNE_CACHE_ENV,
@@ -101,6 +101,7 @@ def choose_finalize(
     given: str,
     version: str,
     args: SglangArgs,
+    force: bool = False,
 ) -> tuple[FinalizeMode, str | None]:
     """(The finalize mode SGLang `version` will run, a note to show): the command line (`given`
     spells it), else SGLang's --enable-deterministic-inference (unfused from 0.5.18), else the
@@ -108,7 +109,7 @@ def choose_finalize(
     contradicts the command line, or one SGLang would not read as a boolean, is refused."""
     v = parse_version(version)
     reads = v is not None and v >= SGLANG_FINALIZE_FROM
-    raw = environ.get(SGLANG_FINALIZE_ENV)
+    raw = effective(environ, SGLANG_FINALIZE_ENV)
     theirs: FinalizeMode | None = None
     if raw is not None and reads:
         said = env_bool(raw)
@@ -129,10 +130,13 @@ def choose_finalize(
         theirs = None  # SGLang sets the variable to 0 itself (serving_hook.py 0.5.19:404-405)
     if not reads:
         if asked == "unfused":
-            raise Refused(
+            why = (
                 f"SGLang {version} does not read {SGLANG_FINALIZE_ENV} (from {SGLANG_FINALIZE_FROM}"
-                "): it would tune and run fused (non-deterministic) MoE finalize; upgrade SGLang"
+                "): it would tune and run fused (non-deterministic) MoE finalize"
             )
+            if not force:
+                raise Refused(f"{why}; upgrade SGLang (--force to go on anyway)")
+            return "unfused", f"{why}, into the unfused namespace (going on: --force)"
         note = None
         if args.deterministic:
             note = (
@@ -150,6 +154,15 @@ def choose_finalize(
     )
 
 
+def with_environment(args: SglangArgs, environ: Mapping[str, str]) -> SglangArgs:
+    """`args` with the environment settings that change what a start keeps, so that a warm
+    under them is not taken for one without (SGLANG_FLASHINFER_AUTOTUNE_CACHE=0)."""
+    raw = effective(environ, SGLANG_AUTOTUNE_CACHE_ENV)
+    if env_bool(raw) is False:
+        return replace(args, environment=(f"{SGLANG_AUTOTUNE_CACHE_ENV}=0",))
+    return args
+
+
 def nothing_to_tune(environ: Mapping[str, str], version: str, args: SglangArgs) -> str | None:
     """Why this SGLang start will keep no cache, when that is known before it starts."""
     v = parse_version(version)
@@ -162,11 +175,11 @@ def nothing_to_tune(environ: Mapping[str, str], version: str, args: SglangArgs) 
             f"SGLang {version} with --enable-deterministic-inference skips FlashInfer "
             "autotuning (and runs unfused finalize)"
         )
-    off = env_bool(environ.get(SGLANG_AUTOTUNE_CACHE_ENV)) is False
-    if off and v is not None and v >= SGLANG_RUNS_FROM:
+    raw = effective(environ, SGLANG_AUTOTUNE_CACHE_ENV)
+    if env_bool(raw) is False and v is not None and v >= SGLANG_RUNS_FROM:
         return (
-            f"{SGLANG_AUTOTUNE_CACHE_ENV}={environ[SGLANG_AUTOTUNE_CACHE_ENV]}: SGLang writes "
-            "write-only runs/ files and never reads one back"
+            f"{SGLANG_AUTOTUNE_CACHE_ENV}={raw}: SGLang writes write-only runs/ files and never "
+            "reads one back"
         )
     return None
 
@@ -199,10 +212,14 @@ def launch_env(
     theirs = user_cache_dir(base)
     for var, sub in sglang_caches_moved(version):
         env.setdefault(var, os.path.join(theirs, sub) if sub else theirs)
-    env[SGLANG_CACHE_DIR_ENV] = str(cache_dir)
+    ours = {SGLANG_CACHE_DIR_ENV: str(cache_dir)}
     v = parse_version(version)
     if v is not None and v >= SGLANG_FINALIZE_FROM:
-        env[SGLANG_FINALIZE_ENV] = "0" if finalize == "unfused" else "1"
+        ours[SGLANG_FINALIZE_ENV] = "0" if finalize == "unfused" else "1"
+    for name, value in ours.items():
+        env[name] = value
+        if legacy_name(name) in env:
+            env[legacy_name(name)] = value  # SGLang would copy the old one over ours
     return env
 
 

@@ -1,13 +1,14 @@
-"""SGLang servers running on this machine, as /proc shows them: which cache dir and which GPUs
-each uses. SGLang 0.5.22+ says engines sharing physical GPUs must use separate
-SGLANG_CACHE_DIRs (flashinfer_autotune.py 0.5.22:176-189): doctor and serve look for two that
-do not."""
+"""SGLang servers running on this machine, as /proc shows them: which cache dir, GPUs and MoE
+backend each uses. For --moe-runner-backend flashinfer_megamoe (0.5.22+) SGLang says engines
+sharing physical GPUs must use separate SGLANG_CACHE_DIRs (flashinfer_autotune.py 0.5.22:176-189:
+its records need one writer per file; ordinary tactics are merged best-effort): doctor and serve
+look for two that do not."""
 
 from __future__ import annotations
 
 import os
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 from fi_cache.engines.sglang.layout import user_cache_dir
@@ -22,6 +23,7 @@ class Engine:
     session: int
     cache_dir: str
     devices: frozenset[str] | None  # CUDA_VISIBLE_DEVICES; None: all of the machine's GPUs
+    backend: str | None = None  # --moe-runner-backend on its command line
 
     @property
     def gpus(self) -> str:
@@ -53,15 +55,34 @@ def share_gpus(a: frozenset[str] | None, b: frozenset[str] | None) -> bool:
     return a is None or b is None or bool(a & b)
 
 
+def backend(cmdline: Sequence[str]) -> str | None:
+    """--moe-runner-backend of an SGLang command line (None: not given, or not readable)."""
+    from fi_cache.engines.sglang.args import parse_sglang_args
+    from fi_cache.errors import Refused
+
+    for i, word in enumerate(cmdline):
+        if word in ("serve", SGLANG_LAUNCH_MODULE):
+            try:
+                return parse_sglang_args(cmdline[i + 1 :]).moe_backend
+            except Refused:
+                return None
+    return None
+
+
 def engines(procs: Iterable[tuple[int, int, Sequence[str], Mapping[str, str]]]) -> list[Engine]:
-    """The SGLang servers among (pid, session, cmdline, environ) rows, one per session."""
+    """The SGLang servers among (pid, session, cmdline, environ) rows, one per session (its
+    launcher's pid, the backend of whichever process of it names one)."""
     found: dict[int, Engine] = {}
     for pid, session, cmdline, environ in procs:
         if not is_sglang(cmdline):
             continue
-        here = Engine(pid, session, os.path.realpath(user_cache_dir(environ)), devices(environ))
-        if session not in found or pid < found[session].pid:
-            found[session] = here
+        cache_dir = os.path.realpath(user_cache_dir(environ))
+        here = Engine(pid, session, cache_dir, devices(environ), backend(cmdline))
+        if session in found:
+            was = found[session]
+            first = here if pid < was.pid else was
+            here = replace(first, backend=was.backend or here.backend)
+        found[session] = here
     return sorted(found.values(), key=lambda e: e.pid)
 
 
@@ -91,9 +112,17 @@ def running() -> list[Engine]:
     return engines(rows)
 
 
+MEGAMOE = "flashinfer_megamoe"
+
+
 def sharing(
-    engines_: Sequence[Engine], cache_dir: str, gpus: frozenset[str] | None
+    engines_: Sequence[Engine], cache_dir: str, gpus: frozenset[str] | None, backend: str | None
 ) -> list[Engine]:
-    """The running servers that use `cache_dir` on GPUs that can be among `gpus`."""
+    """The running servers that would write the same MegaMoE rank files as a server of
+    `backend` on `cache_dir` and `gpus`: same dir, GPUs that can overlap, one of them MegaMoE."""
     real = os.path.realpath(cache_dir)
-    return [e for e in engines_ if e.cache_dir == real and share_gpus(e.devices, gpus)]
+    return [
+        e
+        for e in engines_
+        if e.cache_dir == real and share_gpus(e.devices, gpus) and MEGAMOE in (e.backend, backend)
+    ]

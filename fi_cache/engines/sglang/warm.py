@@ -7,9 +7,9 @@ from __future__ import annotations
 
 import os
 import time
+from dataclasses import replace
 from pathlib import Path
 
-from fi_cache.engines.api import WarmFailed
 from fi_cache.engines.server import Server, free_port, port_in_use
 from fi_cache.engines.sglang import launch
 from fi_cache.engines.sglang.args import SglangArgs
@@ -30,10 +30,12 @@ from fi_cache.store.manifest import WarmRecord
 from fi_cache.store.namespace import Namespace
 from fi_cache.versions import SGLANG_FINALIZE_FROM, parse_version
 
-NO_CACHE_HINTS = (
-    "SGLang became healthy but wrote no autotune file in the namespace (it tunes only with a "
-    "FlashInfer MoE backend, e.g. --moe-runner-backend flashinfer_cutlass, or FP4/FP8 GEMMs "
-    "that use FlashInfer, on SM90+ GPUs; and not with --disable-flashinfer-autotune)"
+# SGLang's own gate decides, from the model and GPU too (flashinfer_autotune.py 0.5.23:91-157):
+# a start that tuned nothing is a start with nothing to tune, not a failed warm.
+NOTHING_TUNED = (
+    "SGLang became healthy and wrote no autotune file: it tunes only with a FlashInfer MoE "
+    "backend (e.g. --moe-runner-backend flashinfer_cutlass; the default, auto, often picks "
+    "another) or FlashInfer FP4/FP8 GEMMs, on SM90+ GPUs"
 )
 
 
@@ -46,15 +48,18 @@ def warm(
     options: WarmOptions | None = None,
     progress: Progress | None = None,
 ) -> WarmResult:
-    """Warm `ns` with `sglang serve ARGS` (SGLang `version`). Raises WarmFailed, Refused or
-    FiCacheError."""
+    """Warm `ns` with `sglang serve ARGS` (SGLang `version`). Raises WarmFailed (it exited, timed
+    out or wrote a corrupt file), Refused or FiCacheError."""
     progress = progress or Progress()
     opts = options or WarmOptions()
 
     def run(ns_dir: Path, seeded: dict[str, int]) -> WarmRecord:
         return _run(ns_dir, ns, args, launcher, version, opts, progress)
 
-    return locked_warm(store, ns, args.key, run, opts, progress)
+    result = locked_warm(store, ns, args.key, run, opts, progress)
+    if not result.files and result.nothing_to_tune is None:
+        return replace(result, nothing_to_tune=NOTHING_TUNED)
+    return result
 
 
 def _run(
@@ -83,10 +88,8 @@ def _run(
     until_healthy(server, port, "SGLang", options, progress)
     used = used_files(root, before, server.named_files, {})
     files = collect_files(root, ns_dir, "SGLang", used)
-    if not files and options.nothing_to_tune:
-        progress.note(f"nothing to tune: {options.nothing_to_tune}")
-    elif not files:
-        raise WarmFailed(NO_CACHE_HINTS, server.lines, list(server.log))
+    if not files:
+        progress.note(f"nothing to tune: {options.nothing_to_tune or NOTHING_TUNED}")
     v = parse_version(version)
     return WarmRecord(
         started=started,

@@ -47,7 +47,7 @@ sys.path.insert(0, str(ROOT))
 from tests import sglang_layout  # noqa: E402
 
 FLASHINFER_MOE = {"flashinfer_cutlass", "flashinfer_trtllm", "flashinfer_cutedsl",
-                  "flashinfer_mxfp4"}  # fmt: skip
+                  "flashinfer_mxfp4", "flashinfer_megamoe"}  # fmt: skip
 WATCHED = ("SGLANG_CACHE_DIR", "SGLANG_FLASHINFER_MOE_FUSED_FINALIZE", "SGLANG_DG_CACHE_DIR",
            "SGLANG_CUTE_AOT_CACHE_DIR", "TRITON_CACHE_DIR", "TORCHINDUCTOR_CACHE_DIR",
            "CUDA_CACHE_PATH", "TILELANG_CACHE_DIR", "FLASHINFER_WORKSPACE_BASE")  # fmt: skip

@@ -115,6 +115,7 @@ for name, field in vars(type(m.envs)).items():
             continue
         if isinstance(value, str) and value.startswith(base):
             out[name] = value
+out["__cache_dir__"] = m.envs.SGLANG_CACHE_DIR.get()
 print(json.dumps(out))
 """
 
@@ -143,11 +144,18 @@ def test_sglangs_own_code_keeps_every_derived_cache_where_the_user_had_it(
     assert "TRITON_CACHE_DIR" in before and "SGLANG_DG_CACHE_DIR" in before
     ns = tmp_path / "store" / "ns" / "sglang"
     after = _sglang_resolves(version, launch.launch_env(theirs, ns, "unfused", version), tmp_path)
+    assert after.pop("__cache_dir__") == str(ns)
+    before.pop("__cache_dir__")
     assert after == before  # nothing SGLang derives from SGLANG_CACHE_DIR moved
     # ...and a variable the user set stays theirs.
     mine = {**theirs, "TRITON_CACHE_DIR": str(tmp_path / "triton")}
     env = launch.launch_env(mine, ns, "fused", version)
     assert _sglang_resolves(version, env, tmp_path)["TRITON_CACHE_DIR"] == str(tmp_path / "triton")
+    # A legacy SGL_CACHE_DIR, which SGLang copies over SGLANG_CACHE_DIR: still the namespace.
+    legacy = {**theirs, "SGL_CACHE_DIR": str(tmp_path / "old")}
+    seen = _sglang_resolves(version, launch.launch_env(legacy, ns, "fused", version), tmp_path)
+    assert seen["__cache_dir__"] == str(ns)
+    assert seen["TRITON_CACHE_DIR"] == str(tmp_path / "old" / "triton")
 
 
 def test_direct_cache_dirs_are_links_into_the_users_dir(tmp_path: Path) -> None:
@@ -217,6 +225,46 @@ def test_every_direct_user_of_sglang_cache_dir_is_accounted_for(version: str) ->
             pytest.fail(f"no sglang {version} wheel in {WHEELS}")
         pytest.skip(f"no sglang {version} wheel in {WHEELS}")
     with zipfile.ZipFile(wheel) as z:
-        users = {n for n in z.namelist() if n.endswith(".py")
-                 and "SGLANG_CACHE_DIR.get()" in z.read(n).decode(errors="replace")}  # fmt: skip
+        texts = {n: z.read(n).decode(errors="replace") for n in z.namelist() if n.endswith(".py")}
+    readers = ("SGLANG_CACHE_DIR.get()", 'getenv("SGLANG_CACHE_DIR"', 'environ["SGLANG_CACHE_DIR"]',
+               'environ.get("SGLANG_CACHE_DIR"', 'getenv("SGL_CACHE_DIR"')  # fmt: skip
+    users = {n for n, t in texts.items() if any(r in t for r in readers)}
     assert users <= set(_CALLERS), sorted(users - set(_CALLERS))
+
+
+def test_sizes_are_read_as_sglangs_parser_reads_them() -> None:
+    assert parse_sglang_args(["--model-path", "M", "--tp", "8", "--ep", "8"]).tp == 8  # a prefix
+    a2a = parse_sglang_args(["--model-path", "M", "--tp-size", "4", "--moe-a2a-backend", "deepep"])
+    assert a2a.ep == 4  # deepep spans every rank: SGLang sets ep_size = tp_size
+    assert parse_sglang_args(["--model-path", "M", "--enable-dp-attention"]).dp_attention
+
+
+def test_a_config_file_is_refused_rather_than_half_read() -> None:
+    with pytest.raises(Refused, match="--config file is not read by fi-cache"):
+        parse_sglang_args(["--config", "server.yaml"])
+
+
+def test_legacy_sgl_variables_count_as_sglang_reads_them(tmp_path: Path) -> None:
+    env = {"SGL_FLASHINFER_MOE_FUSED_FINALIZE": "1", "SGLANG_FLASHINFER_MOE_FUSED_FINALIZE": "0"}
+    assert launch.choose_finalize(env, None, "x", "0.5.23", ARGS) == ("fused", None)
+    out = launch.launch_env({"SGL_CACHE_DIR": str(tmp_path / "old")}, tmp_path / "ns", "unfused",
+                            "0.5.23")  # fmt: skip
+    assert out["SGL_CACHE_DIR"] == out["SGLANG_CACHE_DIR"] == str(tmp_path / "ns")
+    assert out["TRITON_CACHE_DIR"] == str(tmp_path / "old" / "triton")  # theirs, as SGLang saw it
+
+
+def test_a_warm_without_the_cache_is_another_warm() -> None:
+    off = launch.with_environment(ARGS, {"SGLANG_FLASHINFER_AUTOTUNE_CACHE": "false"})
+    assert off.key != ARGS.key
+    assert launch.with_environment(ARGS, {"SGLANG_FLASHINFER_AUTOTUNE_CACHE": "1"}).key == ARGS.key
+
+
+def test_force_takes_unfused_where_the_release_cannot() -> None:
+    mode, note = launch.choose_finalize({}, "unfused", "--deterministic", "0.5.17", ARGS, True)
+    assert mode == "unfused" and note and "going on: --force" in note
+
+
+def test_an_unbalanced_quote_in_the_launcher_is_refused(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("FI_CACHE_SGLANG", "python -m 'sglang.launch_server")
+    with pytest.raises(Refused, match="No closing quotation"):
+        launch.find_launcher(None)

@@ -225,15 +225,21 @@ def _stop(proc: subprocess.Popen[str]) -> tuple[str, str]:
         proc.kill()
 
 
-def test_serve_warms_a_cold_namespace_then_execs_sglang_on_it(rig: Rig) -> None:
+@pytest.mark.parametrize(
+    ("backend", "warned"), [("flashinfer_cutlass", False), ("flashinfer_megamoe", True)]
+)
+def test_serve_warms_a_cold_namespace_then_execs_sglang_on_it(
+    rig: Rig, backend: str, warned: bool
+) -> None:
+    args = ["--model-path", "Qwen/Qwen3-30B-A3B", "--moe-runner-backend", backend]
     port = free_port()
-    first = _serve(rig, port, *MODEL)
+    first = _serve(rig, port, *args)
     try:
         _until_healthy(first, port)
-        # Warm now: a second serve starts SGLang once, with no warm first, and says that the
-        # first one already serves from this namespace's SGLANG_CACHE_DIR on the same GPUs.
+        # Warm now: a second serve starts SGLang once, with no warm first. On the same GPUs and
+        # namespace it is told about the first one when MegaMoE makes that a problem.
         port2 = free_port()
-        second = _serve(rig, port2, *MODEL)
+        second = _serve(rig, port2, *args)
         try:
             _until_healthy(second, port2)
         finally:
@@ -247,7 +253,25 @@ def test_serve_warms_a_cold_namespace_then_execs_sglang_on_it(rig: Rig) -> None:
     assert served["env"]["SGLANG_CACHE_DIR"] == doc["cache_dir"]
     assert served["files"][0]["existed"] is True  # the served start read what the warm wrote
     assert json.loads(out2)["warm"] is None and again["files"][0]["existed"] is True
-    assert f"SGLang pid {first.pid} already serves from {doc['cache_dir']}" in err2
+    said = f"SGLang pid {first.pid} already serves from {doc['cache_dir']}" in err2
+    assert said is warned, err2
+    if backend == "flashinfer_megamoe":  # SGLang 0.5.23 names MegaMoE files by the GPU
+        assert "_gpu" in Path(doc["warm"]["files"][0]["path"]).name
+
+
+def test_serve_with_sglangs_default_backend_tunes_nothing_and_serves(rig: Rig) -> None:
+    port = free_port()
+    proc = _serve(rig, port, "--model-path", "Qwen/Qwen3-8B")  # backend auto: no FlashInfer MoE
+    try:
+        _until_healthy(proc, port)
+    finally:
+        out, err = _stop(proc)
+    assert proc.returncode == 0, err
+    assert "wrote no autotune file" in err
+    assert json.loads(out)["warm"]["files"] == []
+    warm = rig.warm("--model-path", "Qwen/Qwen3-8B")
+    assert warm.returncode == 0
+    assert "wrote no autotune file" in json.loads(warm.stdout)["nothing_to_tune"]
 
 
 def test_show_names_what_the_deployment_hash_covers_and_the_warm_that_made_it(rig: Rig) -> None:
