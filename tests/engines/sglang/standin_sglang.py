@@ -25,6 +25,8 @@ or a non-FlashInfer MoE backend, skips autotune (flashinfer_autotune.py:91); one
 
 $FI_CACHE_STANDIN_REPORT: a JSON file it writes what it saw to (one object per start, appended).
 $FI_CACHE_STANDIN_EXIT=1: exit 0 once the arguments are read (the serve-overhead benchmark).
+$FI_CACHE_STANDIN_HANG=1: never open the port (SGLang stuck in start-up, where node 0 installs no
+SIGTERM handler: entrypoints/engine.py 0.5.23:1969-1982).
 """
 
 from __future__ import annotations
@@ -37,6 +39,7 @@ import os
 import signal
 import sys
 import threading
+import time
 import types
 import zipfile
 from pathlib import Path
@@ -150,6 +153,7 @@ def main() -> int:
         or args.moe_runner_backend not in FLASHINFER_MOE
     )
     report: dict[str, object] = {
+        "pid": os.getpid(),
         "version": version,
         "env": {k: os.environ.get(k) for k in WATCHED},
         "fused": fused,
@@ -175,6 +179,9 @@ def main() -> int:
     if path := os.environ.get("FI_CACHE_STANDIN_REPORT"):
         with open(path, "a") as f:
             f.write(json.dumps(report) + "\n")
+    if os.environ.get("FI_CACHE_STANDIN_HANG"):
+        while True:  # stuck in start-up: the port stays closed, default signal handlers
+            time.sleep(1)
     serve_health(args.host, args.port)
     return 0
 

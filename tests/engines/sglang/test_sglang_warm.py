@@ -301,3 +301,49 @@ def test_every_tp_rank_file_is_recorded_and_they_agree(rig: Rig) -> None:
     rank1.write_text(json.dumps(data))  # now they differ: the next SGLang start discards both
     checks = {f["check"] for f in json.loads(rig.run(*doctor).stdout)["findings"]}
     assert "sglang-ranks-disagree" in checks
+
+
+def _alive(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().split()[2] != "Z"  # a zombie is dead for our purpose
+    except OSError:
+        return False
+
+
+def _popen_warm(rig: Rig, **env: str) -> subprocess.Popen[str]:
+    argv = rig.argv("warm", "--engine", "sglang", "--sglang", str(rig.sglang), *MODEL)
+    return subprocess.Popen(argv, env={**rig.env, **env}, cwd=rig.root, text=True,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE)  # fmt: skip
+
+
+def _started(rig: Rig) -> int:
+    deadline = time.monotonic() + 60
+    while not rig.starts():
+        assert time.monotonic() < deadline, "the stand-in never started"
+        time.sleep(0.1)
+    return int(rig.starts()[0]["pid"])
+
+
+@pytest.mark.parametrize("how", [signal.SIGINT, signal.SIGKILL])
+def test_a_stopped_or_killed_warm_leaves_no_sglang_behind(rig: Rig, how: signal.Signals) -> None:
+    proc = _popen_warm(rig, FI_CACHE_STANDIN_HANG="1")
+    pid = _started(rig)
+    proc.send_signal(how)
+    proc.communicate(timeout=60)
+    if how == signal.SIGINT:
+        assert proc.returncode == 130
+    deadline = time.monotonic() + 20  # SIGKILL: fi-cache's guard stops SGLang's group
+    while _alive(pid) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert not _alive(pid), "SGLang outlived its warm"
+    assert list((rig.store / "namespaces").rglob("manifest.json")) == []  # nothing recorded
+
+
+def test_with_the_cache_off_sglang_writes_runs_copies_that_are_never_recorded(rig: Rig) -> None:
+    p = rig.warm(*MODEL, SGLANG_FLASHINFER_AUTOTUNE_CACHE="0")
+    assert p.returncode == 0, p.stderr
+    doc = json.loads(p.stdout)
+    assert doc["files"] == [] and "write-only runs/" in doc["nothing_to_tune"]
+    [start] = rig.starts()
+    assert "/runs/" in start["files"][0]["path"]  # SGLang's own runs/ branch wrote it
