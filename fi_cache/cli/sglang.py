@@ -147,7 +147,16 @@ def warm_sglang(
     force: bool = False,
 ) -> int:
     """The warm command with --engine sglang."""
+    from fi_cache.engines.sglang.args import parse_sglang_args
+
     ctx = _ctx()
+    nodes = parse_sglang_args(command_line(sglang_path, argv)[1]).nnodes
+    if nodes > 1:  # before anything is said or looked up: one line
+        raise Refused(
+            f"SGLang with --nnodes {nodes} starts only when every node does, and nodes other "
+            "than rank 0 answer no /health: warm cannot run it; start `fi-cache serve --engine "
+            "sglang` on every node (the first start tunes into the namespace)"
+        )
     run = prepare(sglang_path, argv, finalize, f"--finalize {finalize}", force)
     if not run.keeps_cache:
         from fi_cache.versions import SGLANG_PERSISTENT_CACHE
@@ -246,6 +255,12 @@ def serve_sglang(
         if run.nothing_to_tune:
             if not ctx.quiet:
                 render.warn(f"nothing to warm: {run.nothing_to_tune}; starting SGLang anyway")
+        elif run.args.nnodes > 1:
+            if not ctx.quiet:  # a warm would wait for the other nodes, and rank >= 1 has no /health
+                render.warn(
+                    f"--nnodes {run.args.nnodes}: no warm first (every node must start together); "
+                    "SGLang tunes at this start and saves into the namespace"
+                )
         elif do_warm:
             warmed = run_sglang_warm(run, timeout, None, 3600.0)
             signal.signal(signal.SIGTERM, signal.SIG_DFL)

@@ -22,7 +22,7 @@ from fi_cache.versions import (
 _SIZES = {"--tp-size": "tp", "--tensor-parallel-size": "tp", "--ep-size": "ep",
           "--expert-parallel-size": "ep", "--ep": "ep"}  # fmt: skip
 _VALUED = (*_SIZES, "--model-path", "--model", "--moe-runner-backend", "--moe-a2a-backend",
-           "--host", "--port")  # fmt: skip
+           "--host", "--port", "--nnodes")  # fmt: skip
 _SWITCHES = (SGLANG_DETERMINISTIC_FLAG, SGLANG_DISABLE_AUTOTUNE_FLAG, "--enable-dp-attention")
 _CONFIG = "--config"  # a YAML file of more arguments (server_args.py 0.5.23:402-405, 683-686)
 
@@ -51,6 +51,9 @@ class SglangArgs:
     model_at: int | None = None  # index of a positional model (`sglang serve MODEL`, 0.5.23)
     address: dict[str, str] = field(default_factory=dict)  # --host / --port as given
     dp_attention: bool = False  # --enable-dp-attention: one TP group spans the DP ranks
+    # --nnodes (server_args.py 0.5.18:1008): a multi-node server starts when every node does,
+    # and nodes of rank >= 1 run no HTTP server (http_server.py 0.5.23:3163-3165).
+    nnodes: int = 1
     # Settings from the environment that change what a start keeps (not arguments, but part of
     # a warm's identity): e.g. SGLANG_FLASHINFER_AUTOTUNE_CACHE=0.
     environment: tuple[str, ...] = ()
@@ -107,10 +110,10 @@ def parse_sglang_args(argv: Sequence[str]) -> SglangArgs:
             model, model_at = args[i], i  # 0.5.23 `sglang serve MODEL` (cli/serve.py:62-66)
         i += 1
     sizes = {}
-    for name in ("tp", "ep"):
+    for name, flag in (("tp", "--tp-size"), ("ep", "--ep-size"), ("--nnodes", "--nnodes")):
         text = values.get(name, "1")
         if not text.isdigit() or int(text) < 1:
-            raise Refused(f"SGLang argument --{name}-size {text!r} is not a positive integer")
+            raise Refused(f"SGLang argument {flag} {text!r} is not a positive integer")
         sizes[name] = int(text)
     if values.get("--moe-a2a-backend") in SGLANG_A2A_EP_SPANNING:
         sizes["ep"] = sizes["tp"]  # SGLang sets it so (arg_groups/overrides.py 0.5.23:1610-1620)
@@ -126,6 +129,7 @@ def parse_sglang_args(argv: Sequence[str]) -> SglangArgs:
         model_at=None if flagged else model_at,
         address={k: values[k] for k in _ADDRESS_FLAGS if k in values},
         dp_attention="--enable-dp-attention" in switches,
+        nnodes=sizes["--nnodes"],
     )
 
 

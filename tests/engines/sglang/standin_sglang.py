@@ -84,6 +84,8 @@ def parse(argv: list[str], version: str) -> argparse.Namespace:
     p.add_argument("--moe-runner-backend", default="auto")
     p.add_argument("--enable-deterministic-inference", action="store_true")
     p.add_argument("--disable-flashinfer-autotune", action="store_true")
+    p.add_argument("--nnodes", type=int, default=1)
+    p.add_argument("--node-rank", type=int, default=0)
     args = p.parse_args(argv)
     args.model_path = args.model_path or getattr(args, "model", None)
     if not args.model_path:

@@ -237,6 +237,7 @@ def test_sizes_are_read_as_sglangs_parser_reads_them() -> None:
     a2a = parse_sglang_args(["--model-path", "M", "--tp-size", "4", "--moe-a2a-backend", "deepep"])
     assert a2a.ep == 4  # deepep spans every rank: SGLang sets ep_size = tp_size
     assert parse_sglang_args(["--model-path", "M", "--enable-dp-attention"]).dp_attention
+    assert parse_sglang_args(["--model-path", "M", "--nnodes", "2", "--node-rank", "1"]).nnodes == 2
 
 
 def test_a_config_file_is_refused_rather_than_half_read() -> None:

@@ -147,6 +147,7 @@ def test_deterministic_inference_tunes_nothing_and_still_starts(rig: Rig) -> Non
          "SGLANG_FLASHINFER_MOE_FUSED_FINALIZE='maybe'"),
         (["--moe-runner-backend", "flashinfer_cutlass"], {}, "no model in the SGLang arguments"),
         (["--model-path", "M", "--tp-size", "two"], {}, "--tp-size 'two' is not a positive"),
+        (["--model-path", "M", "--nnodes", "2"], {}, "--nnodes 2 starts only when every node"),
     ],
 )  # fmt: skip
 def test_bad_input_is_one_line_exit_2_and_nothing_in_the_store(
@@ -347,3 +348,16 @@ def test_with_the_cache_off_sglang_writes_runs_copies_that_are_never_recorded(ri
     assert doc["files"] == [] and "write-only runs/" in doc["nothing_to_tune"]
     [start] = rig.starts()
     assert "/runs/" in start["files"][0]["path"]  # SGLang's own runs/ branch wrote it
+
+
+def test_multi_node_serve_starts_without_a_warm_and_tunes_into_the_namespace(rig: Rig) -> None:
+    port = free_port()
+    proc = _serve(rig, port, *MODEL, "--nnodes", "2", "--node-rank", "0")
+    try:
+        _until_healthy(proc, port)
+    finally:
+        out, err = _stop(proc)
+    doc = json.loads(out)
+    assert doc["warm"] is None and "--nnodes 2: no warm first" in err
+    [start] = rig.starts()  # one start: the served one, tuning into the namespace
+    assert start["files"][0]["path"].startswith(doc["cache_dir"])
