@@ -14,6 +14,7 @@ from fi_cache.model.moe import is_moe
 def log_profile_id(inp: Inputs) -> Iterator[Finding]:
     """One finding per process that hit the error: a server's start-up dies at the first; a
     process that caught it and went on (a sweep, a test) is one finding, not one per call."""
+    serve = "fi-cache serve --engine sglang" if inp.target.sglang_version else "fi-cache serve"
     for log in inp.logs:
         by_process: dict[str, list[ProfileIdError]] = {}
         for e in log.errors:
@@ -55,8 +56,8 @@ def log_profile_id(inp: Inputs) -> Iterator[Finding]:
                 "error",
                 cache or log.path,
                 f"{log.path}:{e.line_no}: {what} {source}: {why}",
-                f"{move}; give each finalize mode its own cache dir (fi-cache serve, and "
-                "fi-cache serve --deterministic for unfused)",
+                f"{move}; give each finalize mode its own cache dir ({serve}, and "
+                f"{serve} --deterministic for unfused)",
             )
 
 

@@ -165,3 +165,22 @@ def test_doctor_reads_sglangs_own_cache_dir_for_the_target_version_only(  # type
     listed = run("--format", "json", "ls").json()
     rows = listed["caches"] if isinstance(listed, dict) else listed
     assert {r["path"] for r in rows} >= {str(ours), str(other)}  # ls lists SGLang's dir too
+
+
+def test_an_sglang_start_that_died_on_a_gemm2_id_is_named_with_the_sglang_cure(  # type: ignore[no-untyped-def]
+    run, tmp_path: Path
+) -> None:
+    rank = "/root/.cache/sglang/flashinfer/autotune/0.6.17/sm90/8e60e63bda689ee5/rank_tp0.json"
+    log = tmp_path / "sglang.log"
+    log.write_text(
+        "[2026-12-01 10:00:00 TP0] Load weight end. type=Qwen3MoeForCausalLM\n"
+        "2026-12-01 10:00:02,000 - INFO - autotuner.py:2789 - flashinfer.jit: [Autotuner]: "
+        f"Loaded 10 configs from {rank}\n"
+        "[2026-12-01 10:00:03 TP0] Scheduler hit an exception: Traceback (most recent call last):\n"
+        "RuntimeError: [TensorRT-LLM][ERROR] Assertion failed: Invalid gemm2 profile id: 40\n"
+    )
+    doc = run("--format", "json", "doctor", "--log", log, "--sglang-version", "0.5.18",
+              "--flashinfer-version", "0.6.17").json()  # fmt: skip
+    [f] = _findings(doc, "stale-gemm2-profile")
+    assert f["severity"] == "error" and f"after loading {rank}" in f["message"]
+    assert "fi-cache serve --engine sglang --deterministic" in f["fix"]
