@@ -68,6 +68,25 @@ def ensure_link(link: Path, target: Path) -> bool:
     return True
 
 
+def prune_empty(root: Path) -> None:
+    """Remove `root` if it holds only links and empty dirs (what a failed first start leaves);
+    anything with a file in it stays, whole. Links are removed, never followed."""
+    if not root.is_dir() or root.is_symlink():
+        return
+    walked = list(os.walk(root, topdown=False, followlinks=False))
+    for here, _, names in walked:  # links to dirs are listed as dirs, and not walked into
+        for name in names:
+            if not os.path.islink(os.path.join(here, name)):
+                return  # a file somewhere: keep everything
+    with contextlib.suppress(OSError):
+        for here, dirs, names in walked:
+            for name in [*names, *dirs]:
+                path = os.path.join(here, name)
+                if os.path.islink(path):
+                    os.unlink(path)
+            os.rmdir(here)
+
+
 def atomic_write(
     path: Path,
     data: bytes,

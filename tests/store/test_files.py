@@ -33,3 +33,20 @@ def test_failed_write_keeps_the_old_file(tmp_path: Path, monkeypatch: pytest.Mon
     assert "No space left on device" in info.value.message
     assert target.read_bytes() == b"old"
     assert len(list(tmp_path.iterdir())) == 2  # the file and its lock, no temp left
+
+
+def test_prune_empty_removes_links_and_empty_dirs_only(tmp_path: Path) -> None:
+    from fi_cache.store.files import prune_empty
+
+    theirs = tmp_path / "theirs"
+    (theirs / "torch_compile_cache").mkdir(parents=True)
+    (theirs / "torch_compile_cache" / "kept").write_text("x")
+    root = tmp_path / "ns" / "sglang"
+    (root / "flashinfer" / "autotune" / "0.6.18").mkdir(parents=True)
+    (root / "torch_compile_cache").symlink_to(theirs / "torch_compile_cache")
+    prune_empty(root)
+    assert not root.exists() and (theirs / "torch_compile_cache" / "kept").exists()
+    (root / "flashinfer").mkdir(parents=True)
+    (root / "flashinfer" / "rank_tp0_pp0_dp0.json").write_text("{}")
+    prune_empty(root)
+    assert (root / "flashinfer" / "rank_tp0_pp0_dp0.json").exists()  # a file: all of it stays

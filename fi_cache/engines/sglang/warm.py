@@ -25,7 +25,7 @@ from fi_cache.engines.warming import (
     used_files,
 )
 from fi_cache.errors import Refused
-from fi_cache.store.files import ensure_dir
+from fi_cache.store.files import ensure_dir, prune_empty
 from fi_cache.store.manifest import WarmRecord
 from fi_cache.store.namespace import Namespace
 from fi_cache.versions import SGLANG_FINALIZE_FROM, parse_version
@@ -75,6 +75,7 @@ def _run(
     if options.port and port_in_use(port):
         raise Refused(f"port {port} is in use; pick another with --port or leave it out")
     cache_dir = ENGINE.cache_dir(ns_dir)
+    fresh = not cache_dir.exists()
     ensure_dir(cache_dir)
     launch.link_direct_caches(cache_dir, os.environ)
     env = launch.launch_env(os.environ, cache_dir, ns.finalize, version)
@@ -85,7 +86,12 @@ def _run(
     before = snapshot(root)
     progress.note(f"starting {' '.join(cmd[1:])}")
     server = Server(cmd, env, lock_dir=ns_dir, grace=options.grace, name="SGLang")
-    until_healthy(server, port, "SGLang", options, progress)
+    try:
+        until_healthy(server, port, "SGLang", options, progress)
+    except BaseException:
+        if fresh:
+            prune_empty(cache_dir)  # a first start that failed leaves no empty tree behind
+        raise
     used = used_files(root, before, server.named_files, {})
     files = collect_files(root, ns_dir, "SGLang", used)
     if not files:

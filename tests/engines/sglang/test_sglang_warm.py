@@ -188,6 +188,8 @@ def test_a_launch_that_fails_is_named_with_sglangs_words(rig: Rig) -> None:
     )
     manifests = list((rig.store / "namespaces").rglob("manifest.json"))
     assert manifests == []  # no warm recorded
+    assert list((rig.store / "namespaces").rglob("sglang")) == []  # nor its empty dir and links
+    assert (rig.home / ".cache" / "sglang" / "torch_compile_cache").is_dir()  # theirs stays
 
 
 @pytest.mark.skipif("0.6.17" not in FLASHINFER_INSTALLS and not os.environ.get(
