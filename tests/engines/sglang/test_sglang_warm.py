@@ -316,8 +316,14 @@ def _alive(pid: int) -> bool:
 
 def _popen_warm(rig: Rig, **env: str) -> subprocess.Popen[str]:
     argv = rig.argv("warm", "--engine", "sglang", "--sglang", str(rig.sglang), *MODEL)
+    # A shell running the tests in the background (`cmd &`) leaves SIGINT ignored, and Python
+    # keeps an ignored SIGINT: give the child the default a terminal user has.
+    def default_sigint() -> None:
+        signal.signal(signal.SIGINT, signal.default_int_handler)
+
     return subprocess.Popen(argv, env={**rig.env, **env}, cwd=rig.root, text=True,
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE)  # fmt: skip
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            preexec_fn=default_sigint)  # fmt: skip
 
 
 def _started(rig: Rig) -> int:
