@@ -44,7 +44,8 @@ def show_tail(lines: list[str], what: str) -> None:
 
 
 class Status:
-    """Elapsed time and vLLM's last log line: one live line on a terminal, plain lines else."""
+    """Elapsed time and the engine's last log line: one live line on a terminal, plain lines
+    else."""
 
     def __init__(self, quiet: bool) -> None:
         self.quiet = quiet

@@ -93,17 +93,14 @@ def say_what_moves(run: SglangRun) -> None:
     """Once, before SGLang starts: where its cache dir goes and what stays with the user."""
     from fi_cache.engines.sglang.engine import ENGINE
     from fi_cache.engines.sglang.layout import user_cache_dir
-    from fi_cache.store.namespace import unknown_levels
+    from fi_cache.store.namespace import shared_when_undetected
     from fi_cache.versions import SGLANG_CACHE_DIR_ENV, SGLANG_DIRECT_CACHES, sglang_caches_moved
 
     ctx = _ctx()
     if ctx.quiet:
         return
-    if unknown := unknown_levels(run.ns.fingerprint):
-        render.warn(
-            f"{', '.join(unknown)} not detected (see `fi-cache env`): namespace {run.ns.relpath} "
-            "is shared with every machine whose detection fails the same way"
-        )
+    if shared := shared_when_undetected(run.ns):
+        render.warn(shared)
     ours = ENGINE.cache_dir(run.ns.path(ctx.store))
     kept = [var for var, _ in sglang_caches_moved(run.version)]
     render.warn(

@@ -58,17 +58,14 @@ def say_what_it_means(ns: Namespace) -> None:
     import os
 
     from fi_cache.engines import get
-    from fi_cache.store.namespace import unknown_levels
+    from fi_cache.store.namespace import shared_when_undetected
     from fi_cache.versions import VLLM_CACHE_DIR_ENV
 
     ctx = _ctx()
     if ctx.quiet:
         return
-    if unknown := unknown_levels(ns.fingerprint):
-        render.warn(
-            f"{', '.join(unknown)} not detected (see `fi-cache env`): namespace {ns.relpath} is "
-            "shared with every machine whose detection fails the same way"
-        )
+    if shared := shared_when_undetected(ns):
+        render.warn(shared)
     ours = str(get("vllm").cache_dir(ns.path(ctx.store)))
     theirs = os.environ.get(VLLM_CACHE_DIR_ENV)
     if theirs and os.path.abspath(os.path.expanduser(theirs)) != ours:

@@ -38,6 +38,16 @@ def unknown_levels(fp: Fingerprint) -> list[str]:
     return [name for name in LEVEL_FIELDS if slug(getattr(fp, name)) == "unknown"]
 
 
+def shared_when_undetected(ns: Namespace) -> str | None:
+    """What to tell a user whose namespace is named by undetected fields (None: all detected)."""
+    if not (unknown := unknown_levels(ns.fingerprint)):
+        return None
+    return (
+        f"{', '.join(unknown)} not detected (see `fi-cache env`): namespace {ns.relpath} is "
+        "shared with every machine whose detection fails the same way"
+    )
+
+
 @dataclass(frozen=True)
 class Namespace:
     fingerprint: Fingerprint
