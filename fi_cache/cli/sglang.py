@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import os
 from dataclasses import dataclass
-from pathlib import Path
 from typing import TYPE_CHECKING, Any, NoReturn
 
 import click
@@ -61,9 +60,11 @@ def prepare(
     asked: FinalizeMode | None,
     given: str,
     force: bool = False,
+    warm: bool = False,
 ) -> SglangRun:
     """Find SGLang and its release, read its arguments, choose the finalize mode and the
-    namespace; say what a user may not expect. Raises Refused."""
+    namespace; say what a user may not expect. Raises Refused, before anything is said or
+    looked up when the arguments alone refuse it (`warm`: several nodes)."""
     from fi_cache import environment
     from fi_cache.engines.sglang import launch
     from fi_cache.engines.sglang.engine import ENGINE
@@ -74,6 +75,12 @@ def prepare(
     sglang_path, argv = command_line(sglang_path, argv)
     launcher = launch.find_launcher(sglang_path)
     args = launch.with_environment(ENGINE.read_args(argv), os.environ)
+    if warm and args.nnodes > 1:
+        raise Refused(
+            f"SGLang with --nnodes {args.nnodes} starts only when every node does, and nodes "
+            "other than rank 0 answer no /health: warm cannot run it; start `fi-cache serve "
+            "--engine sglang` on every node (the first start tunes into the namespace)"
+        )
     env = environment.detect(state_dir(ctx.store), python=launcher.python)
     # Only the launcher's own Python may say which SGLang it is, never fi-cache's fallback.
     mine = launcher.python is not None and os.path.abspath(env.python) == os.path.abspath(
@@ -144,17 +151,8 @@ def warm_sglang(
     force: bool = False,
 ) -> int:
     """The warm command with --engine sglang."""
-    from fi_cache.engines.sglang.args import parse_sglang_args
-
     ctx = _ctx()
-    nodes = parse_sglang_args(command_line(sglang_path, argv)[1]).nnodes
-    if nodes > 1:  # before anything is said or looked up: one line
-        raise Refused(
-            f"SGLang with --nnodes {nodes} starts only when every node does, and nodes other "
-            "than rank 0 answer no /health: warm cannot run it; start `fi-cache serve --engine "
-            "sglang` on every node (the first start tunes into the namespace)"
-        )
-    run = prepare(sglang_path, argv, finalize, f"--finalize {finalize}", force)
+    run = prepare(sglang_path, argv, finalize, f"--finalize {finalize}", force, warm=True)
     if not run.keeps_cache:
         from fi_cache.versions import SGLANG_PERSISTENT_CACHE
 
@@ -202,21 +200,6 @@ def _doc(run: SglangRun, result: WarmResult) -> dict[str, Any]:
     }
 
 
-def serve_env(run: SglangRun, ns_dir: Path) -> dict[str, str]:
-    """The environment `serve --engine sglang` execs SGLang with."""
-    from fi_cache.engines.sglang import launch
-    from fi_cache.engines.sglang.engine import ENGINE
-
-    if not run.keeps_cache:
-        return dict(os.environ)  # nothing to namespace: SGLang runs exactly as without fi-cache
-    cache_dir = ENGINE.cache_dir(ns_dir)
-    from fi_cache.store.files import ensure_dir
-
-    ensure_dir(cache_dir)
-    launch.link_direct_caches(cache_dir, os.environ)
-    return launch.launch_env(os.environ, cache_dir, run.ns.finalize, run.version)
-
-
 def serve_sglang(
     sglang_path: str | None,
     argv: tuple[str, ...],
@@ -229,6 +212,7 @@ def serve_sglang(
     import signal
 
     from fi_cache.cli.serving import exec_engine, preflight_namespace, serve_doc, touch
+    from fi_cache.engines.sglang import launch
     from fi_cache.engines.sglang.engine import ENGINE
     from fi_cache.store import locks
 
@@ -265,7 +249,7 @@ def serve_sglang(
             render.warn("namespace is cold: SGLang tunes at start-up and saves into it")
     touch(ns_dir)
     _say_shared(str(ENGINE.cache_dir(ns_dir)), run.args.moe_backend)
-    env = serve_env(run, ns_dir)
+    env = launch.namespace_env(ENGINE.cache_dir(ns_dir), os.environ, run.ns.finalize, run.version)
     if ns_dir.is_dir():
         locks.hold_in_use(ns_dir)  # inherited by SGLang: prune leaves a served namespace alone
     doc = None

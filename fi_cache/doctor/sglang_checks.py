@@ -11,7 +11,7 @@ from fi_cache.doctor.findings import Finding
 from fi_cache.engines.sglang.args import env_bool
 from fi_cache.engines.sglang.layout import effective
 from fi_cache.engines.sglang.live import sharing
-from fi_cache.model.keys import parse_key
+from fi_cache.model import v1
 from fi_cache.versions import (
     CUTEDSL_KEY_HAS_FINALIZE,
     CUTEDSL_NVFP4_RUNNER,
@@ -191,7 +191,8 @@ def cutedsl_mode_blind(inp: Inputs) -> Iterator[Finding]:
         fv = parse_version(fi)
         if fv is None or fv >= CUTEDSL_KEY_HAS_FINALIZE:
             continue
-        n = sum(_runner(k) == CUTEDSL_NVFP4_RUNNER for k in view.cache.file.entries)
+        n = sum(k is not None and k.runner == CUTEDSL_NVFP4_RUNNER
+                for _, k, _ in v1.iter_entries(view.cache.file))  # fmt: skip
         if not n or view.namespace_finalize == inp.target.finalize:
             continue  # a fi-cache namespace of the target's mode tuned them in that mode
         tuned = (
@@ -212,13 +213,6 @@ def cutedsl_mode_blind(inp: Inputs) -> Iterator[Finding]:
             "gives each mode a namespace of its own",
             {"entries": n, "flashinfer_version": fi},
         )
-
-
-def _runner(key: str) -> str | None:
-    try:
-        return parse_key(key).runner
-    except ValueError:
-        return None
 
 
 def shared_cache_dir(inp: Inputs) -> Iterator[Finding]:

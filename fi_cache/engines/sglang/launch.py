@@ -223,6 +223,18 @@ def launch_env(
     return env
 
 
+def namespace_env(
+    cache_dir: Path, environ: Mapping[str, str], finalize: str, version: str
+) -> dict[str, str]:
+    """SGLang's environment on a namespace's SGLang dir `cache_dir`, which is made, with the
+    links into the user's dir (warm and serve start SGLang so)."""
+    from fi_cache.store.files import ensure_dir
+
+    ensure_dir(cache_dir)
+    link_direct_caches(cache_dir, environ)
+    return launch_env(environ, cache_dir, finalize, version)
+
+
 def link_direct_caches(cache_dir: Path, environ: Mapping[str, str]) -> list[str]:
     """Point the dirs SGLang joins to SGLANG_CACHE_DIR itself back into the user's dir (links
     made once, kept); returns the ones that could not be linked."""

@@ -25,7 +25,7 @@ from fi_cache.engines.warming import (
     used_files,
 )
 from fi_cache.errors import Refused
-from fi_cache.store.files import ensure_dir, prune_empty
+from fi_cache.store.files import prune_empty
 from fi_cache.store.manifest import WarmRecord
 from fi_cache.store.namespace import Namespace
 from fi_cache.versions import SGLANG_FINALIZE_FROM, parse_version
@@ -76,9 +76,7 @@ def _run(
         raise Refused(f"port {port} is in use; pick another with --port or leave it out")
     cache_dir = ENGINE.cache_dir(ns_dir)
     fresh = not cache_dir.exists()
-    ensure_dir(cache_dir)
-    launch.link_direct_caches(cache_dir, os.environ)
-    env = launch.launch_env(os.environ, cache_dir, ns.finalize, version)
+    env = launch.namespace_env(cache_dir, os.environ, ns.finalize, version)
     # Warming never needs outside traffic: loopback, our port (argparse: the last flag wins).
     cmd = launcher.command(args, ["--host", "127.0.0.1", "--port", str(port)])
     root = ENGINE.autotune_dir(ns_dir)
