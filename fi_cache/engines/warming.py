@@ -12,7 +12,8 @@ from pathlib import Path
 
 from fi_cache.caches.inventory import scan
 from fi_cache.engines.api import WarmFailed
-from fi_cache.engines.server import Server, wait_healthy
+from fi_cache.engines.server import Server, free_port, port_in_use, wait_healthy
+from fi_cache.errors import Refused
 from fi_cache.store import locks
 from fi_cache.store import manifest as manifests
 from fi_cache.store.files import share_like_store
@@ -110,6 +111,44 @@ def until_healthy(
     except BaseException:
         server.stop(options.grace)
         raise
+
+
+def warm_port(options: WarmOptions) -> int:
+    """The warm-up server's port: --port (refused when in use), else a free one."""
+    port = options.port or free_port()
+    if options.port and port_in_use(port):
+        raise Refused(f"port {port} is in use; pick another with --port or leave it out")
+    return port
+
+
+@dataclass(frozen=True)
+class Ran:
+    """A server started on a namespace, healthy, and stopped."""
+
+    started: float  # time.time() at its start
+    used: set[Path]  # the files under the watched dir it wrote, changed or named in its log
+    server: Server  # for its log lines
+
+
+def run_until_healthy(
+    ns_dir: Path,
+    watch: Path,
+    cmd: list[str],
+    env: dict[str, str],
+    port: int,
+    name: str,
+    options: WarmOptions,
+    progress: Progress,
+    seeded: dict[str, int] | None = None,
+) -> Ran:
+    """Start `cmd` (holding `ns_dir`'s lock, with a guard), wait for its /health on `port`,
+    stop it; raises WarmFailed as until_healthy does. `watch`: where its caches land."""
+    started = time.time()
+    before = snapshot(watch)
+    progress.note(f"starting {' '.join(cmd[1:])}")
+    server = Server(cmd, env, lock_dir=ns_dir, grace=options.grace, name=name)
+    until_healthy(server, port, name, options, progress)
+    return Ran(started, used_files(watch, before, server.named_files, seeded or {}), server)
 
 
 Snapshot = dict[Path, tuple[int, int]]

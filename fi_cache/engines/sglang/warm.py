@@ -10,7 +10,6 @@ import time
 from dataclasses import replace
 from pathlib import Path
 
-from fi_cache.engines.server import Server, free_port, port_in_use
 from fi_cache.engines.sglang import launch
 from fi_cache.engines.sglang.args import SglangArgs
 from fi_cache.engines.sglang.engine import ENGINE
@@ -20,11 +19,9 @@ from fi_cache.engines.warming import (
     WarmResult,
     collect_files,
     locked_warm,
-    snapshot,
-    until_healthy,
-    used_files,
+    run_until_healthy,
+    warm_port,
 )
-from fi_cache.errors import Refused
 from fi_cache.store.files import prune_empty
 from fi_cache.store.manifest import WarmRecord
 from fi_cache.store.namespace import Namespace
@@ -71,33 +68,26 @@ def _run(
     options: WarmOptions,
     progress: Progress,
 ) -> WarmRecord:
-    port = options.port or free_port()
-    if options.port and port_in_use(port):
-        raise Refused(f"port {port} is in use; pick another with --port or leave it out")
+    port = warm_port(options)
     cache_dir = ENGINE.cache_dir(ns_dir)
     fresh = not cache_dir.exists()
     env = launch.namespace_env(cache_dir, os.environ, ns.finalize, version)
     # Warming never needs outside traffic: loopback, our port (argparse: the last flag wins).
     cmd = launcher.command(args, ["--host", "127.0.0.1", "--port", str(port)])
     root = ENGINE.autotune_dir(ns_dir)
-    started = time.time()
-    before = snapshot(root)
-    progress.note(f"starting {' '.join(cmd[1:])}")
-    server = Server(cmd, env, lock_dir=ns_dir, grace=options.grace, name="SGLang")
     try:
-        until_healthy(server, port, "SGLang", options, progress)
+        ran = run_until_healthy(ns_dir, root, cmd, env, port, "SGLang", options, progress)
     except BaseException:
         if fresh:
             prune_empty(cache_dir)  # a first start that failed leaves no empty tree behind
         raise
-    used = used_files(root, before, server.named_files, {})
-    files = collect_files(root, ns_dir, "SGLang", used)
+    files = collect_files(root, ns_dir, "SGLang", ran.used)
     if not files:
         progress.note(f"nothing to tune: {options.nothing_to_tune or NOTHING_TUNED}")
     v = parse_version(version)
     return WarmRecord(
-        started=started,
-        seconds=round(time.time() - started, 3),
+        started=ran.started,
+        seconds=round(time.time() - ran.started, 3),
         vllm_version=None,
         argv=list(args.argv),
         argv_key=args.key,

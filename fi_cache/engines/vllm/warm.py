@@ -8,7 +8,6 @@ import time
 from pathlib import Path
 
 from fi_cache.engines.api import WarmFailed
-from fi_cache.engines.server import Server, free_port, port_in_use
 from fi_cache.engines.vllm import launch
 from fi_cache.engines.vllm.args import ServeArgs
 from fi_cache.engines.vllm.engine import ENGINE
@@ -17,13 +16,11 @@ from fi_cache.engines.warming import (
     WarmOptions,
     WarmResult,
     locked_warm,
-    snapshot,
-    until_healthy,
-    used_files,
+    run_until_healthy,
+    warm_port,
 )
 from fi_cache.engines.warming import collect_files as collect_files_under
 from fi_cache.environment import Environment, VllmInfo
-from fi_cache.errors import Refused
 from fi_cache.store.files import ensure_dir
 from fi_cache.store.manifest import CacheFileRecord, WarmRecord
 from fi_cache.store.namespace import Namespace
@@ -88,9 +85,7 @@ def _run(
     progress: Progress,
     seeded: dict[str, int] | None = None,
 ) -> WarmRecord:
-    port = options.port or free_port()
-    if options.port and port_in_use(port):
-        raise Refused(f"port {port} is in use; pick another with --port or leave it out")
+    port = warm_port(options)
     root = ENGINE.cache_dir(ns_dir)
     ensure_dir(root)
     env = launch.launch_env(
@@ -98,14 +93,11 @@ def _run(
     )
     # Warming never needs outside traffic: listen on loopback, on our port (last flag wins).
     cmd = launcher.command([*args.argv, "--host", "127.0.0.1", "--port", str(port)])
-    started = time.time()
-    before = snapshot(root)
-    progress.note(f"starting {' '.join(cmd[1:])}")
-    server = Server(cmd, env, lock_dir=ns_dir, grace=options.grace)
-    until_healthy(server, port, "vLLM", options, progress)
     seeded = seeded or {}
-    used = used_files(root, before, server.named_files, seeded)
-    files = collect_files(ns_dir, {u for u in used if u.is_relative_to(ns_dir.resolve())}, seeded)
+    ran = run_until_healthy(ns_dir, root, cmd, env, port, "vLLM", options, progress, seeded)
+    server = ran.server
+    ours = {u for u in ran.used if u.is_relative_to(ns_dir.resolve())}
+    files = collect_files(ns_dir, ours, seeded)
     if not files and options.nothing_to_tune:
         progress.note(f"nothing to tune: {options.nothing_to_tune}")
     elif not files:
@@ -118,8 +110,8 @@ def _run(
             list(server.log),
         )
     return WarmRecord(
-        started=started,
-        seconds=round(time.time() - started, 3),
+        started=ran.started,
+        seconds=round(time.time() - ran.started, 3),
         vllm_version=info.version,
         argv=list(args.argv),
         argv_key=args.key,
