@@ -9,6 +9,13 @@ import shlex
 import shutil
 
 PYTHON_NAME = re.compile(r"python[0-9.]*")
+
+
+def runs_module(words: list[str], module: str) -> bool:
+    """Whether `words` start with `PYTHON -m module` (a pasted engine line's launcher)."""
+    return words[1:3] == ["-m", module] and bool(PYTHON_NAME.fullmatch(os.path.basename(words[0])))
+
+
 # pip's launcher for interpreter paths too long for a `#!` line: '''exec' "/path/python" "$0" "$@"
 _SH_EXEC = re.compile(rb"^'''exec' \"([^\"]+)\" \"\$0\"")
 

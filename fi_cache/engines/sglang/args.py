@@ -7,10 +7,10 @@ from __future__ import annotations
 
 import json
 import os
-import re
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
+from fi_cache.engines.scripts import runs_module
 from fi_cache.errors import Refused
 from fi_cache.versions import (
     SGLANG_A2A_EP_SPANNING,
@@ -36,7 +36,6 @@ def _spelled(flag: str) -> str:
     matches = {f for f in (*_VALUED, *_SWITCHES) if f.startswith(flag)}
     return matches.pop() if len(matches) == 1 else flag
 _ADDRESS_FLAGS = ("--host", "--port")  # where the server listens: not part of a warm's identity
-_PYTHON = re.compile(r"python[0-9.]*")
 
 
 @dataclass(frozen=True)
@@ -148,7 +147,7 @@ def split_launcher(argv: Sequence[str]) -> tuple[list[str] | None, list[str]]:
     if len(argv) >= 2 and argv[1] == "serve" and os.path.basename(argv[0]) == "sglang":
         return ([] if argv[0] == "sglang" else [argv[0]]), list(argv[2:])
     words = list(argv)
-    if words[1:3] == ["-m", SGLANG_LAUNCH_MODULE] and _PYTHON.fullmatch(os.path.basename(words[0])):
+    if runs_module(words, SGLANG_LAUNCH_MODULE):
         return words[:3], words[3:]
     return None, words
 

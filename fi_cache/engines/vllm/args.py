@@ -9,6 +9,7 @@ import re
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from fi_cache.engines.scripts import runs_module
 from fi_cache.errors import Refused
 
 # Flags whose value is not part of "what is served": where it listens.
@@ -184,7 +185,6 @@ def require_model(args: ServeArgs) -> None:
 
 
 API_SERVER_MODULE = "vllm.entrypoints.openai.api_server"
-_PYTHON = re.compile(r"python[0-9.]*")
 
 
 def split_launcher(argv: Sequence[str]) -> tuple[list[str] | None, list[str]]:
@@ -195,6 +195,6 @@ def split_launcher(argv: Sequence[str]) -> tuple[list[str] | None, list[str]]:
     if len(argv) >= 2 and argv[1] == "serve" and os.path.basename(argv[0]) == "vllm":
         return ([] if argv[0] == "vllm" else [argv[0]]), list(argv[2:])
     words = list(argv)
-    if words[1:3] == ["-m", API_SERVER_MODULE] and _PYTHON.fullmatch(os.path.basename(words[0])):
+    if runs_module(words, API_SERVER_MODULE):
         return words[:3], words[3:]
     return None, words
