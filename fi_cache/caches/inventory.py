@@ -28,7 +28,7 @@ from fi_cache.model.fingerprint import Fingerprint
 # bigger files instead of reading gigabytes into memory; FI_CACHE_MAX_FILE_MB raises the cap.
 _DEFAULT_MAX_MB = 512
 MAX_FILE_ENV = "FI_CACHE_MAX_FILE_MB"
-_MB = 1024 * 1024
+MB = 1024 * 1024
 
 
 def env_megabytes(name: str, default: int) -> int:
@@ -43,22 +43,22 @@ def env_megabytes(name: str, default: int) -> int:
 
 
 def max_file_bytes() -> int:
-    return env_megabytes(MAX_FILE_ENV, _DEFAULT_MAX_MB) * _MB
+    return env_megabytes(MAX_FILE_ENV, _DEFAULT_MAX_MB) * MB
 
 
 def _size(n: int) -> str:
-    if n < _MB:
+    if n < MB:
         return f"{n} bytes"
-    return f"{n / _MB:.1f} MB" if n < 100 * _MB else f"{n / _MB:.0f} MB"
+    return f"{n / MB:.1f} MB" if n < 100 * MB else f"{n / MB:.0f} MB"
 
 
 def _too_big(size: int, limit: int) -> str:
-    if size > _DEFAULT_MAX_MB * _MB:
+    if size > _DEFAULT_MAX_MB * MB:
         return (
             f"{_size(size)} is far larger than any autotune cache "
-            f"(limit {limit // _MB} MB, raise with {MAX_FILE_ENV})"
+            f"(limit {limit // MB} MB, raise with {MAX_FILE_ENV})"
         )
-    return f"{_size(size)} is over the {limit // _MB} MB limit that {MAX_FILE_ENV} sets"
+    return f"{_size(size)} is over the {limit // MB} MB limit that {MAX_FILE_ENV} sets"
 
 
 @dataclass(frozen=True)

@@ -27,7 +27,7 @@ from typing import IO, Any
 
 from fi_cache import __version__
 from fi_cache.caches.discover import TMP_PATTERN, Found, discover
-from fi_cache.caches.inventory import env_megabytes, max_file_bytes, scan
+from fi_cache.caches.inventory import MAX_FILE_ENV, MB, env_megabytes, max_file_bytes, scan
 from fi_cache.errors import CorruptCache, FiCacheError, Refused, read_refusal
 from fi_cache.model import jsoncheck, v2
 from fi_cache.model.fingerprint import FINGERPRINT_FIELDS, Fingerprint, compare_metadata
@@ -53,7 +53,6 @@ _NAME_PART = re.compile(
     r"^[A-Za-z0-9][A-Za-z0-9._-]*$"
 )  # every name vLLM, FlashInfer, fi-cache write
 _NS_DEPTH = len(Namespace(Fingerprint(), "fused").relpath.parts)  # namespaces/<fi>/<arch>/<gpu>/<m>
-_MB = 1024 * 1024
 
 
 def max_member_bytes() -> int:
@@ -61,7 +60,7 @@ def max_member_bytes() -> int:
 
 
 def max_bundle_bytes() -> int:
-    return env_megabytes("FI_CACHE_MAX_BUNDLE_MB", 4096) * _MB
+    return env_megabytes("FI_CACHE_MAX_BUNDLE_MB", 4096) * MB
 
 
 @dataclass(frozen=True)
@@ -228,17 +227,17 @@ def export(store: Path, namespace_dirs: list[Path], out: Path) -> BundleManifest
         raise Refused(f"{len(files)} files to bundle, over the limit of {MAX_FILES}", store)
     bm = BundleManifest(tuple(namespaces), tuple(files), time.time(), __version__)
     if bm.size > max_bundle_bytes():
-        raise Refused(f"{bm.size / _MB:.0f} MB to bundle, over the {_bundle_limit()}", store)
+        raise Refused(f"{bm.size / MB:.0f} MB to bundle, over the {_bundle_limit()}", store)
     atomic_write(out, _tar_bytes(bm, members), lock=False)
     return bm
 
 
 def _member_limit() -> str:
-    return f"{max_member_bytes() // _MB} MB limit (FI_CACHE_MAX_FILE_MB)"
+    return f"{max_member_bytes() // MB} MB limit ({MAX_FILE_ENV})"
 
 
 def _bundle_limit() -> str:
-    return f"{max_bundle_bytes() // _MB} MB limit (FI_CACHE_MAX_BUNDLE_MB)"
+    return f"{max_bundle_bytes() // MB} MB limit (FI_CACHE_MAX_BUNDLE_MB)"
 
 
 def _tar_bytes(bm: BundleManifest, members: list[tuple[str, bytes]]) -> bytes:
@@ -310,7 +309,7 @@ def _open_regular(bundle: Path) -> IO[bytes]:
             raise Refused("not a regular file (a FIFO or device is no bundle)", bundle)
         if st.st_size > max_bundle_bytes():
             raise Refused(
-                f"bundle is {st.st_size / _MB:.0f} MB, over the {_bundle_limit()}", bundle
+                f"bundle is {st.st_size / MB:.0f} MB, over the {_bundle_limit()}", bundle
             )
         return os.fdopen(fd, "rb")  # O_NONBLOCK changes nothing for a regular file's reads
     except BaseException:
@@ -327,7 +326,7 @@ def _read_headers(f: IO[bytes], bundle: Path) -> tuple[BundleManifest, list[tarf
                 raise Refused(f"first member is not {BUNDLE_MANIFEST}", bundle)
             if first.size > _MAX_MANIFEST_BYTES:
                 raise Refused(
-                    f"bundle manifest is implausibly large ({first.size / _MB:.0f} MB)", bundle
+                    f"bundle manifest is implausibly large ({first.size / MB:.0f} MB)", bundle
                 )
             raw = tar.extractfile(first)
             bm = _parse(raw.read() if raw else b"", bundle)
@@ -364,7 +363,7 @@ def _vet_manifest(bm: BundleManifest, bundle: Path) -> None:
     if len(declared) != len(bm.files):
         raise Refused("bundle manifest lists a file twice", bundle)
     if bm.size > max_bundle_bytes():
-        raise Refused(f"bundle declares {bm.size / _MB:.0f} MB, over the {_bundle_limit()}", bundle)
+        raise Refused(f"bundle declares {bm.size / MB:.0f} MB, over the {_bundle_limit()}", bundle)
     ns_paths = {n.path for n in bm.namespaces}
     if len(ns_paths) != len(bm.namespaces):
         raise Refused("bundle lists a namespace twice, or one inside another", bundle)
@@ -389,7 +388,7 @@ def _vet_manifest(bm: BundleManifest, bundle: Path) -> None:
             )
         if f.size > max_member_bytes():
             raise Refused(
-                f"bundle member {f.path!r} declares {f.size / _MB:.0f} MB, over the "
+                f"bundle member {f.path!r} declares {f.size / MB:.0f} MB, over the "
                 f"{_member_limit()}",
                 bundle,
             )

@@ -24,6 +24,7 @@ from pathlib import Path
 from typing import IO, Any, cast
 
 from fi_cache import __version__
+from fi_cache.caches.inventory import MB
 from fi_cache.errors import EXIT_REFUSED, FiCacheError, Refused
 from fi_cache.fleet import bundle
 from fi_cache.fleet.bundle import BundleManifest
@@ -36,9 +37,8 @@ Progress = Callable[[int, int], None]  # (bytes done, bytes in all)
 SIDECAR_FORMAT = "fi-cache-remote-bundle"
 SIDECAR_SCHEMA = 1
 SIDECAR_SUFFIX = ".json"
-_MB = 1024 * 1024
-_CHUNK = 8 * _MB
-_MAX_SIDECAR = _MB
+_CHUNK = 8 * MB
+_MAX_SIDECAR = MB
 _SHA256 = re.compile(r"^[0-9a-f]{64}$")
 _INSTALL_HINT = "pip install 'fi-cache[fleet]'"
 # Filesystems with real directories and an atomic rename: upload to a temp name, then rename.
@@ -480,8 +480,8 @@ def _pull_once(
     where = remote.display(key)
     if sidecar.size > bundle.max_bundle_bytes():
         raise Refused(
-            f"bundle is {sidecar.size / _MB:.0f} MB, over the "
-            f"{bundle.max_bundle_bytes() // _MB} MB limit (FI_CACHE_MAX_BUNDLE_MB)",
+            f"bundle is {sidecar.size / MB:.0f} MB, over the "
+            f"{bundle.max_bundle_bytes() // MB} MB limit (FI_CACHE_MAX_BUNDLE_MB)",
             where,
         )
     local = _temp_in_store(store, "pull")
