@@ -135,7 +135,7 @@ def serve_command(
         if do_warm:
             warmed = run_vllm_warm(ns, env, vllm_args, vllm_path, timeout, None, seed=seed)
             signal.signal(signal.SIGTERM, signal.SIG_DFL)
-        elif not ctx.quiet:
+        else:
             render.warn("namespace is cold: vLLM tunes at start-up and saves into it")
     touch(ns_dir)
     if ns_dir.is_dir():

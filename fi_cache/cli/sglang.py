@@ -88,9 +88,8 @@ def prepare(
     )  # not realpath: a venv's python links to the base interpreter
     version = launch.require_version(env.sglang_version if mine else None, launcher)
     finalize, note = launch.choose_finalize(os.environ, asked, given, version, args, force)
-    if not ctx.quiet:
-        for line in (*env.notes, *([note] if note else []), *launch.warnings(version, args)):
-            render.warn(line)
+    for line in (*env.notes, *([note] if note else []), *launch.warnings(version, args)):
+        render.warn(line)  # silent under -q
     ns = Namespace(env.fingerprint, finalize)
     quiet_start = launch.nothing_to_tune(os.environ, version, args)
     return SglangRun(ns, env, args, launcher, version, quiet_start)
@@ -222,8 +221,7 @@ def serve_sglang(
     ns_dir = run.ns.path(ctx.store)
     cmd = run.launcher.command(run.args)
     if not run.keeps_cache:
-        if not ctx.quiet:
-            render.warn(f"SGLang {run.version} keeps no autotune cache: serving it as it is")
+        render.warn(f"SGLang {run.version} keeps no autotune cache: serving it as it is")
         plain = {"engine": "sglang", "namespace": None, "finalize": run.ns.finalize,
                  "cache_dir": None, "warm": None, "command": cmd}  # fmt: skip
         exec_engine(cmd, dict(os.environ), "SGLang", plain)
@@ -234,18 +232,16 @@ def serve_sglang(
     warmed = None
     if not ENGINE.is_warm(ns_dir, m, run.args, run.ns.finalize):
         if run.nothing_to_tune:
-            if not ctx.quiet:
-                render.warn(f"nothing to warm: {run.nothing_to_tune}; starting SGLang anyway")
-        elif run.args.nnodes > 1:
-            if not ctx.quiet:  # a warm would wait for the other nodes, and rank >= 1 has no /health
-                render.warn(
-                    f"--nnodes {run.args.nnodes}: no warm first (every node must start together); "
-                    "SGLang tunes at this start and saves into the namespace"
-                )
+            render.warn(f"nothing to warm: {run.nothing_to_tune}; starting SGLang anyway")
+        elif run.args.nnodes > 1:  # a warm would wait for the other nodes; rank >= 1: no /health
+            render.warn(
+                f"--nnodes {run.args.nnodes}: no warm first (every node must start together); "
+                "SGLang tunes at this start and saves into the namespace"
+            )
         elif do_warm:
             warmed = run_sglang_warm(run, timeout, None, 3600.0)
             signal.signal(signal.SIGTERM, signal.SIG_DFL)
-        elif not ctx.quiet:
+        else:
             render.warn("namespace is cold: SGLang tunes at start-up and saves into it")
     touch(ns_dir)
     _say_shared(str(ENGINE.cache_dir(ns_dir)), run.args.moe_backend)

@@ -46,7 +46,7 @@ def finalize_mode(asked: FinalizeMode | None, given: str, implied: str) -> Final
     from fi_cache.engines.vllm.launch import user_finalize
 
     mode, note = user_finalize(os.environ, asked, given, implied)
-    if note and not _ctx().quiet:
+    if note:  # render.warn is silent under -q
         render.warn(note)
     return mode
 
@@ -108,7 +108,7 @@ def check_finalize_support(env: Any, finalize: str, force: bool, what: str) -> N
         if not force:
             raise Refused(message + " (--force to go on anyway)")
         render.warn(message + " (going on: --force)")
-    elif info.supports_finalize_env is None and not _ctx().quiet and not _said("uninspected"):
+    elif info.supports_finalize_env is None and not _said("uninspected"):
         render.warn(
             f"cannot inspect the vLLM package from here; make sure it supports {VLLM_FINALIZE_ENV}"
             ", or the unfused namespace gets fused tactics"
