@@ -10,7 +10,6 @@ make vLLM exit with "unrecognized arguments" only after a warm had started.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -105,25 +104,3 @@ class VllmCommand(click.Command):
                 "`--` to hand it to vLLM"
             )
         return super().parse_args(ctx, [*ours, "--", *theirs] if theirs else ours)
-
-
-def pasted_launcher(
-    path: str | None,
-    argv: tuple[str, ...],
-    split_launcher: Callable[[Sequence[str]], tuple[list[str] | None, list[str]]],
-    find_launcher: Callable[[str], object],
-    flag: str,
-    what: str,
-) -> tuple[str | None, tuple[str, ...]]:
-    """(The engine to run, its arguments) from a pasted engine command line (`split_launcher`
-    finds its launcher): that launcher is the one to run, and a `flag` naming another is
-    refused."""
-    import shlex
-
-    words, rest = split_launcher(argv)
-    if not words:
-        return path, tuple(rest)
-    pasted = shlex.join(words)
-    if path is not None and find_launcher(path) != find_launcher(pasted):
-        raise Refused(f"{flag} {path} and the pasted `{pasted}` name two {what}s; give one")
-    return pasted, tuple(rest)

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import os
-import shlex
 import sys
 from pathlib import Path
 from typing import Any
@@ -101,16 +100,15 @@ def doctor_command(
         raise Refused(f"unknown check id {unknown[0]!r}; known: {', '.join(known)}")
     if dry_run and not fix:
         raise Refused("--dry-run goes with --fix (it prints what --fix would do)")
-    from fi_cache.engines.vllm.args import split_launcher
+    from fi_cache.engines import serving
     from fi_cache.engines.vllm.launch import vllm_python
 
     vllm_args = ctx.meta.get("vllm_args")
-    launcher: list[str] | None = None
+    vllm_path = None
     if vllm_args is not None:  # a pasted `vllm serve ...` line: judge that vLLM
-        launcher, vllm_args = split_launcher(vllm_args)
-    env = environment.detect(
-        state_dir(obj.store), python=vllm_python(shlex.join(launcher) if launcher else None)
-    )
+        vllm_path, pasted = serving("vllm").command_line(None, vllm_args)
+        vllm_args = list(pasted)
+    env = environment.detect(state_dir(obj.store), python=vllm_python(vllm_path))
     environ = dict(os.environ)
     sglang_argv = tuple(vllm_args or ()) if sglang_version is not None else None
     overrides = Overrides(

@@ -1,38 +1,19 @@
-"""What commands that run a child process (warm, serve) share: SIGTERM handled like Ctrl-C, the
-grace between stop signals, the live status line, and the child's last lines and whole log when
-it failed."""
+"""How commands that run an engine (warm, serve) show it: the live status line, the lifecycle's
+Report rendered, and a failed warm's last lines and kept log."""
 
 from __future__ import annotations
 
-import os
-import signal
 import sys
-from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import click
 
 from fi_cache.cli import render
-from fi_cache.errors import Refused
 
-STOP_GRACE_ENV = "FI_CACHE_STOP_GRACE"
-
-
-def sigterm_as_interrupt() -> None:
-    """SIGTERM (kubectl delete, systemd stop) stops a warm like Ctrl-C: the child is stopped too."""
-
-    def handler(signum: int, frame: object) -> None:
-        raise KeyboardInterrupt
-
-    signal.signal(signal.SIGTERM, handler)
-
-
-def stop_grace() -> float:
-    """Seconds between SIGINT, SIGTERM and SIGKILL ($FI_CACHE_STOP_GRACE, default 10)."""
-    try:
-        return max(0.0, float(os.environ.get(STOP_GRACE_ENV, "10")))
-    except ValueError:
-        raise Refused(f"{STOP_GRACE_ENV} must be a number of seconds") from None
+if TYPE_CHECKING:
+    from fi_cache.doctor.findings import Finding
+    from fi_cache.engines.api import WarmFailed
+    from fi_cache.lifecycle.report import Report
 
 
 def show_tail(lines: list[str], what: str) -> None:
@@ -76,22 +57,34 @@ class Status:
             click.echo(f"fi-cache: {message}", err=True)
 
 
-def keep_log(store: Path, lines: list[str], note: Any, who: str = "vLLM") -> None:
-    """Save a failed warm's whole output and say what a gemm profile-id crash means."""
-    from fi_cache.doctor.logs import PROFILE_ID
-    from fi_cache.errors import FiCacheError
-    from fi_cache.store.logs import save_failed_warm
+def say_finding(f: Finding) -> None:
+    """A pre-flight finding: -q keeps the errors."""
+    say = render.error if f.severity == "error" else render.warn
+    say(f"{f.severity} {f.check}: {f.path}: {f.message}\n    fix: {f.fix}")
 
-    if not lines:
-        return
-    try:
-        log = save_failed_warm(store, lines)
-    except (FiCacheError, OSError):
+
+def reporter(quiet: bool) -> tuple[Report, Status]:
+    """The lifecycle's Report, rendered on stderr, and the status line it drives."""
+    from fi_cache.lifecycle.report import Report
+
+    status = Status(quiet)
+    report = Report(
+        warn=render.warn, finding=say_finding, waiting=status.waiting, tick=status.tick,
+        note=status.note, quiet=quiet,
+    )  # fmt: skip
+    return report, status
+
+
+def say_failed_warm(exc: WarmFailed, who: str, status: Status) -> None:
+    """The engine's last lines, then what its kept log says (the reason is the last line)."""
+    status.note("warm failed")
+    show_tail(exc.lines, f"{who}'s output")
+    if exc.saved_log is None:
         return  # a read-only store: the tail above is all there is
-    crash = next((m.group(0) for line in lines if (m := PROFILE_ID.search(line))), None)
-    if crash:
-        note(
-            f"{who} died replaying a cached MoE tactic its kernels do not have ({crash}): a file "
-            "tuned in the other finalize mode is where this start looked"
+    if exc.crash:
+        status.note(
+            f"{who} died replaying a cached MoE tactic its kernels do not have ({exc.crash}): a "
+            "file tuned in the other finalize mode is where this start looked"
         )
-    note(f"{who}'s whole output: {log} (explain it: fi-cache doctor --log {log})")
+    log = exc.saved_log
+    status.note(f"{who}'s whole output: {log} (explain it: fi-cache doctor --log {log})")

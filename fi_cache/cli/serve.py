@@ -1,32 +1,21 @@
-"""serve: pre-flight checks, a warm when the namespace is cold, then `exec vllm serve` on it."""
+"""serve: pre-flight checks, a warm when the namespace is cold, then `exec vllm serve` (or `sglang
+serve`) on it. What serve does is fi_cache/lifecycle/serve.py's; this module parses and renders."""
 
 from __future__ import annotations
 
 import os
-import signal
-from pathlib import Path
+import sys
 from typing import TYPE_CHECKING, Any
 
 import click
 
 from fi_cache.cli import render
 from fi_cache.cli.argv import VllmCommand
-from fi_cache.cli.serving import exec_engine, preflight_namespace, serve_doc, touch
-from fi_cache.cli.warm import (
-    SEED_OPT,
-    SGLANG_OPT,
-    VLLM_ARGS,
-    VLLM_OPT,
-    check_finalize_support,
-    finalize_mode,
-    resolve,
-    run_vllm_warm,
-    say_what_it_means,
-    vllm_command_line,
-)
+from fi_cache.cli.warm import SEED_OPT, SGLANG_OPT, VLLM_ARGS, VLLM_OPT
 from fi_cache.errors import Refused
 
 if TYPE_CHECKING:
+    from fi_cache.lifecycle.serve import Handover
     from fi_cache.store.namespace import FinalizeMode
 
 
@@ -96,68 +85,57 @@ def serve_command(
     vllm.entrypoints.openai.api_server ...` line runs that vLLM). With
     VLLM_FLASHINFER_MOE_FUSED_FINALIZE=0 set, serve runs as with --deterministic.
     """
-    from fi_cache.engines import get
-    from fi_cache.engines.vllm import launch
-    from fi_cache.store import locks
+    from fi_cache.cli.process import reporter, say_failed_warm
+    from fi_cache.engines import serving
+    from fi_cache.engines.api import Request, WarmFailed
+    from fi_cache.lifecycle.serve import ServeOptions, hand_over, serve
 
     ctx = _ctx()
-    if engine == "sglang":
-        if vllm_path is not None:
-            raise Refused("--vllm applies to --engine vllm only (SGLang's is --sglang)")
-        from fi_cache.cli.sglang import serve_sglang
-
-        serve_sglang(sglang_path, vllm_args, deterministic, do_warm, force, timeout)
-    if sglang_path is not None:
+    if engine == "sglang" and vllm_path is not None:
+        raise Refused("--vllm applies to --engine vllm only (SGLang's is --sglang)")
+    if engine == "vllm" and sglang_path is not None:
         raise Refused("--sglang applies to --engine sglang only")
-    vllm_path, vllm_args = vllm_command_line(vllm_path, vllm_args)
+    adapter = serving(engine)
     asked: FinalizeMode | None = "unfused" if deterministic else None
-    finalize = finalize_mode(asked, "--deterministic", "--deterministic")
-    ns, env = resolve(finalize, vllm_path)
-    check_finalize_support(env, finalize, force, "serve")
-    say_what_it_means(ns)
-    vllm = get("vllm")
-    args = vllm.read_args(vllm_args)
-    launcher = launch.find_launcher(vllm_path)
-    ns_dir = ns.path(ctx.store)
-    m = preflight_namespace(
-        ns, ns_dir, vllm.cache_dir(ns_dir), force, env.vllm.version,
-        env.vllm.supports_finalize_env,
-    )  # fmt: skip
-    if _unwritable(ns_dir):
-        from fi_cache.engines.vllm.layout import read_only_problem
-
-        if (problem := read_only_problem(env.vllm.version, args)) and not force:
-            raise Refused(f"{problem} (or pass --force)", str(ns_dir))
-        if problem:
-            render.warn(f"{problem} (going on: --force)")
-    warmed = None
-    if not vllm.is_warm(ns_dir, m, args, finalize):
-        if do_warm:
-            warmed = run_vllm_warm(ns, env, vllm_args, vllm_path, timeout, None, seed=seed)
-            signal.signal(signal.SIGTERM, signal.SIG_DFL)
-        else:
-            render.warn("namespace is cold: vLLM tunes at start-up and saves into it")
-    touch(ns_dir)
-    if ns_dir.is_dir():
-        locks.hold_in_use(ns_dir)  # inherited by vLLM: prune leaves a served namespace alone
-    launch_env = launch.launch_env(
-        dict(os.environ), vllm.cache_dir(ns_dir), finalize, args.uses_ray,
-        env.vllm.supports_finalize_env,
-    )  # fmt: skip
-    cmd = launcher.command(vllm_args)
-    doc = None
+    path = sglang_path if engine == "sglang" else vllm_path
+    request = Request(path, vllm_args, asked, "--deterministic", "--deterministic", force)
+    report, status = reporter(ctx.quiet)
+    try:
+        handover = serve(adapter, request, ServeOptions(do_warm, timeout, seed), ctx.store, report)
+    except WarmFailed as exc:
+        say_failed_warm(exc, adapter.display, status)
+        raise
     if ctx.json:
-        doc = serve_doc(ns_dir, vllm.cache_dir(ns_dir), finalize, warmed, cmd)
-    return exec_engine(cmd, launch_env, "vLLM", doc)
+        # One document on stdout, before the engine takes over: its log then goes to stderr (fd
+        # 1 is pointed at fd 2), so `serve --format json | jq` reads only what fi-cache said.
+        render.emit_json(_doc(engine, handover))
+        sys.stdout.flush()
+        os.dup2(2, 1)
+    sys.stdout.flush()
+    sys.stderr.flush()
+    hand_over(handover)
 
 
-def _unwritable(path: Path) -> str | None:
-    """Why nothing can be written where the namespace is (or would be created)."""
-    from fi_cache.store.files import unwritable_reason
-
-    while not path.is_dir() and path != path.parent:
-        path = path.parent
-    return unwritable_reason(path)
+def _doc(engine: str, h: Handover) -> dict[str, Any]:
+    """What `serve --format json` prints before it runs the engine (docs/cli.md)."""
+    warm = None
+    if (w := h.warmed) is not None:
+        warm = {
+            "reused": w.reused,
+            "seconds": w.record.seconds,
+            "files": [
+                {"path": str(w.namespace_dir / f.path), "entries": f.entries, "size": f.size}
+                for f in w.files
+            ],
+        }
+    doc = {
+        "namespace": None if h.ns_dir is None else str(h.ns_dir),
+        "finalize": h.finalize,
+        "cache_dir": None if h.cache_dir is None else str(h.cache_dir),
+        "warm": warm,  # null: the namespace was warm already (or --no-warm)
+        "command": h.command,
+    }
+    return doc if engine == "vllm" else {"engine": engine, **doc}
 
 
 COMMANDS = [serve_command]

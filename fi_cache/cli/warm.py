@@ -1,5 +1,6 @@
-"""warm: fill this machine's namespace before traffic arrives, with vLLM (`vllm serve` until
-healthy) or, with --engine flashinfer, FlashInfer's own autotuner (warm_flashinfer.py)."""
+"""warm: fill this machine's namespace before traffic arrives, with vLLM or SGLang (the server
+run until healthy) or, with --engine flashinfer, FlashInfer's own autotuner (warm_flashinfer.py).
+The warm itself is fi_cache/lifecycle/'s; this module parses and renders."""
 
 from __future__ import annotations
 
@@ -10,145 +11,33 @@ import click
 
 from fi_cache.cli import render
 from fi_cache.cli.argv import VllmCommand
-from fi_cache.cli.process import Status, keep_log, show_tail, sigterm_as_interrupt, stop_grace
-from fi_cache.cli.seeding import seeder
 from fi_cache.engines import NAMES as ENGINE_NAMES
 from fi_cache.errors import Refused
 
-if TYPE_CHECKING:  # environment probing loads only when a command needs it: --help stays fast
-    from fi_cache.environment import Environment
-    from fi_cache.store.namespace import FinalizeMode, Namespace
+if TYPE_CHECKING:  # the engines and the lifecycle load only when a command runs: --help stays fast
+    from fi_cache.engines.api import Request
+    from fi_cache.lifecycle.warm import WarmResult
+    from fi_cache.store.namespace import FinalizeMode
 
 
 def _ctx() -> Any:
     return click.get_current_context().obj
 
 
-def resolve(finalize: FinalizeMode, vllm_path: str | None) -> tuple[Namespace, Environment]:
-    """(Namespace, Environment) of this machine for `finalize`, from the packages of the
-    interpreter that runs the vLLM fi-cache launches."""
-    from fi_cache import environment
-    from fi_cache.engines.vllm.launch import vllm_python
-    from fi_cache.store.namespace import Namespace
-    from fi_cache.store.paths import state_dir
-
-    env = environment.detect(state_dir(_ctx().store), python=vllm_python(vllm_path))
-    for note in env.notes:
-        render.warn(note)
-    return Namespace(env.fingerprint, finalize), env
-
-
-def finalize_mode(asked: FinalizeMode | None, given: str, implied: str) -> FinalizeMode:
-    """The mode the command line asks for (`given`: how), else the user's
-    VLLM_FLASHINFER_MOE_FUSED_FINALIZE, said on stderr (`implied`: the flag it stands for)."""
-    import os
-
-    from fi_cache.engines.vllm.launch import user_finalize
-
-    mode, note = user_finalize(os.environ, asked, given, implied)
-    if note:  # render.warn is silent under -q
-        render.warn(note)
-    return mode
-
-
-def say_what_it_means(ns: Namespace) -> None:
-    """Before vLLM starts, what a user may not expect: a namespace named by undetected fields
-    (shared with every machine whose detection fails alike), and their own
-    VLLM_FLASHINFER_AUTOTUNE_CACHE_DIR giving way to the namespace's."""
-    import os
-
-    from fi_cache.engines import get
-    from fi_cache.store.namespace import shared_when_undetected
-    from fi_cache.versions import VLLM_CACHE_DIR_ENV
-
-    ctx = _ctx()
-    if ctx.quiet:
-        return
-    if shared := shared_when_undetected(ns):
-        render.warn(shared)
-    ours = str(get("vllm").cache_dir(ns.path(ctx.store)))
-    theirs = os.environ.get(VLLM_CACHE_DIR_ENV)
-    if theirs and os.path.abspath(os.path.expanduser(theirs)) != ours:
-        render.warn(f"{VLLM_CACHE_DIR_ENV}={theirs} in the environment: vLLM gets {ours} instead")
-
-
-def vllm_command_line(
-    vllm_path: str | None, argv: tuple[str, ...]
-) -> tuple[str | None, tuple[str, ...]]:
-    """(--vllm, vLLM's arguments) from a pasted `vllm serve ARGS` or `PYTHON -m
-    vllm.entrypoints.openai.api_server ARGS` line: its launcher is the vLLM to run."""
-    from fi_cache.cli.argv import pasted_launcher
-    from fi_cache.engines.vllm.args import split_launcher
-    from fi_cache.engines.vllm.launch import find_launcher
-
-    return pasted_launcher(vllm_path, argv, split_launcher, find_launcher, "--vllm", "vLLM")
-
-
-def _said(what: str) -> bool:
-    """True when this command said `what` already (serve warms, then serves: say it once)."""
-    meta = click.get_current_context().find_root().meta
-    said = bool(meta.get(f"fi-cache.said.{what}"))
-    meta[f"fi-cache.said.{what}"] = True
-    return said
-
-
-def check_finalize_support(env: Any, finalize: str, force: bool, what: str) -> None:
-    """Refuse the unfused path on a vLLM that would silently ignore it."""
-    from fi_cache.engines.vllm.launch import ALTERNATIVES
-    from fi_cache.versions import VLLM_FINALIZE_ENV
-
-    if finalize != "unfused":
-        return
-    info = env.vllm
-    if info.supports_finalize_env is False:
-        message = (
-            f"vLLM {info.version} does not read {VLLM_FINALIZE_ENV} ({info.envs_path}): it would "
-            f"{what} with fused (non-deterministic) finalize; {ALTERNATIVES}"
-        )
-        if not force:
-            raise Refused(message + " (--force to go on anyway)")
-        render.warn(message + " (going on: --force)")
-    elif info.supports_finalize_env is None and not _said("uninspected"):
-        render.warn(
-            f"cannot inspect the vLLM package from here; make sure it supports {VLLM_FINALIZE_ENV}"
-            ", or the unfused namespace gets fused tactics"
-        )
-
-
-def run_vllm_warm(
-    ns: Namespace,
-    env: Environment,
-    argv: tuple[str, ...],
-    vllm_path: str | None,
-    timeout: float,
-    port: int | None,
-    lock_timeout: float = 3600.0,
-    seed: bool = True,
-) -> Any:
-    """Warm `ns` with `vllm serve ARGV`, progress on stderr (serve warms a cold namespace so)."""
-    from fi_cache.engines import get, warming
+def run_warm(engine: str, request: Request, options: Any) -> tuple[Any, WarmResult]:
+    """A warm of a serving engine, its progress and failure on stderr."""
+    from fi_cache.cli.process import reporter, say_failed_warm
+    from fi_cache.engines import serving
     from fi_cache.engines.api import WarmFailed
-    from fi_cache.engines.vllm import launch
-    from fi_cache.engines.vllm import warm as warm_mod
+    from fi_cache.lifecycle.warm import warm
 
     ctx = _ctx()
-    engine = get("vllm")
-    args = engine.read_args(argv)
-    launcher = launch.find_launcher(vllm_path)
-    status = Status(ctx.quiet)
-    progress = warming.Progress(status.waiting, status.tick, status.note)
-    quiet_start = warm_mod.nothing_to_tune(env, args)
-    before = seeder(ctx.store, ns, env, argv, args, status.note) if seed else None
-    options = warming.WarmOptions(
-        timeout, port, lock_timeout, stop_grace(), quiet_start, before_start=before
-    )
-    sigterm_as_interrupt()
+    adapter = serving(engine)
+    report, status = reporter(ctx.quiet)
     try:
-        return warm_mod.warm(ctx.store, ns, args, launcher, env.vllm, options, progress)
+        return warm(adapter, request, options, ctx.store, report)
     except WarmFailed as exc:
-        status.note("warm failed")  # the reason is the last line, after vLLM's output
-        show_tail(exc.lines, "vLLM's output")
-        keep_log(ctx.store, exc.log, status.note)
+        say_failed_warm(exc, adapter.display, status)
         raise
 
 
@@ -271,14 +160,8 @@ def warm_command(
     ctx = _ctx()
     if sglang_path is not None and engine != "sglang":
         raise Refused("--sglang applies to --engine sglang only")
-    if engine == "sglang":
-        if plan_path is not None or python is not None or vllm_path is not None:
-            raise Refused("--plan, --python and --vllm do not apply to --engine sglang")
-        from fi_cache.cli.sglang import warm_sglang
-
-        mode = cast("FinalizeMode | None", finalize)
-        limit = 1800.0 if timeout is None else timeout
-        return warm_sglang(sglang_path, vllm_args, mode, limit, port, lock_timeout, force)
+    if engine == "sglang" and (plan_path, python, vllm_path) != (None, None, None):
+        raise Refused("--plan, --python and --vllm do not apply to --engine sglang")
     if engine == "flashinfer":
         misplaced = [
             flag
@@ -297,46 +180,61 @@ def warm_command(
         return warm_flashinfer(plan_path, finalize, python, limit, lock_timeout)
     if plan_path is not None or python is not None:
         raise Refused("--plan and --python apply to --engine flashinfer only")
-    vllm_path, vllm_args = vllm_command_line(vllm_path, vllm_args)
+    from fi_cache.engines.api import Request
+    from fi_cache.lifecycle.warm import WarmOptions
+
     asked = cast("FinalizeMode | None", finalize)  # click.Choice: fused, unfused or not given
-    finalize = finalize_mode(asked, f"--finalize {finalize}", "--finalize unfused")
-    timeout = 1800.0 if timeout is None else timeout
-    ns, env = resolve(finalize, vllm_path)
-    check_finalize_support(env, finalize, force, "tune")
-    say_what_it_means(ns)
-    result = run_vllm_warm(ns, env, vllm_args, vllm_path, timeout, port, lock_timeout, seed)
-    entries = sum(f.entries for f in result.files)
-    doc = {
-        "namespace": str(result.namespace_dir),
-        "finalize": finalize,
-        "reused": result.reused,
-        "seconds": result.record.seconds,
-        "vllm_version": result.record.vllm_version,
-        "nothing_to_tune": result.nothing_to_tune,
-        "files": [
-            {
-                "path": str(result.namespace_dir / f.path), "entries": f.entries, "size": f.size,
-                "seeded": f.seeded,
-            }
-            for f in result.files
-        ],
-    }
+    path = sglang_path if engine == "sglang" else vllm_path
+    request = Request(
+        path, vllm_args, asked, f"--finalize {finalize}", "--finalize unfused", force, warm=True
+    )
+    options = WarmOptions(1800.0 if timeout is None else timeout, port, lock_timeout, seed)
+    run, result = run_warm(engine, request, options)
     if ctx.json:
-        render.emit_json(doc)
+        render.emit_json(_doc(engine, run, result))
+        return 0
+    who = "SGLang" if engine == "sglang" else "vLLM"
+    if result.nothing_to_tune:
+        click.echo(f"nothing to tune: {result.nothing_to_tune} ({who} started and stopped)")
     else:
         how = (
             "reused the warm another process just finished"
             if result.reused
-            else (f"warmed in {result.record.seconds:.1f}s")
+            else f"warmed in {result.record.seconds:.1f}s"
         )
-        if result.nothing_to_tune:
-            click.echo(f"nothing to tune: {result.nothing_to_tune} (vLLM started and stopped)")
-        else:
-            seeded = sum(f.seeded for f in result.files)
-            from_seed = f" ({seeded} seeded from earlier files)" if seeded else ""
-            click.echo(f"{how}: {len(result.files)} cache file(s), {entries} entries{from_seed}")
-        click.echo(f"namespace {result.namespace_dir}")
+        entries = sum(f.entries for f in result.files)
+        seeded = sum(f.seeded for f in result.files)
+        from_seed = f" ({seeded} seeded from earlier files)" if seeded else ""
+        kind = "rank file(s)" if engine == "sglang" else "cache file(s)"
+        click.echo(f"{how}: {len(result.files)} {kind}, {entries} entries{from_seed}")
+    click.echo(f"namespace {result.namespace_dir}")
     return 0
+
+
+def _doc(engine: str, run: Any, result: WarmResult) -> dict[str, Any]:
+    """What `warm --format json` prints (docs/cli.md)."""
+    ns_dir = result.namespace_dir
+    files = [
+        {"path": str(ns_dir / f.path), "entries": f.entries, "size": f.size, "seeded": f.seeded}
+        for f in result.files
+    ]
+    common = {"reused": result.reused, "seconds": result.record.seconds}
+    if engine != "sglang":
+        return {
+            "namespace": str(ns_dir), "finalize": run.ns.finalize, **common,
+            "vllm_version": result.record.vllm_version,
+            "nothing_to_tune": result.nothing_to_tune, "files": files,
+        }  # fmt: skip
+    from fi_cache.engines import serving
+
+    for f in files:
+        del f["seeded"]  # SGLang is never seeded
+    return {
+        "namespace": str(ns_dir), "engine": "sglang", "finalize": run.ns.finalize, **common,
+        "sglang_version": run.target.version,
+        "sglang_cache_dir": str(serving("sglang").cache_dir(ns_dir)),
+        "nothing_to_tune": result.nothing_to_tune, "files": files,
+    }  # fmt: skip
 
 
 COMMANDS = [warm_command]

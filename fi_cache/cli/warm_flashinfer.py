@@ -12,8 +12,7 @@ from typing import Any
 import click
 
 from fi_cache.cli import render
-from fi_cache.cli.process import show_tail, sigterm_as_interrupt, stop_grace
-from fi_cache.errors import Refused
+from fi_cache.cli.process import show_tail
 
 
 def _ctx() -> Any:
@@ -98,49 +97,23 @@ def warm_flashinfer(
     timeout: float,
     lock_timeout: float,
 ) -> int:
-    """`warm --engine flashinfer --plan PLAN`: everything before tuning is checked first."""
-    from fi_cache import environment
-    from fi_cache.engines import get
+    """`warm --engine flashinfer --plan PLAN` (fi_cache/lifecycle/tune.py), rendered."""
     from fi_cache.engines.api import WarmFailed
     from fi_cache.engines.flashinfer import warm as tune_warm
-    from fi_cache.store.paths import state_dir
+    from fi_cache.lifecycle import tune
 
     ctx = _ctx()
-    engine = get("flashinfer")
-    read = engine.read_args([str(plan_path)])
-    plan, text = read.plan, read.text
-    modes = plan.modes
-    if finalize is not None:
-        skipped = [o for o in plan.ops if hasattr(o, "finalize") and finalize not in o.finalize]
-        if skipped:
-            op = skipped[0]
-            raise Refused(
-                f"op {op.index} ({op.op}) lists finalize {list(op.finalize)}; --finalize "
-                f"{finalize} would leave it untuned (add {finalize!r} to its finalize list)",
-                plan_path,
-            )
-        modes = (finalize,)
-    env = environment.detect(state_dir(ctx.store), exact=False)
-    if problems := tune_warm.static_problems(plan, env):
-        more = f" (+{len(problems) - 1} more)" if len(problems) > 1 else ""
-        raise Refused(problems[0] + more, plan_path)
-    python = engine.find_executable(python)
-    options = tune_warm.TuneOptions(python, timeout, lock_timeout, stop_grace())
     status = _TuneStatus(ctx.quiet)
     progress = tune_warm.TuneProgress(status.waiting, status.call, status.note)
-    sigterm_as_interrupt()
     try:
-        results = tune_warm.warm_plan(ctx.store, plan, text, env, modes, options, progress)
+        results = tune.warm_plan(
+            ctx.store, plan_path, finalize, python, timeout, lock_timeout, progress
+        )
     except tune_warm.TuneInterrupted as exc:
         for mode, ns_dir in exc.recorded:
             status.note(f"{mode} finalize was tuned and recorded before the interrupt: {ns_dir}")
-        if exc.recorded and exc.not_recorded:
-            [rest] = exc.not_recorded  # two modes, one recorded
-            # --finalize M is refused when an MoE op does not list M; the whole plan again is
-            # always right (the recorded mode's calls find their entries cached).
-            alone = all(rest in op.finalize for op in plan.ops if hasattr(op, "finalize"))
-            how = f"--finalize {rest}" if alone else "the same plan (tuned shapes are cached)"
-            status.note(f"{rest} finalize not tuned: run again with {how}")
+        if exc.hint:
+            status.note(exc.hint)
         raise
     except WarmFailed as exc:
         status.note("tuning failed")

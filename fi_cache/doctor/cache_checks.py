@@ -8,9 +8,9 @@ from dataclasses import dataclass
 from typing import Any
 
 from fi_cache.caches.discover import STAGING_PREFIX, TMP_MAX_AGE_S
-from fi_cache.doctor import Check, Inputs
 from fi_cache.doctor.findings import Finding
 from fi_cache.doctor.fix import quarantine_text
+from fi_cache.doctor.inputs import Check, Inputs
 from fi_cache.doctor.vllm_checks import runs_finalize, selects_unfused
 from fi_cache.engines.vllm.launch import ALTERNATIVES
 from fi_cache.model import v1

@@ -13,8 +13,8 @@ from pathlib import Path
 from typing import Literal
 
 from fi_cache.caches.discover import STAGING_PREFIX, TMP_MAX_AGE_S
-from fi_cache.doctor import Inputs
 from fi_cache.doctor.findings import Finding
+from fi_cache.doctor.inputs import Inputs
 from fi_cache.store import files, quarantine, trash
 from fi_cache.versions import VLLM_CACHE_FILE_RE
 

@@ -12,7 +12,7 @@ from pathlib import Path
 
 from fi_cache.caches.discover import ScanProblem, leftover_mtime, tmp_leftovers
 from fi_cache.caches.inventory import Cache, scan
-from fi_cache.doctor import CacheView, Inputs, Target
+from fi_cache.doctor.inputs import CacheView, Inputs, Target
 from fi_cache.doctor.logs import looks_like_log, read_log
 from fi_cache.engines.sglang import layout as sglang_layout
 from fi_cache.engines.sglang import live as sglang_live

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 
-from fi_cache.doctor import Check, Inputs
 from fi_cache.doctor.findings import Finding
 from fi_cache.doctor.fix import quarantine_text
+from fi_cache.doctor.inputs import Check, Inputs
 from fi_cache.doctor.logs import ProfileIdError
 from fi_cache.model.moe import is_moe
 

@@ -7,8 +7,8 @@ from pathlib import Path
 
 from fi_cache import doctor
 from fi_cache.caches.inventory import scan
-from fi_cache.doctor import CacheView, Inputs, Target
 from fi_cache.doctor.findings import Finding
+from fi_cache.doctor.inputs import CacheView, Inputs, Target
 from fi_cache.model import v1
 from fi_cache.store.manifest import Manifest
 from fi_cache.store.namespace import Namespace

@@ -6,8 +6,8 @@ import json
 from collections.abc import Iterator
 from typing import Any
 
-from fi_cache.doctor import CacheView, Check, Inputs
 from fi_cache.doctor.findings import Finding
+from fi_cache.doctor.inputs import CacheView, Check, Inputs
 from fi_cache.engines.sglang.args import env_bool
 from fi_cache.engines.sglang.layout import effective
 from fi_cache.engines.sglang.live import sharing

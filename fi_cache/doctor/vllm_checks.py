@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 
-from fi_cache.doctor import Check, Inputs
 from fi_cache.doctor.findings import Finding
+from fi_cache.doctor.inputs import Check, Inputs
 from fi_cache.engines.vllm import layout
 from fi_cache.engines.vllm.launch import ALTERNATIVES
 from fi_cache.versions import (

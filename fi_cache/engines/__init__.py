@@ -2,7 +2,8 @@
 
 One package per engine: `vllm/` (`vllm serve`), `sglang/` (`sglang serve`), `flashinfer/`
 (FlashInfer's own autotuner, from a plan, without a serving engine). Each is imported only when
-a command needs it; what the server engines share is in server.py and warming.py.
+a command needs it; what the server engines share is in server.py (start, /health, stop) and
+guard.py. How a warm or a serve runs, for every engine, is fi_cache/lifecycle/'s.
 """
 
 from __future__ import annotations
@@ -11,9 +12,10 @@ import importlib
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:  # the tuning child imports this package: it stays empty at run time
-    from fi_cache.engines.api import Engine
+    from fi_cache.engines.api import Engine, ServerEngine
 
 NAMES = ("vllm", "flashinfer", "sglang")
+SERVERS = ("vllm", "sglang")  # the engines `serve` runs
 
 
 def get(name: str) -> Engine:
@@ -22,4 +24,12 @@ def get(name: str) -> Engine:
         raise KeyError(name)
     module = importlib.import_module(f"fi_cache.engines.{name}.engine")
     engine: Engine = module.ENGINE
+    return engine
+
+
+def serving(name: str) -> ServerEngine:
+    """The serving engine called `name` (one of SERVERS)."""
+    if name not in SERVERS:
+        raise KeyError(name)
+    engine: ServerEngine = importlib.import_module(f"fi_cache.engines.{name}.engine").ENGINE
     return engine

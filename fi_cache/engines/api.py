@@ -1,20 +1,28 @@
 """The contract every engine keeps: a program fi-cache runs to fill a namespace with FlashInfer
-autotune caches (vLLM's `vllm serve`, FlashInfer's own autotuner in a child process).
+autotune caches (vLLM's `vllm serve`, SGLang's `sglang serve`, FlashInfer's own autotuner in a
+child process).
 
-Each engine is a package with the same modules: `engine.py` (this contract), `launch.py`
-(starting and stopping its process, as a group), `warm.py` (one warm: lock, run, record).
+`Engine` is what every engine says about itself; `ServerEngine` is what a serving engine adds
+so that fi_cache/lifecycle/ can warm and serve it: only what differs between engines (its
+command line, its arguments, its finalize rule, its environment, what it reads and writes,
+"nothing to tune"). The data the lifecycle and an engine hand each other is defined here too.
 """
 
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar
 
 from fi_cache.caches.discover import is_v2_env_dir
 from fi_cache.errors import FiCacheError
 from fi_cache.store.manifest import Manifest
+
+if TYPE_CHECKING:
+    from fi_cache.environment import Environment
+    from fi_cache.store.namespace import FinalizeMode, Namespace
 
 
 def _present(path: Path) -> bool:
@@ -28,6 +36,8 @@ class WarmFailed(FiCacheError):
         super().__init__(message)
         self.lines = lines
         self.log = log if log is not None else lines  # all it printed (bounded), for a log file
+        self.saved_log: Path | None = None  # where the lifecycle kept `log` for doctor --log
+        self.crash: str | None = None  # a gemm profile-id crash seen in `log`
 
 
 class Engine(ABC):
@@ -59,3 +69,158 @@ class Engine(ABC):
         files, or FlashInfer v2 store dirs (vLLM 0.33 with one rank records its env dir)."""
         last = m.last_warm(self.warm_key(args, finalize)) if m else None
         return last is not None and all(_present(ns_dir / f.path) for f in last.files)
+
+
+@dataclass(frozen=True)
+class Request:
+    """What a warm or serve command line asks of a serving engine."""
+
+    path: str | None  # --vllm / --sglang: the engine to run (None: its variable, then PATH)
+    argv: tuple[str, ...]  # the engine's arguments, as given (a pasted launcher included)
+    asked: FinalizeMode | None  # the finalize mode the command line asks for
+    given: str  # how the command line spells `asked`, for messages
+    implied: str  # the flag the user's own finalize variable stands for, for messages
+    force: bool = False
+    warm: bool = False  # a warm (the engine is stopped once healthy), not a serve
+
+
+@dataclass(frozen=True)
+class Target:
+    """The namespace a start will use and what was found deciding it."""
+
+    ns: Namespace
+    env: Environment  # of the Python that runs the engine
+    version: str | None  # the engine's release
+    path: str | None  # the launcher, after a pasted command line was read
+    argv: tuple[str, ...]  # the engine's arguments without a pasted launcher
+    notes: tuple[str, ...] = ()  # what the user should hear before anything starts
+    found: Any = None  # what the engine read while deciding (its arguments, its launcher)
+
+
+@dataclass(frozen=True)
+class Run:
+    """One engine start on a namespace, as decided before it starts."""
+
+    target: Target
+    args: Any  # the engine's parsed arguments: .argv, .key, .model
+    launcher: Any  # how the engine is started (its launch.Launcher)
+    nothing_to_tune: str | None  # known up front: this start keeps no cache, and why
+
+    @property
+    def ns(self) -> Namespace:
+        return self.target.ns
+
+    @property
+    def env(self) -> Environment:
+        return self.target.env
+
+
+@dataclass(frozen=True)
+class Versions:
+    """The releases doctor's pre-flight checks judge a namespace against."""
+
+    vllm: str | None = None
+    supports_finalize: bool | None = None  # does that vLLM read the finalize variable
+    sglang: str | None = None
+
+
+@dataclass(frozen=True)
+class Identity:
+    """Who warmed, as a warm record keeps it."""
+
+    vllm_version: str | None
+    supports_finalize_env: bool | None
+    engine_version: str | None = None
+
+
+@dataclass(frozen=True)
+class ModeProblem:
+    """The finalize mode asked for is one this engine would not run."""
+
+    refusal: str | None = None  # refused unless --force
+    warning: str | None = None  # said, and the start goes on
+
+
+class ServerEngine(Engine):
+    """A serving engine: warmed by running it until /health answers, served by exec."""
+
+    display: ClassVar[str]  # its name in messages: "vLLM"
+    path_flag: ClassVar[str]  # fi-cache's option naming the engine to run: "--vllm"
+    # An empty start is fine, and why (None: a start that saved nothing failed, empty_start).
+    nothing_tuned: ClassVar[str | None] = None
+    empty_start: ClassVar[str] = ""
+    seeds: ClassVar[bool] = False  # fills the file it will read from earlier files first
+
+    @abstractmethod
+    def command_line(
+        self, path: str | None, argv: Sequence[str]
+    ) -> tuple[str | None, tuple[str, ...]]:
+        """(The engine to run, its arguments) from a pasted engine command line."""
+
+    @abstractmethod
+    def resolve(self, request: Request, store: Path) -> Target:
+        """The namespace: the engine's release and environment, its finalize rule. Raises
+        Refused."""
+
+    @abstractmethod
+    def bind(self, target: Target) -> Run:
+        """What will start on `target`: the arguments read, the launcher found. Raises
+        Refused."""
+
+    def mode_problem(self, target: Target, verb: str) -> ModeProblem | None:
+        """Why the namespace's finalize mode would not be the one this engine runs (`verb`:
+        "tune" for a warm, "serve")."""
+        return None
+
+    def keeps_no_cache(self, target: Target) -> str | None:
+        """Why this release keeps no autotune cache at all (nothing to namespace)."""
+        return None
+
+    def announce(self, target: Target, ns_dir: Path, environ: Mapping[str, str]) -> list[str]:
+        """What a user may not expect, said before the engine starts."""
+        return []
+
+    def autotune_dir(self, ns_dir: Path) -> Path:
+        """Where its autotune files land in the namespace: what a warm watches and pre-flight
+        checks."""
+        return self.cache_dir(ns_dir)
+
+    @abstractmethod
+    def checked_against(self, run: Run) -> Versions:
+        """The releases pre-flight judges the namespace's caches against."""
+
+    def read_only_problem(self, run: Run) -> str | None:
+        """Why this start fails on a read-only namespace even when it is fully warm."""
+        return None
+
+    def serve_without_warm(self, run: Run) -> str | None:
+        """Why serve starts this cold namespace without a warm first (said as a warning)."""
+        return None
+
+    def before_serving(self, run: Run, ns_dir: Path) -> list[str]:
+        """Warnings about other servers, said just before serve hands over."""
+        return []
+
+    @abstractmethod
+    def environment(
+        self, run: Run, ns_dir: Path, environ: Mapping[str, str], warm: bool
+    ) -> dict[str, str]:
+        """The environment the engine runs with on `ns_dir`, with what it needs there made
+        (`warm`: for a warm, which writes into the namespace)."""
+
+    @abstractmethod
+    def command(self, run: Run, port: int | None = None) -> list[str]:
+        """The command line that starts it; `port`: a warm's, on loopback (None: serve's, as
+        given)."""
+
+    @abstractmethod
+    def identity(self, run: Run) -> Identity:
+        """What a warm record keeps of who warmed."""
+
+    def same_model(self, run: Run, argv: Sequence[str]) -> bool:
+        """Does an earlier warm's argv serve this run's model (seeding's sources)?"""
+        return False
+
+    def seed_targets(self, run: Run, ns_dir: Path, store: Path) -> tuple[list[Path], str | None]:
+        """(The files this start will read, inside `ns_dir`; why there is nothing to seed)."""
+        return [], None

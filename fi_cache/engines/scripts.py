@@ -1,5 +1,6 @@
 """Which Python runs an engine's console script (`vllm`, `sglang`): the packages of that
-interpreter, not fi-cache's own (a pipx install), name the namespace."""
+interpreter, not fi-cache's own (a pipx install), name the namespace. Also how a pasted engine
+command line (`vllm serve ARGS`, `PYTHON -m MODULE ARGS`) names the engine to run."""
 
 from __future__ import annotations
 
@@ -7,6 +8,7 @@ import os
 import re
 import shlex
 import shutil
+from collections.abc import Callable, Sequence
 
 PYTHON_NAME = re.compile(r"python[0-9.]*")
 
@@ -74,3 +76,25 @@ def resolve_launcher(
             f"`PYTHON -m {module}`"
         )
     return found, bool(rest) or bool(PYTHON_NAME.fullmatch(os.path.basename(found)))
+
+
+def pasted_launcher(
+    path: str | None,
+    argv: Sequence[str],
+    split_launcher: Callable[[Sequence[str]], tuple[list[str] | None, list[str]]],
+    find_launcher: Callable[[str], object],
+    flag: str,
+    what: str,
+) -> tuple[str | None, tuple[str, ...]]:
+    """(The engine to run, its arguments) from a pasted engine command line (`split_launcher`
+    finds its launcher): that launcher is the one to run, and a `flag` naming another is
+    refused."""
+    from fi_cache.errors import Refused
+
+    words, rest = split_launcher(argv)
+    if not words:
+        return path, tuple(rest)
+    pasted = shlex.join(words)
+    if path is not None and find_launcher(path) != find_launcher(pasted):
+        raise Refused(f"{flag} {path} and the pasted `{pasted}` name two {what}s; give one")
+    return pasted, tuple(rest)

@@ -47,15 +47,17 @@ def sources_for(
     same_model: SameModel,
     name: str,
     exclude: Iterable[Path] = (),
+    engine: str = "vllm",
 ) -> list[Path]:
-    """The namespace's files named `name` that earlier successful vLLM warms of the model recorded,
-    newest warm first, each once; `exclude` (what doctor's checks flagged) never counts."""
+    """The namespace's files named `name` that earlier successful warms of the model by `engine`
+    recorded, newest warm first, each once; `exclude` (what doctor's checks flagged) never
+    counts."""
     if manifest is None:
         return []
     skip = {p.resolve() for p in exclude}
     found: list[Path] = []
     for warm in sorted(manifest.warms, key=lambda w: w.started, reverse=True):
-        if not warm.ok or warm.engine != "vllm" or not same_model(warm.argv):
+        if not warm.ok or warm.engine != engine or not same_model(warm.argv):
             continue
         for f in warm.files:
             path = ns_dir / f.path
@@ -71,6 +73,7 @@ def plan(
     same_model: SameModel,
     targets: Sequence[Path],
     exclude: Iterable[Path] = (),
+    engine: str = "vllm",
 ) -> tuple[list[Seed], list[str]]:
     """(seeds, notes): a seed for each target that does not exist yet and has sources; a note
     for each source that cannot be used (corrupt, another environment's metadata)."""
@@ -81,7 +84,7 @@ def plan(
         if target.exists():
             continue  # vLLM reads what is there; never overwrite a file it wrote
         readable: list[tuple[str, v1.CacheFile]] = []
-        for src in sources_for(ns_dir, manifest, same_model, target.name, excluded):
+        for src in sources_for(ns_dir, manifest, same_model, target.name, excluded, engine):
             if src.parent == target.parent:
                 continue
             try:

@@ -3,6 +3,7 @@ runs a plan's ops under `flashinfer.autotune(True, cache=FILE)`, without vLLM or
 
 from __future__ import annotations
 
+import hashlib
 import os
 import sys
 from collections.abc import Sequence
@@ -48,9 +49,12 @@ class FlashInfer(Engine):
         return PlanArgs(path, plans.loads(text, str(path)), text)
 
     def warm_key(self, a: PlanArgs, finalize: str) -> str:
-        from fi_cache.engines.flashinfer.warm import plan_key
-
         return plan_key(a.text, finalize)
+
+
+def plan_key(plan_text: str, mode: str) -> str:
+    """What makes two flashinfer-engine warms "the same" (like vLLM's argv key)."""
+    return "flashinfer:" + hashlib.sha256(f"{mode}\0{plan_text}".encode()).hexdigest()[:16]
 
 
 ENGINE = FlashInfer()

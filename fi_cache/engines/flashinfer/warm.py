@@ -10,7 +10,6 @@ module records the warm, the entries and the MoE tactic counts in the namespace 
 from __future__ import annotations
 
 import contextlib
-import hashlib
 import sys
 import time
 from collections.abc import Callable, Iterator
@@ -22,7 +21,7 @@ from fi_cache.caches.discover import classify_file
 from fi_cache.caches.inventory import read
 from fi_cache.engines.api import WarmFailed
 from fi_cache.engines.flashinfer.driver import Job
-from fi_cache.engines.flashinfer.engine import ENGINE
+from fi_cache.engines.flashinfer.engine import ENGINE, plan_key
 from fi_cache.engines.flashinfer.launch import TuningChild
 from fi_cache.engines.flashinfer.plan import GemmOp, MoeOp, Plan
 from fi_cache.environment import Environment, with_flashinfer_metadata
@@ -107,11 +106,6 @@ def static_problems(plan: Plan, env: Environment) -> list[str]:
     return out
 
 
-def plan_key(plan_text: str, mode: str) -> str:
-    """What makes two flashinfer-engine warms "the same" (like vLLM's argv key)."""
-    return "flashinfer:" + hashlib.sha256(f"{mode}\0{plan_text}".encode()).hexdigest()[:16]
-
-
 def warm_plan(
     store: Path,
     plan: Plan,
@@ -149,6 +143,7 @@ class TuneInterrupted(KeyboardInterrupt):
         super().__init__()
         self.recorded = recorded
         self.not_recorded = [m for m in modes if m not in {r[0] for r in recorded}]
+        self.hint: str | None = None  # how to tune what is left (the lifecycle says)
 
 
 def _recorded(

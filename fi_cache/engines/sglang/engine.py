@@ -1,19 +1,46 @@
 """SGLang as an engine: `sglang serve ARGS` with SGLANG_CACHE_DIR in the namespace (launch.py says
-what else that moves, and what fi-cache keeps where the user had it)."""
+what else that moves, and what fi-cache keeps where the user had it; the flow of a warm or serve
+is fi_cache/lifecycle/'s).
+
+A warm runs it until /health answers 200: every scheduler is ready only after FlashInfer
+autotuning and the save (http_server.py 0.5.23:721-799, engine.py :2013-2041).
+"""
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import os
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 
-from fi_cache.engines.api import Engine
+from fi_cache.engines.api import Identity, Request, Run, ServerEngine, Target, Versions
+from fi_cache.engines.scripts import pasted_launcher
 from fi_cache.engines.sglang import args, launch
-from fi_cache.versions import SGLANG_AUTOTUNE_SUBDIR
+from fi_cache.errors import Refused
+from fi_cache.versions import (
+    SGLANG_AUTOTUNE_SUBDIR,
+    SGLANG_CACHE_DIR_ENV,
+    SGLANG_DIRECT_CACHES,
+    SGLANG_FINALIZE_FROM,
+    SGLANG_PERSISTENT_CACHE,
+    parse_version,
+    sglang_caches_moved,
+)
+
+# SGLang's own gate decides, from the model and GPU too (flashinfer_autotune.py 0.5.23:91-157):
+# a start that tuned nothing is a start with nothing to tune, not a failed warm.
+NOTHING_TUNED = (
+    "SGLang became healthy and wrote no autotune file: it tunes only with a FlashInfer MoE "
+    "backend (e.g. --moe-runner-backend flashinfer_cutlass; the default, auto, often picks "
+    "another) or FlashInfer FP4/FP8 GEMMs, on SM90+ GPUs"
+)
 
 
-class Sglang(Engine):
+class Sglang(ServerEngine):
     name = "sglang"
     cache_subdir = "sglang"  # SGLANG_CACHE_DIR inside a namespace
+    display = "SGLang"
+    path_flag = "--sglang"
+    nothing_tuned = NOTHING_TUNED
 
     def find_executable(self, explicit: str | None) -> str:
         return launch.find_launcher(explicit).executable
@@ -30,6 +57,122 @@ class Sglang(Engine):
         """Where SGLang keeps FlashInfer's autotune files in the namespace (the rest of what
         lands under SGLANG_CACHE_DIR is not a cache fi-cache reads)."""
         return self.cache_dir(ns_dir).joinpath(*SGLANG_AUTOTUNE_SUBDIR)
+
+    def command_line(
+        self, path: str | None, argv: Sequence[str]
+    ) -> tuple[str | None, tuple[str, ...]]:
+        """From a pasted `sglang serve ARGS` or `PYTHON -m sglang.launch_server ARGS` line: its
+        launcher is the SGLang to run."""
+        return pasted_launcher(
+            path, argv, args.split_launcher, launch.find_launcher, self.path_flag, self.display
+        )
+
+    def resolve(self, request: Request, store: Path) -> Target:
+        """Find SGLang and its release, read its arguments, choose the finalize mode. Refused
+        before anything is looked up when the arguments alone refuse it (a warm of several
+        nodes)."""
+        from fi_cache import environment
+        from fi_cache.store.namespace import Namespace
+        from fi_cache.store.paths import state_dir
+
+        path, argv = self.command_line(request.path, request.argv)
+        launcher = launch.find_launcher(path)
+        parsed = launch.with_environment(self.read_args(argv), os.environ)
+        if request.warm and parsed.nnodes > 1:
+            raise Refused(
+                f"SGLang with --nnodes {parsed.nnodes} starts only when every node does, and "
+                "nodes other than rank 0 answer no /health: warm cannot run it; start `fi-cache "
+                "serve --engine sglang` on every node (the first start tunes into the namespace)"
+            )
+        env = environment.detect(state_dir(store), python=launcher.python)
+        # Only the launcher's own Python may say which SGLang it is, never fi-cache's fallback.
+        mine = launcher.python is not None and os.path.abspath(env.python) == os.path.abspath(
+            launcher.python
+        )  # not realpath: a venv's python links to the base interpreter
+        version = launch.require_version(env.sglang_version if mine else None, launcher)
+        finalize, note = launch.choose_finalize(
+            os.environ, request.asked, request.given, version, parsed, request.force
+        )
+        notes = (*env.notes, *([note] if note else []), *launch.warnings(version, parsed))
+        ns = Namespace(env.fingerprint, finalize)
+        return Target(ns, env, version, path, argv, notes, found=(parsed, launcher))
+
+    def keeps_no_cache(self, target: Target) -> str | None:
+        """Before 0.5.12 SGLang keeps no cache: nothing to namespace."""
+        v = parse_version(target.version)
+        if v is not None and v >= SGLANG_PERSISTENT_CACHE:
+            return None
+        return (
+            f"SGLang {target.version} keeps no FlashInfer autotune cache (from "
+            f"{SGLANG_PERSISTENT_CACHE})"
+        )
+
+    def announce(self, target: Target, ns_dir: Path, environ: Mapping[str, str]) -> list[str]:
+        """Where its cache dir goes and what stays with the user."""
+        from fi_cache.engines.sglang.layout import user_cache_dir
+        from fi_cache.store.namespace import shared_when_undetected
+
+        out = [shared] if (shared := shared_when_undetected(target.ns)) else []
+        kept = [var for var, _ in sglang_caches_moved(str(target.version))]
+        out.append(
+            f"{SGLANG_CACHE_DIR_ENV}={self.cache_dir(ns_dir)} for SGLang (no release moves only "
+            f"its autotune dir); kept in {user_cache_dir(environ)}: "
+            f"{', '.join([*kept, *SGLANG_DIRECT_CACHES])}"
+        )
+        return out
+
+    def bind(self, target: Target) -> Run:
+        parsed, launcher = target.found
+        quiet = launch.nothing_to_tune(os.environ, str(target.version), parsed)
+        return Run(target, parsed, launcher, quiet)
+
+    def checked_against(self, run: Run) -> Versions:
+        return Versions(sglang=run.target.version)
+
+    def serve_without_warm(self, run: Run) -> str | None:
+        if run.nothing_to_tune:
+            return f"nothing to warm: {run.nothing_to_tune}; starting SGLang anyway"
+        if run.args.nnodes > 1:  # a warm would wait for the other nodes; rank >= 1: no /health
+            return (
+                f"--nnodes {run.args.nnodes}: no warm first (every node must start together); "
+                "SGLang tunes at this start and saves into the namespace"
+            )
+        return None
+
+    def before_serving(self, run: Run, ns_dir: Path) -> list[str]:
+        """A server already running on this namespace's SGLang dir and GPUs this one may use,
+        when one of them runs MegaMoE (live.sharing)."""
+        from fi_cache.engines.sglang import live
+
+        cache_dir = str(self.cache_dir(ns_dir))
+        gpus = live.devices(os.environ)
+        found = live.sharing(live.running(), cache_dir, gpus, run.args.moe_backend)
+        return [
+            f"SGLang pid {e.pid} already serves from {cache_dir} on GPUs {e.gpus}: with "
+            "flashinfer_megamoe SGLang says engines sharing GPUs must use separate "
+            "SGLANG_CACHE_DIRs (`fi-cache doctor --sglang-version V` explains; give this one "
+            "other GPUs)"
+            for e in found
+        ]
+
+    def environment(
+        self, run: Run, ns_dir: Path, environ: Mapping[str, str], warm: bool
+    ) -> dict[str, str]:
+        """SGLang's dir in the namespace, made, with its links into the user's dir."""
+        return launch.namespace_env(
+            self.cache_dir(ns_dir), environ, run.ns.finalize, str(run.target.version)
+        )
+
+    def command(self, run: Run, port: int | None = None) -> list[str]:
+        # Warming never needs outside traffic: loopback, our port (argparse: the last flag wins).
+        extra = [] if port is None else ["--host", "127.0.0.1", "--port", str(port)]
+        cmd: list[str] = run.launcher.command(run.args, extra)
+        return cmd
+
+    def identity(self, run: Run) -> Identity:
+        v = parse_version(run.target.version)
+        reads = v is not None and v >= SGLANG_FINALIZE_FROM
+        return Identity(None, reads, run.target.version)
 
 
 ENGINE = Sglang()

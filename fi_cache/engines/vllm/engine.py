@@ -1,16 +1,66 @@
-"""vLLM as an engine: `vllm serve ARGS` with VLLM_FLASHINFER_AUTOTUNE_CACHE_DIR in the namespace."""
+"""vLLM as an engine: `vllm serve ARGS` with VLLM_FLASHINFER_AUTOTUNE_CACHE_DIR in the namespace
+(what fi_cache/lifecycle/ needs from vLLM; the flow of a warm or serve is the lifecycle's)."""
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import os
+from collections.abc import Mapping, Sequence
+from pathlib import Path
 
-from fi_cache.engines.api import Engine
-from fi_cache.engines.vllm import args, launch
+from fi_cache.engines.api import (
+    Identity,
+    ModeProblem,
+    Request,
+    Run,
+    ServerEngine,
+    Target,
+    Versions,
+)
+from fi_cache.engines.scripts import pasted_launcher
+from fi_cache.engines.vllm import args, launch, layout
+from fi_cache.environment import Environment
+from fi_cache.versions import (
+    VLLM_CACHE_DIR_ENV,
+    VLLM_FINALIZE_ENV,
+    VLLM_PERSISTENT_CACHE,
+    parse_version,
+)
+
+EMPTY_START = (
+    "vLLM became healthy but neither wrote nor read an autotune cache in the namespace "
+    "(FlashInfer autotune off: -O0, "
+    "--no-enable-flashinfer-autotune or, on 0.33, --disable-flashinfer-autotune? a model "
+    "without FlashInfer kernels? vLLM < 0.25?)"
+)
 
 
-class Vllm(Engine):
+def nothing_to_tune(env: Environment, a: args.ServeArgs) -> str | None:
+    """Why this vLLM start will tune and save nothing, when that is known before it starts; None
+    when it should tune. vLLM tunes only with FlashInfer installed and device 0 at SM90+
+    (kernel_warmup.py 0.32:265-267: has_flashinfer() and has_device_capability(90)), autotune on,
+    and keeps a file only from 0.25."""
+    version = parse_version(env.vllm.version)
+    if a.autotune_off:
+        return "FlashInfer autotune is off in the vLLM arguments"
+    if version is not None and version < VLLM_PERSISTENT_CACHE:
+        return f"vLLM {version} keeps no autotune cache (from {VLLM_PERSISTENT_CACHE})"
+    if env.fingerprint.flashinfer_version is None:
+        return f"no FlashInfer installed with this vLLM ({env.python})"
+    if not env.gpus:
+        return "no NVIDIA GPU visible: vLLM tunes FlashInfer kernels on SM90+ GPUs only"
+    major = env.gpus[0].compute_cap.partition(".")[0]
+    if major.isdigit() and int(major) < 9:
+        return f"{env.gpus[0].name} is SM{env.gpus[0].compute_cap}: vLLM tunes on SM90+ only"
+    return None
+
+
+class Vllm(ServerEngine):
     name = "vllm"
     cache_subdir = "vllm"  # VLLM_FLASHINFER_AUTOTUNE_CACHE_DIR inside a namespace
+    display = "vLLM"
+    path_flag = "--vllm"
+    empty_start = EMPTY_START
+    seeds = True
 
     def find_executable(self, explicit: str | None) -> str:
         return launch.find_executable(explicit)
@@ -22,6 +72,119 @@ class Vllm(Engine):
 
     def warm_key(self, a: args.ServeArgs, finalize: str) -> str:
         return a.key  # the finalize mode is the namespace's already
+
+    def command_line(
+        self, path: str | None, argv: Sequence[str]
+    ) -> tuple[str | None, tuple[str, ...]]:
+        """From a pasted `vllm serve ARGS` or `PYTHON -m vllm.entrypoints.openai.api_server
+        ARGS` line: its launcher is the vLLM to run."""
+        return pasted_launcher(
+            path, argv, args.split_launcher, launch.find_launcher, self.path_flag, self.display
+        )
+
+    def resolve(self, request: Request, store: Path) -> Target:
+        """The mode the command line asks for, else the user's VLLM_FLASHINFER_MOE_FUSED_FINALIZE;
+        the environment of the interpreter that runs the vLLM fi-cache launches."""
+        from fi_cache import environment
+        from fi_cache.store.namespace import Namespace
+        from fi_cache.store.paths import state_dir
+
+        path, argv = self.command_line(request.path, request.argv)
+        mode, note = launch.user_finalize(
+            os.environ, request.asked, request.given, request.implied
+        )
+        env = environment.detect(state_dir(store), python=launch.vllm_python(path))
+        notes = (*([note] if note else []), *env.notes)
+        return Target(Namespace(env.fingerprint, mode), env, env.vllm.version, path, argv, notes)
+
+    def mode_problem(self, target: Target, verb: str) -> ModeProblem | None:
+        """The unfused path on a vLLM that would silently ignore it."""
+        if target.ns.finalize != "unfused":
+            return None
+        info = target.env.vllm
+        if info.supports_finalize_env is False:
+            return ModeProblem(
+                refusal=f"vLLM {info.version} does not read {VLLM_FINALIZE_ENV} "
+                f"({info.envs_path}): it would {verb} with fused (non-deterministic) finalize; "
+                f"{launch.ALTERNATIVES}"
+            )
+        if info.supports_finalize_env is None:
+            return ModeProblem(
+                warning="cannot inspect the vLLM package from here; make sure it supports "
+                f"{VLLM_FINALIZE_ENV}, or the unfused namespace gets fused tactics"
+            )
+        return None
+
+    def announce(self, target: Target, ns_dir: Path, environ: Mapping[str, str]) -> list[str]:
+        """A namespace named by undetected fields (shared with every machine whose detection
+        fails alike), and the user's own VLLM_FLASHINFER_AUTOTUNE_CACHE_DIR giving way."""
+        from fi_cache.store.namespace import shared_when_undetected
+
+        out = [shared] if (shared := shared_when_undetected(target.ns)) else []
+        ours = str(self.cache_dir(ns_dir))
+        theirs = environ.get(VLLM_CACHE_DIR_ENV)
+        if theirs and os.path.abspath(os.path.expanduser(theirs)) != ours:
+            out.append(
+                f"{VLLM_CACHE_DIR_ENV}={theirs} in the environment: vLLM gets {ours} instead"
+            )
+        return out
+
+    def bind(self, target: Target) -> Run:
+        parsed = self.read_args(target.argv)
+        launcher = launch.find_launcher(target.path)
+        return Run(target, parsed, launcher, nothing_to_tune(target.env, parsed))
+
+    def checked_against(self, run: Run) -> Versions:
+        info = run.env.vllm
+        return Versions(vllm=info.version, supports_finalize=info.supports_finalize_env)
+
+    def read_only_problem(self, run: Run) -> str | None:
+        return layout.read_only_problem(run.env.vllm.version, run.args)
+
+    def environment(
+        self, run: Run, ns_dir: Path, environ: Mapping[str, str], warm: bool
+    ) -> dict[str, str]:
+        root = self.cache_dir(ns_dir)
+        if warm:
+            from fi_cache.store.files import ensure_dir
+
+            ensure_dir(root)
+        info = run.env.vllm
+        return launch.launch_env(
+            dict(environ), root, run.ns.finalize, run.args.uses_ray, info.supports_finalize_env
+        )
+
+    def command(self, run: Run, port: int | None = None) -> list[str]:
+        # Warming never needs outside traffic: listen on loopback, on our port (last flag wins).
+        extra = [] if port is None else ["--host", "127.0.0.1", "--port", str(port)]
+        cmd: list[str] = run.launcher.command([*run.args.argv, *extra])
+        return cmd
+
+    def identity(self, run: Run) -> Identity:
+        return Identity(run.env.vllm.version, run.env.vllm.supports_finalize_env)
+
+    def same_model(self, run: Run, argv: Sequence[str]) -> bool:
+        from fi_cache.errors import Refused
+
+        try:
+            return bool(args.parse_serve_args(argv).model == run.args.model)
+        except Refused:
+            return False
+
+    def seed_targets(self, run: Run, ns_dir: Path, store: Path) -> tuple[list[Path], str | None]:
+        """The files vLLM's own code says this start will read (engines/vllm/predict.py)."""
+        from fi_cache.engines.vllm.predict import predict
+        from fi_cache.store.paths import state_dir
+
+        info = run.env.vllm
+        if info.version is None:
+            return [], "not seeding: no vLLM found to ask which file it will read"
+        environ = self.environment(run, ns_dir, os.environ, warm=False)
+        argv = list(run.args.argv)
+        where = predict(run.env.python, info.version, argv, environ, state_dir(store))
+        if where.store == "v2":
+            return [], "nothing to seed: vLLM keeps FlashInfer's v2 store here (no per-config file)"
+        return where.paths, None
 
 
 ENGINE = Vllm()

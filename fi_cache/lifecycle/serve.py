@@ -1,0 +1,138 @@
+"""A serve, for every serving engine: pre-flight checks on the namespace, a warm when it is cold,
+its use recorded and marked, then the process handed to the engine (exec: its signals reach it
+directly, its exit code is serve's)."""
+
+from __future__ import annotations
+
+import os
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import NoReturn
+
+from fi_cache.engines.api import Request, Run, ServerEngine
+from fi_cache.errors import FiCacheError, Refused
+from fi_cache.lifecycle import prepare, signals
+from fi_cache.lifecycle.report import Report
+from fi_cache.lifecycle.warm import WarmOptions, WarmResult, warm_run
+from fi_cache.store.manifest import Manifest
+
+
+@dataclass(frozen=True)
+class Handover:
+    """What serve hands the process to."""
+
+    command: list[str]
+    environ: dict[str, str]
+    display: str  # the engine's name, for a failed exec
+    finalize: str
+    ns_dir: Path | None  # None: a release that keeps no cache runs as it is
+    cache_dir: Path | None  # the engine's dir in the namespace
+    warmed: WarmResult | None  # None: warm already (or --no-warm, or nothing to warm)
+
+
+@dataclass(frozen=True)
+class ServeOptions:
+    warm: bool = True  # warm a cold namespace first
+    timeout: float = 1800.0  # for the warm's /health
+    seed: bool = True
+
+
+def serve(
+    engine: ServerEngine, request: Request, options: ServeOptions, store: Path, report: Report
+) -> Handover:
+    """Everything serve does before it hands over. Raises Refused, WarmFailed or FiCacheError
+    (pre-flight errors without --force)."""
+    target = prepare.resolve(engine, request, store, report)
+    if why := engine.keeps_no_cache(target):
+        report.warn(f"{why}: serving it as it is")
+        run = engine.bind(target)
+        plain = dict(os.environ)
+        mode = target.ns.finalize
+        return Handover(engine.command(run), plain, engine.display, mode, None, None, None)
+    run = prepare.bind(engine, target, store, report)
+    ns_dir = run.ns.path(store)
+    m = preflight(engine, run, ns_dir, request.force, report)
+    if (problem := engine.read_only_problem(run)) and _unwritable(ns_dir):
+        if not request.force:
+            raise Refused(f"{problem} (or pass --force)", str(ns_dir))
+        report.warn(f"{problem} (going on: --force)")
+    warmed = None
+    if not engine.is_warm(ns_dir, m, run.args, run.ns.finalize):
+        if why := engine.serve_without_warm(run):
+            report.warn(why)
+        elif options.warm:
+            warm = WarmOptions(options.timeout, None, 3600.0, options.seed)
+            warmed = warm_run(engine, run, warm, store, report)
+            signals.sigterm_default()
+        else:
+            report.warn(f"namespace is cold: {engine.display} tunes at start-up and saves into it")
+    touch(ns_dir)
+    if not report.quiet:
+        for line in engine.before_serving(run, ns_dir):
+            report.warn(line)
+    environ = engine.environment(run, ns_dir, os.environ, warm=False)
+    if ns_dir.is_dir():
+        from fi_cache.store import locks
+
+        locks.hold_in_use(ns_dir)  # inherited by the engine: prune leaves a served namespace alone
+    cache_dir = engine.cache_dir(ns_dir)
+    return Handover(
+        engine.command(run), environ, engine.display, run.ns.finalize, ns_dir, cache_dir, warmed
+    )
+
+
+def hand_over(handover: Handover) -> NoReturn:
+    """exec the engine in this process. Raises Refused when it cannot be run."""
+    cmd = handover.command
+    try:
+        os.execve(cmd[0], cmd, handover.environ)
+    except OSError as exc:
+        raise Refused(f"cannot run {handover.display}: {exc.strerror}", cmd[0]) from None
+
+
+def preflight(
+    engine: ServerEngine, run: Run, ns_dir: Path, force: bool, report: Report
+) -> Manifest | None:
+    """The namespace's manifest, after doctor's pre-flight checks on its caches: errors stop the
+    start unless --force; every finding is reported."""
+    from fi_cache.lifecycle.checks import namespace_findings
+    from fi_cache.store import manifest as manifests
+
+    try:
+        m = manifests.load(ns_dir)
+    except FiCacheError as exc:
+        if not force:
+            raise
+        report.warn(f"{exc} (going on: --force)")
+        m = None
+    findings = namespace_findings(engine, run, ns_dir, m)
+    for f in findings:
+        report.finding(f)
+    errors = [f for f in findings if f.severity == "error"]
+    if errors and not force:
+        raise FiCacheError(f"pre-flight found {len(errors)} error(s); fix them or pass --force")
+    return m
+
+
+def touch(ns_dir: Path) -> None:
+    """Record last use; a read-only or busy store just skips it."""
+    from fi_cache.store import locks
+    from fi_cache.store import manifest as manifests
+
+    try:
+        with locks.namespace_lock(ns_dir, "serve", timeout=2):
+            m = manifests.load(ns_dir)
+            if m is not None:
+                manifests.save(ns_dir, m.used(time.time()))
+    except (FiCacheError, OSError):
+        pass
+
+
+def _unwritable(path: Path) -> str | None:
+    """Why nothing can be written where the namespace is (or would be created)."""
+    from fi_cache.store.files import unwritable_reason
+
+    while not path.is_dir() and path != path.parent:
+        path = path.parent
+    return unwritable_reason(path)

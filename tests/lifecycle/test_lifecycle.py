@@ -1,0 +1,199 @@
+"""The lifecycle is the engines' and not vLLM's: a third serving engine, given only its adapter
+(engines/api.py's ServerEngine), is warmed, seeded, recorded and served by the same flow.
+
+The third engine is a STAND-IN: its command is tests/fake_vllm.py (not vLLM) under another name,
+another namespace dir (`third/`) and its own finalize rule; nothing in fi_cache knows it.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import sys
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import pytest
+
+from fi_cache.engines.api import (
+    Identity,
+    Request,
+    Run,
+    ServerEngine,
+    Target,
+    Versions,
+    WarmFailed,
+)
+from fi_cache.environment import Environment, Gpu, VllmInfo
+from fi_cache.errors import Refused
+from fi_cache.lifecycle.report import Report
+from fi_cache.lifecycle.serve import ServeOptions, serve
+from fi_cache.lifecycle.warm import WarmOptions, warm
+from fi_cache.model.fingerprint import Fingerprint
+from fi_cache.store import manifest as manifests
+from fi_cache.store.namespace import Namespace
+from tests.conftest import ROOT
+
+FAKE = ROOT / "tests" / "fake_vllm.py"
+FP = Fingerprint(
+    flashinfer_version="0.6.18", cuda_version="13.0", cublas_version="13.1.0",
+    cudnn_version="91900", cudnn_frontend_version="1.32.0", gpu="NVIDIA H200", arch="90a",
+)  # fmt: skip
+
+
+@dataclass(frozen=True)
+class Args:
+    argv: tuple[str, ...]
+    model: str | None
+    key: str
+
+
+def _key_args(argv: Sequence[str]) -> list[str]:
+    """fake_vllm.py's hash input: the argv without --port/--host and their values."""
+    out, skip = [], False
+    for tok in argv:
+        if skip:
+            skip = False
+        elif tok in ("--port", "--host"):
+            skip = True
+        else:
+            out.append(tok)
+    return out
+
+
+class Third(ServerEngine):
+    """A serving engine fi_cache has never heard of."""
+
+    name = "third"
+    cache_subdir = "third"
+    display = "Third"
+    path_flag = "--third"
+    empty_start = "Third became healthy and saved nothing"
+    seeds = True
+
+    def find_executable(self, explicit: str | None) -> str:
+        return sys.executable
+
+    def read_args(self, argv: Sequence[str]) -> Args:
+        if not argv or argv[0].startswith("-"):
+            raise Refused("Third needs a model first")
+        return Args(tuple(argv), argv[0], json.dumps(_key_args(argv)))
+
+    def warm_key(self, args: Args, finalize: str) -> str:
+        return args.key
+
+    def command_line(
+        self, path: str | None, argv: Sequence[str]
+    ) -> tuple[str | None, tuple[str, ...]]:
+        return path, tuple(argv)
+
+    def resolve(self, request: Request, store: Path) -> Target:
+        mode = request.asked or "unfused"  # its own rule: unfused unless asked
+        env = Environment(FP, (Gpu(0, "NVIDIA H200", "9.0"),), VllmInfo(None, None, None), None)
+        ns = Namespace(FP, mode)
+        return Target(ns, env, "1.0", request.path, request.argv, ("third: chose " + mode,))
+
+    def bind(self, target: Target) -> Run:
+        return Run(target, self.read_args(target.argv), None, None)
+
+    def checked_against(self, run: Run) -> Versions:
+        return Versions()
+
+    def environment(
+        self, run: Run, ns_dir: Path, environ: Mapping[str, str], warm: bool
+    ) -> dict[str, str]:
+        if warm:
+            self.cache_dir(ns_dir).mkdir(parents=True, exist_ok=True)
+        env = dict(environ)
+        env["VLLM_FLASHINFER_AUTOTUNE_CACHE_DIR"] = str(self.cache_dir(ns_dir))
+        env["FAKE_VLLM_TUNE_SECONDS"] = "0"
+        return env
+
+    def command(self, run: Run, port: int | None = None) -> list[str]:
+        extra = [] if port is None else ["--host", "127.0.0.1", "--port", str(port)]
+        return [sys.executable, str(FAKE), "serve", *run.args.argv, *extra]
+
+    def identity(self, run: Run) -> Identity:
+        return Identity(None, True, run.target.version)
+
+    def same_model(self, run: Run, argv: Sequence[str]) -> bool:
+        return bool(argv) and argv[0] == run.args.model
+
+    def seed_targets(self, run: Run, ns_dir: Path, store: Path) -> tuple[list[Path], str | None]:
+        digest = hashlib.sha256(
+            json.dumps([run.args.model, sorted(_key_args(run.args.argv))]).encode()
+        ).hexdigest()
+        return [self.cache_dir(ns_dir) / digest / "autotune_configs.json"], None
+
+
+@dataclass
+class Heard:
+    warned: list[str] = field(default_factory=list)
+    noted: list[str] = field(default_factory=list)
+
+    def report(self) -> Report:
+        return Report(warn=self.warned.append, note=self.noted.append)
+
+
+def _request(*argv: str, warm: bool = True) -> Request:
+    return Request(None, argv, None, "--finalize", "--finalize unfused", warm=warm)
+
+
+@pytest.fixture
+def store(tmp_path: Path) -> Path:
+    return tmp_path / "store"
+
+
+def test_a_third_engine_is_warmed_and_recorded_under_its_own_name(store: Path) -> None:
+    heard = Heard()
+    run, result = warm(Third(), _request("m"), WarmOptions(timeout=60), store, heard.report())
+    assert heard.warned == ["third: chose unfused"]  # its finalize rule, said before it starts
+    assert run.ns.finalize == "unfused" and not result.reused
+    [f] = result.files
+    assert f.path.startswith("third/") and f.entries == 1
+    assert any(n.startswith("healthy:") for n in heard.noted)
+    m = manifests.load(result.namespace_dir)
+    assert m is not None
+    [w] = m.warms
+    assert (w.engine, w.engine_version, w.argv) == ("third", "1.0", ["m"])
+
+
+def test_a_third_engine_is_seeded_from_its_own_earlier_warm(store: Path) -> None:
+    warm(Third(), _request("m"), WarmOptions(timeout=60), store, Report())
+    heard = Heard()
+    _, second = warm(
+        Third(), _request("m", "--max-num-seqs", "8"), WarmOptions(timeout=60), store,
+        heard.report(),
+    )  # fmt: skip
+    [f] = second.files
+    assert f.seeded == 1 and f.entries == 1  # the new config started from the first's entries
+    assert any(n.startswith("seeded 1 entries from 1 earlier file(s)") for n in heard.noted)
+
+
+def test_another_model_is_never_a_seed_source(store: Path) -> None:
+    warm(Third(), _request("m"), WarmOptions(timeout=60), store, Report())
+    _, other = warm(Third(), _request("n"), WarmOptions(timeout=60), store, Report())
+    assert [f.seeded for f in other.files] == [0]
+
+
+def test_serve_warms_a_cold_namespace_once_then_hands_over(store: Path) -> None:
+    options = ServeOptions(timeout=60)
+    first = serve(Third(), _request("m", warm=False), options, store, Report())
+    assert first.warmed is not None and first.ns_dir is not None
+    assert first.command == [sys.executable, str(FAKE), "serve", "m"]
+    assert first.environ["VLLM_FLASHINFER_AUTOTUNE_CACHE_DIR"] == str(first.ns_dir / "third")
+    again = serve(Third(), _request("m", warm=False), options, store, Report())
+    assert again.warmed is None  # warm already: the engine starts once
+
+
+def test_an_empty_start_of_an_engine_that_must_tune_is_a_failed_warm(
+    store: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("FAKE_VLLM_NO_CACHE", "1")
+    with pytest.raises(WarmFailed, match="Third became healthy and saved nothing") as exc:
+        warm(Third(), _request("m"), WarmOptions(timeout=60), store, Report())
+    assert exc.value.saved_log is not None and exc.value.saved_log.is_file()
+    ns_dir = Namespace(FP, "unfused").path(store)
+    assert not (ns_dir / "third").exists()  # a failed first start leaves no empty tree
+    assert manifests.load(ns_dir) is None
