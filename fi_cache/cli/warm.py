@@ -15,8 +15,8 @@ from fi_cache.engines import NAMES as ENGINE_NAMES
 from fi_cache.errors import Refused
 
 if TYPE_CHECKING:  # the engines and the lifecycle load only when a command runs: --help stays fast
-    from fi_cache.engines.api import Request
-    from fi_cache.lifecycle.warm import WarmResult
+    from fi_cache.engines.api import Request, Run
+    from fi_cache.lifecycle.warm import WarmOptions, WarmResult
     from fi_cache.store.namespace import FinalizeMode
 
 
@@ -24,7 +24,7 @@ def _ctx() -> Any:
     return click.get_current_context().obj
 
 
-def run_warm(engine: str, request: Request, options: Any) -> tuple[Any, WarmResult]:
+def run_warm(engine: str, request: Request, options: WarmOptions) -> tuple[Run, WarmResult]:
     """A warm of a serving engine, its progress and failure on stderr."""
     from fi_cache.cli.process import reporter, say_failed_warm
     from fi_cache.engines import serving
@@ -211,7 +211,7 @@ def warm_command(
     return 0
 
 
-def _doc(engine: str, run: Any, result: WarmResult) -> dict[str, Any]:
+def _doc(engine: str, run: Run, result: WarmResult) -> dict[str, Any]:
     """What `warm --format json` prints (docs/cli.md)."""
     ns_dir = result.namespace_dir
     files = [

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 
 from fi_cache.engines.api import Identity, Request, Run, ServerEngine, Target, Versions
@@ -33,6 +34,22 @@ NOTHING_TUNED = (
     "backend (e.g. --moe-runner-backend flashinfer_cutlass; the default, auto, often picks "
     "another) or FlashInfer FP4/FP8 GEMMs, on SM90+ GPUs"
 )
+
+
+@dataclass(frozen=True)
+class Found:
+    """What resolve read: SGLang's finalize rule needs its arguments and release first."""
+
+    args: args.SglangArgs
+    launcher: launch.Launcher
+    version: str
+
+
+def _found(target: Target) -> Found:
+    found = target.found
+    if not isinstance(found, Found):
+        raise TypeError(f"not an SGLang target: {found!r}")
+    return found
 
 
 class Sglang(ServerEngine):
@@ -95,7 +112,7 @@ class Sglang(ServerEngine):
         )
         notes = (*env.notes, *([note] if note else []), *launch.warnings(version, parsed))
         ns = Namespace(env.fingerprint, finalize)
-        return Target(ns, env, version, path, argv, notes, found=(parsed, launcher))
+        return Target(ns, env, version, path, argv, notes, Found(parsed, launcher, version))
 
     def keeps_no_cache(self, target: Target) -> str | None:
         """Before 0.5.12 SGLang keeps no cache: nothing to namespace."""
@@ -113,7 +130,7 @@ class Sglang(ServerEngine):
         from fi_cache.store.namespace import shared_when_undetected
 
         out = [shared] if (shared := shared_when_undetected(target.ns)) else []
-        kept = [var for var, _ in sglang_caches_moved(str(target.version))]
+        kept = [var for var, _ in sglang_caches_moved(_found(target).version)]
         out.append(
             f"{SGLANG_CACHE_DIR_ENV}={self.cache_dir(ns_dir)} for SGLang (no release moves only "
             f"its autotune dir); kept in {user_cache_dir(environ)}: "
@@ -122,9 +139,9 @@ class Sglang(ServerEngine):
         return out
 
     def bind(self, target: Target) -> Run:
-        parsed, launcher = target.found
-        quiet = launch.nothing_to_tune(os.environ, str(target.version), parsed)
-        return Run(target, parsed, launcher, quiet)
+        found = _found(target)
+        quiet = launch.nothing_to_tune(os.environ, found.version, found.args)
+        return Run(target, found.args, found.launcher, quiet)
 
     def checked_against(self, run: Run) -> Versions:
         return Versions(sglang=run.target.version)
@@ -160,7 +177,7 @@ class Sglang(ServerEngine):
     ) -> dict[str, str]:
         """SGLang's dir in the namespace, made, with its links into the user's dir."""
         return launch.namespace_env(
-            self.cache_dir(ns_dir), environ, run.ns.finalize, str(run.target.version)
+            self.cache_dir(ns_dir), environ, run.ns.finalize, _found(run.target).version
         )
 
     def command(self, run: Run, port: int | None = None) -> list[str]:
