@@ -193,7 +193,9 @@ def warm_command(
     if ctx.json:
         render.emit_json(_doc(engine, run, result))
         return 0
-    who = "SGLang" if engine == "sglang" else "vLLM"
+    from fi_cache.engines import serving
+
+    who = serving(engine).display
     if result.nothing_to_tune:
         click.echo(f"nothing to tune: {result.nothing_to_tune} ({who} started and stopped)")
     else:
