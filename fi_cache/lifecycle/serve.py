@@ -8,14 +8,16 @@ import os
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import NoReturn
+from typing import TYPE_CHECKING, NoReturn
 
 from fi_cache.engines.api import Request, Run, ServerEngine
 from fi_cache.errors import FiCacheError, Refused
 from fi_cache.lifecycle import prepare, signals
 from fi_cache.lifecycle.report import Report
-from fi_cache.lifecycle.warm import WarmOptions, WarmResult, warm_run
 from fi_cache.store.manifest import Manifest
+
+if TYPE_CHECKING:  # a warm namespace is served without loading the warm (server, seeding)
+    from fi_cache.lifecycle.warm import WarmResult
 
 
 @dataclass(frozen=True)
@@ -62,6 +64,8 @@ def serve(
         if why := engine.serve_without_warm(run):
             report.warn(why)
         elif options.warm:
+            from fi_cache.lifecycle.warm import WarmOptions, warm_run
+
             warm = WarmOptions(options.timeout, None, 3600.0, options.seed)
             warmed = warm_run(engine, run, warm, store, report)
             signals.sigterm_default()
