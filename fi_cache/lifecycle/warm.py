@@ -93,7 +93,7 @@ def _locked(
             result = WarmResult(prior, True, ns_dir, prior.files)
         else:
             seeded = before(ns_dir, m) if before else {}
-            record = _start(engine, run, ns_dir, options, grace, seeded, report)
+            record = _start(engine, run, ns_dir, key, options, grace, seeded, report)
             share_like_store([ns_dir / f.path for f in record.files], store)
             manifests.save(ns_dir, m.with_warm(record))
             quiet = run.nothing_to_tune if not record.files else None
@@ -107,6 +107,7 @@ def _start(
     engine: ServerEngine,
     run: Run,
     ns_dir: Path,
+    key: str,
     options: WarmOptions,
     grace: float,
     seeded: dict[str, int],
@@ -143,7 +144,7 @@ def _start(
         seconds=round(time.time() - started, 3),
         vllm_version=who.vllm_version,
         argv=list(run.args.argv),
-        argv_key=engine.warm_key(run.args, run.ns.finalize),
+        argv_key=key,
         files=files,
         supports_finalize_env=who.supports_finalize_env,
         engine=engine.name,
