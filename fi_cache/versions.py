@@ -399,6 +399,10 @@ DOUBLE_REDUCE_BACKENDS = frozenset(
 # and loaded by every rank, so a rank-keyed entry hits on rank 0 only and the others wait in the
 # tuning all-reduce (kernel_warmup.py 0.27:278-298 ... 0.31:449-482). 0.32 has per-rank files and
 # loads only when every rank has a matching one (kernel_warmup.py:394-401, 453-476, PR #57635).
+# 0.32+: every rank of the tune group (the world group; a stage's TP group with pp > 1) needs
+# its own file with equal (json.dumps(_metadata, sort_keys=True), count of other top-level
+# fields), else every rank tunes again (kernel_warmup.py 0.32:384-401,453-476; 0.33:388-426).
+VLLM_RANK_GATE = VersionRange(V("0.32.0"), None, "kernel_warmup.py 0.32:384-401, 0.33:388-426")
 WARM_CACHE_HANG = VersionRange(V("0.27.0"), V("0.32.0"), "vLLM issues #57423, #54618")
 # A read-only cache dir fails vLLM's start where it writes the file whatever it loaded: 0.25/0.26
 # rewrite it after loading (kernel_warmup.py 0.25:204, 0.26:263), 0.27-0.31 every rank rewrites

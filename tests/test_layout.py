@@ -22,13 +22,16 @@ ALLOWED: dict[str, set[str]] = {
     "store": _BOTTOM,
     "caches": _BOTTOM,
     "environment": _BOTTOM | {"store"},
-    "engines": _BOTTOM | {"store", "caches", "environment"},
-    "doctor": _BOTTOM | {"store", "caches", "environment", "engines"},
-    "maintenance": _BOTTOM | {"store", "caches", "environment"},
-    "fleet": _BOTTOM | {"store", "caches", "environment"},
-    "lifecycle": _BOTTOM | {"store", "caches", "environment", "engines", "doctor", "maintenance"},
+    "ranks": _BOTTOM | {"caches"},
+    "engines": _BOTTOM | {"store", "caches", "environment", "ranks"},
+    "doctor": _BOTTOM | {"store", "caches", "environment", "engines", "ranks"},
+    "maintenance": _BOTTOM | {"store", "caches", "environment", "ranks"},
+    "fleet": _BOTTOM | {"store", "caches", "environment", "ranks"},
+    "lifecycle": _BOTTOM
+    | {"store", "caches", "environment", "engines", "doctor", "maintenance", "ranks"},
     "cli": _BOTTOM
-    | {"store", "caches", "environment", "engines", "doctor", "maintenance", "fleet", "lifecycle"},
+    | {"store", "caches", "environment", "engines", "doctor", "maintenance", "fleet", "lifecycle"}
+    | {"ranks"},
     "__init__": set(),
     "__main__": {"cli"},
 }

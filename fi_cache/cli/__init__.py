@@ -65,6 +65,7 @@ def cli(ctx: click.Context, store: Path | None, fmt: str, quiet: bool) -> None:
 
 def _register() -> None:
     from fi_cache.cli import (
+        align,
         argv,
         bundle,
         doctor,
@@ -81,7 +82,8 @@ def _register() -> None:
     )
 
     # One module per command (or tight pair); click lists them by name.
-    modules = [env, ls, show, verify, doctor, warm, serve, plan, prune, merge, bundle, push_pull]
+    modules = [env, ls, show, verify, doctor, warm, serve, plan, prune, merge, align, bundle]
+    modules.append(push_pull)
     for command in [c for m in modules for c in m.COMMANDS]:
         short_quiet = not isinstance(command, argv.VllmCommand)
         command.params.extend(argv.global_options(short_quiet))

@@ -15,9 +15,12 @@ __all__ = ["CacheView", "Check", "Inputs", "Target", "checks", "run"]
 
 
 def _registry() -> tuple[Check, ...]:
-    from fi_cache.doctor import cache_checks, log_checks, sglang_checks, vllm_checks
+    from fi_cache.doctor import cache_checks, log_checks, rank_checks, sglang_checks, vllm_checks
 
-    return (*cache_checks.CHECKS, *vllm_checks.CHECKS, *sglang_checks.CHECKS, *log_checks.CHECKS)
+    return (
+        *cache_checks.CHECKS, *vllm_checks.CHECKS, *sglang_checks.CHECKS, *rank_checks.CHECKS,
+        *log_checks.CHECKS,
+    )  # fmt: skip
 
 
 def _engine_checks() -> dict[str, set[str]]:

@@ -1,0 +1,113 @@
+"""`fi-cache align PATH...`: make each deployment's rank files agree, on every copy given.
+
+Reads every per-rank file under the PATHs (hash dirs of vLLM 0.32+ or SGLang, on one node or
+several nodes' copies), groups them into deployments (ranks/deployment.py), aligns each tune
+group (ranks/align.py) and writes the aligned file to every rank of the group in every copy:
+a cold node's empty hash dir given as a PATH gets the whole set. Locked per copy, each file
+written atomically; a deployment that cannot be aligned is left exactly as it was.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import stat
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+from fi_cache.caches import inventory
+from fi_cache.errors import Refused
+from fi_cache.model import v1
+from fi_cache.model.union import Conflict
+from fi_cache.ranks.align import Aligned, CannotAlign, align
+from fi_cache.ranks.deployment import Deployment, file_name, gather
+from fi_cache.store.files import DEFAULT_LOCK_TIMEOUT, atomic_write, locked
+
+DEFAULT_MODE = 0o644  # as merge: a rank file is read by every rank's process
+_LOCK_NAME = "fi-cache-align"  # one `.fi-cache-align.lock` per copy: the whole set changes at once
+
+
+@dataclass(frozen=True)
+class GroupPlan:
+    """One tune group: its ranks, the aligned file (None: refused, `problem` says why) and the
+    files that change: (path, created)."""
+
+    deployment: Deployment
+    ranks: tuple[str, ...]
+    aligned: Aligned | None
+    problem: str | None
+    writes: tuple[tuple[Path, bool], ...]
+    entries: int
+
+    @property
+    def chosen(self) -> list[Conflict]:
+        return [] if self.aligned is None else self.aligned.chosen
+
+
+def _read(path: Path) -> bytes | None:
+    try:
+        return path.read_bytes()
+    except OSError:
+        return None
+
+
+def _plan_group(dep: Deployment, group: Sequence[str]) -> GroupPlan:
+    files = [rf for rf in dep.rank_files() if rf.rank in group]
+    try:
+        aligned = align(files)
+    except CannotAlign as exc:
+        return GroupPlan(dep, tuple(group), None, exc.message, (), 0)
+    data = v1.dumps(aligned.file).encode()
+    writes = []
+    for copy in dep.copies:
+        for rank in group:
+            path = copy / file_name(dep.engine, rank)
+            old = _read(path)
+            if old != data:
+                writes.append((path, old is None))
+    return GroupPlan(dep, tuple(group), aligned, None, tuple(writes), len(aligned.file.entries))
+
+
+def plan(paths: Sequence[Path]) -> list[GroupPlan]:
+    """What align would do; nothing is written. Refused when no PATH holds a rank file."""
+    inv = inventory.scan(paths)
+    copies = [p for p in paths if p.is_dir()]
+    deployments = gather(inv.caches, copies)
+    if not deployments:
+        raise Refused(
+            "no per-rank files here (vLLM 0.32+ `autotune_configs_dp*_rank*.json`, SGLang "
+            "`rank_tp*_pp*_dp*.json`); align works on a deployment's hash dir",
+            paths[0] if len(paths) == 1 else None,
+        )
+    return [
+        _plan_group(dep, [rf.rank for rf in group])
+        for dep in deployments
+        for group in dep.groups()
+    ]
+
+
+def _mode(copy: Path) -> int:
+    """New files take the mode of the copy's existing rank files (FlashInfer's own is 0600)."""
+    for path in sorted(copy.glob("*.json")):
+        with contextlib.suppress(OSError):
+            return stat.S_IMODE(path.stat().st_mode)
+    return DEFAULT_MODE
+
+
+def apply(paths: Sequence[Path], timeout: float = DEFAULT_LOCK_TIMEOUT) -> list[GroupPlan]:
+    """Align for real: each copy locked, the plan made again under the locks (so nothing read
+    before another align finished is written back), then every changed file replaced."""
+    first = plan(paths)
+    copies = sorted({c for gp in first for c in gp.deployment.copies})
+    with contextlib.ExitStack() as stack:
+        for copy in copies:  # sorted: two aligns of overlapping copies cannot deadlock
+            stack.enter_context(locked(copy / _LOCK_NAME, timeout))
+        plans = plan(paths)
+        for gp in plans:
+            if gp.aligned is None:
+                continue
+            data = v1.dumps(gp.aligned.file).encode()
+            for path, created in gp.writes:
+                mode = _mode(path.parent) if created else stat.S_IMODE(path.stat().st_mode)
+                atomic_write(path, data, mode=mode, lock=False)
+    return plans

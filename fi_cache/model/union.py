@@ -1,0 +1,214 @@
+"""The union of v1 files from one environment: the pure core of `fi-cache merge`, of seeding
+and of `fi-cache align` (data in, data out; maintenance/merge.py reads and writes the files).
+
+Entries conflict when runner or tactic (value[:2]) differ; each conflict is reported with the
+file that kept and the file that lost it.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import operator
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any, Literal
+
+from fi_cache.errors import CorruptCache, FiCacheError
+from fi_cache.model import v1
+from fi_cache.model.moe import gemm_stage
+from fi_cache.versions import RECORDS_KEY, flashinfer_writes_generation
+
+Prefer = Literal["first", "last"]
+PREFER_CHOICES: tuple[Prefer, ...] = ("first", "last")
+
+
+@dataclass(frozen=True)
+class Conflict:
+    """One key with two different values: `kept` (by the policy) and `dropped`.
+    `key` is the raw entry key, `_records.<namespace>` or an unknown top-level field name."""
+
+    key: str
+    kept: Any
+    dropped: Any
+    kept_from: str
+    dropped_from: str
+
+
+@dataclass(frozen=True)
+class MergeResult:
+    """The merged file, every conflict, and how many keys each source added first."""
+
+    file: v1.CacheFile
+    conflicts: list[Conflict]
+    sources: int
+    entries: int
+    added: dict[str, int]
+
+
+def merge(files: Sequence[tuple[str, v1.CacheFile]], prefer: Prefer = "first") -> MergeResult:
+    """Union of `(name, file)` pairs with equal `_metadata`; raises FiCacheError otherwise.
+
+    Entries conflict when runner or tactic (value[:2]) differ. Values that agree on both but
+    differ in extra elements (0.7.4 provenance, selection timings) are not conflicts: those
+    are measurements that differ on every run, not a disagreement about which kernel to use;
+    the preferred file's value is kept whole. `_records` (per namespace key) and unknown
+    top-level fields are unioned with the same policy and their clashes reported too.
+    """
+    if not files:
+        raise ValueError("merge needs at least one file")
+    check_metadata(files)
+    entries, conflicts, added = _union(
+        [(name, cf.entries) for name, cf in files], prefer, _same_choice, str
+    )
+    records, record_conflicts, _ = _union(
+        [(name, _records_of(name, cf)) for name, cf in files],
+        prefer,
+        operator.eq,
+        lambda key: f"{RECORDS_KEY}.{key}",
+    )
+    unknown, unknown_conflicts, _ = _union(
+        [(name, cf.unknown) for name, cf in files], prefer, operator.eq, str
+    )
+    metadata = files[0][1].metadata
+    has_records = any(cf.records is not None for _, cf in files)
+    merged = v1.CacheFile(
+        None if metadata is None else dict(metadata),
+        entries,
+        records if has_records else None,
+        None,
+        unknown,
+    )
+    if wants_generation(files):
+        merged = dataclasses.replace(merged, generation=v1.compute_generation(merged))
+    return MergeResult(
+        merged,
+        [*conflicts, *record_conflicts, *unknown_conflicts],
+        len(files),
+        len(entries),
+        added,
+    )
+
+
+@dataclass(frozen=True)
+class FinalizeConflicts:
+    """Conflicts on MoE keys that cannot say their finalize mode (FlashInfer <= 0.6.17): GEMM2
+    ids differ between the modes, GEMM1 ids do not, so GEMM2-only conflicts mean the sources
+    were tuned in different modes; merged, one mode replays the other's ids."""
+
+    gemm2: int
+    gemm1: int
+
+
+def finalize_conflicts(conflicts: Sequence[Conflict]) -> FinalizeConflicts:
+    counts = {1: 0, 2: 0}
+    for c in conflicts:
+        entry = v1.moe_entry(c.key)
+        if entry is not None and entry[1] == "unknown" and (stage := gemm_stage(entry[0])):
+            counts[stage] += 1
+    return FinalizeConflicts(counts[2], counts[1])
+
+
+def check_metadata(files: Sequence[tuple[str, v1.CacheFile]]) -> None:
+    """Raise FiCacheError naming the first differing field when `_metadata` is not equal."""
+    if not files:
+        return
+    base_name, base = files[0]
+    for name, cf in files[1:]:
+        if cf.metadata != base.metadata:
+            why = _first_difference(base_name, base.metadata, name, cf.metadata)
+            raise FiCacheError(
+                f"cannot merge {base_name} and {name}: {why} (merge only joins files "
+                "from one environment; FlashInfer would skip one of them)"
+            )
+
+
+def _first_difference(
+    a_name: str, a: dict[str, Any] | None, b_name: str, b: dict[str, Any] | None
+) -> str:
+    if a is None or b is None:
+        return f"{b_name if b is None else a_name} has no _metadata"
+    for field in [*a, *(k for k in b if k not in a)]:
+        va, vb = a.get(field, _MISSING), b.get(field, _MISSING)
+        if va != vb:
+            return f"_metadata {field} is {_show(va)} vs {_show(vb)}"
+    return "_metadata differs"  # unreachable for unequal dicts
+
+
+_MISSING = object()
+
+
+def _show(value: Any) -> str:
+    return "missing" if value is _MISSING else repr(value)
+
+
+def wants_generation(files: Sequence[tuple[str, v1.CacheFile]]) -> bool:
+    """Does the merged file get a `_generation`? Decided by the format of the FlashInfer that
+    wrote the files (>= 0.6.18rc2: a 0.6.17 reader would load it as a bogus entry); when
+    `_metadata` cannot say (missing, "unknown", "*"), by whether any source has one."""
+    metadata = files[0][1].metadata or {}
+    version = metadata.get("flashinfer_version")
+    writes = flashinfer_writes_generation(version if isinstance(version, str) else None)
+    if writes is not None:
+        return writes
+    return any(cf.generation is not None for _, cf in files)
+
+
+def _records_of(name: str, cf: v1.CacheFile) -> Mapping[str, Any]:
+    if cf.records is None:
+        return {}
+    if not isinstance(cf.records, dict):
+        raise CorruptCache(f"{RECORDS_KEY} is not a JSON object", name)
+    return cf.records
+
+
+def _choice(value: Any) -> Any:
+    """What FlashInfer acts on: runner and tactic; later elements are measurement data."""
+    return value[:2] if isinstance(value, list) else value
+
+
+def _same_choice(a: Any, b: Any) -> bool:
+    return bool(_choice(a) == _choice(b))
+
+
+def _union(
+    tables: Sequence[tuple[str, Mapping[str, Any]]],
+    prefer: Prefer,
+    same: Callable[[Any, Any], bool],
+    label: Callable[[str], str],
+) -> tuple[dict[str, Any], list[Conflict], dict[str, int]]:
+    """Union of the tables in order; a key seen twice keeps the first or last holder's value."""
+    first: dict[str, tuple[str, Any]] = {}
+    later: dict[str, list[tuple[str, Any]]] = {}
+    added: dict[str, int] = {}
+    for name, table in tables:
+        added.setdefault(name, 0)
+        for key, value in table.items():
+            if key in first:
+                later.setdefault(key, []).append((name, value))
+            else:
+                first[key] = (name, value)
+                added[name] += 1
+    merged = {key: value for key, (_, value) in first.items()}
+    conflicts: list[Conflict] = []
+    for key, rest in later.items():
+        candidates = [first[key], *rest]
+        winner = candidates[0] if prefer == "first" else candidates[-1]
+        merged[key] = winner[1]
+        conflicts.extend(_disagreements(label(key), winner, candidates, same))
+    return merged, conflicts, added
+
+
+def _disagreements(
+    key: str,
+    winner: tuple[str, Any],
+    candidates: list[tuple[str, Any]],
+    same: Callable[[Any, Any], bool],
+) -> Iterator[Conflict]:
+    """One conflict per distinct losing value (16 ranks that agree on it are one line, not 16),
+    named after the first file that had it."""
+    reported: list[Any] = [winner[1]]
+    for name, value in candidates:
+        if any(same(value, seen) for seen in reported):
+            continue
+        reported.append(value)
+        yield Conflict(key, winner[1], value, winner[0], name)

@@ -1,0 +1,163 @@
+"""The rank files of one deployment, gathered from the caches found on disk: one vLLM hash dir
+or one SGLang key dir, possibly in several copies (one per node, or a node's and a bundle's).
+
+Without the deployment's arguments the ranks are inferred from the names: vLLM 0.32+'s
+`dp{d}_rank{r}` with r the world rank when vLLM folds data parallelism into the world group
+(MoE with dp > 1: r = d * L + local rank, L = tp * pp), or the local rank when it does not
+(elastic EP: each DP engine its own group); SGLang's `rank_tp{t}_pp{p}_dp{d}`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Literal
+
+from fi_cache.caches.inventory import Cache
+from fi_cache.ranks.agreement import RankFile
+
+EngineName = Literal["vllm", "sglang"]
+
+
+@dataclass(frozen=True)
+class Deployment:
+    """One deployment's rank files: `files[(copy, rank)]`, copies in the order given."""
+
+    engine: EngineName
+    key: str  # the hash dir's name
+    copies: tuple[Path, ...]
+    ranks: tuple[str, ...]  # every rank named in any copy, or inferred missing, engine order
+    files: dict[tuple[Path, str], Cache] = field(default_factory=dict)
+    inferred: tuple[str, ...] = ()  # ranks no copy holds, inferred from the others' names
+
+    def rank_files(self) -> list[RankFile]:
+        """Each rank's file as the deployment would read it: the first copy that holds it."""
+        out = []
+        for rank in self.ranks:
+            held = [self.files[(c, rank)] for c in self.copies if (c, rank) in self.files]
+            if held:
+                out.append(RankFile(rank, str(held[0].path), held[0].file))
+            else:
+                path = self.copies[0] / file_name(self.engine, rank)
+                out.append(RankFile(rank, str(path), None, "missing"))
+        return out
+
+    def groups(self) -> list[list[RankFile]]:
+        """The ranks that load or re-tune together (vLLM: the world group; without the fold,
+        each DP engine; SGLang: the ranks that compare digests)."""
+        files = self.rank_files()
+        if self.engine == "vllm":
+            parsed = [vllm_rank(rf.rank) for rf in files]
+            folded = len({r for _, r in parsed}) == len(parsed)
+            if folded:
+                return [files]
+            by_dp: dict[int, list[RankFile]] = {}
+            for (dp, _), rf in zip(parsed, files, strict=True):
+                by_dp.setdefault(dp, []).append(rf)
+            return list(by_dp.values())
+        return sglang_groups(files)
+
+
+def vllm_rank(name: str) -> tuple[int, int]:
+    dp, _, rank = name.removeprefix("dp").partition("_rank")
+    return int(dp), int(rank)
+
+
+def sglang_rank(name: str) -> tuple[int, int, int]:
+    """(tp, pp, dp) of `tp{t}_pp{p}_dp{d}[_gpu…]`."""
+    parts = name.split("_")
+    return int(parts[0][2:]), int(parts[1][2:]), int(parts[2][2:])
+
+
+def sglang_groups(files: Sequence[RankFile]) -> list[list[RankFile]]:
+    """SGLang's digest compares the files of one TP group: same pp and dp rank."""
+    by_group: dict[tuple[int, int], list[RankFile]] = {}
+    for rf in files:
+        _, pp, dp = sglang_rank(rf.rank)
+        by_group.setdefault((pp, dp), []).append(rf)
+    return list(by_group.values())
+
+
+def file_name(engine: EngineName, rank: str) -> str:
+    return f"autotune_configs_{rank}.json" if engine == "vllm" else f"rank_{rank}.json"
+
+
+def rank_of(cache: Cache) -> tuple[EngineName, str] | None:
+    """The engine and rank name of a per-rank file; None for other caches (vLLM's one shared
+    `autotune_configs.json`, SGLang's write-only runs/ copies, v2 stores, plain files)."""
+    found = cache.found
+    if found.format != "v1" or found.rank is None:
+        return None
+    if found.layout == "sglang" and found.run is None:
+        tp, pp, dp = found.rank
+        suffix = f"_gpu{found.gpu_uuid}" if found.gpu_uuid else ""
+        return "sglang", f"tp{tp}_pp{pp}_dp{dp}{suffix}"
+    if found.layout in ("vllm", "vllm-override", "file") and len(found.rank) == 2:
+        return "vllm", f"dp{found.rank[0]}_rank{found.rank[1]}"
+    return None
+
+
+def _order(engine: EngineName, rank: str) -> tuple[int, ...]:
+    if engine == "vllm":
+        dp, r = vllm_rank(rank)
+        return (r, dp)
+    tp, pp, dp = sglang_rank(rank)
+    return (dp, pp, tp)
+
+
+def _missing_vllm(ranks: set[str]) -> set[str]:
+    """World ranks below the highest one that no copy holds (vLLM's fold: r = dp * L + local)."""
+    parsed = [vllm_rank(r) for r in ranks]
+    world = [r for _, r in parsed]
+    if len(set(world)) != len(world):
+        return set()  # no fold: each DP engine numbers its own ranks; nothing to infer
+    top = max(world)
+    width = next(
+        (w for w in range(1, top + 2) if all(dp == r // w for dp, r in parsed)), None
+    )  # L = tp * pp, the smallest one every name agrees with
+    if width is None:
+        return set()
+    return {f"dp{r // width}_rank{r}" for r in range(top + 1) if r not in world}
+
+
+def _missing_sglang(ranks: set[str]) -> set[str]:
+    """TP ranks below the group's highest one that no copy holds."""
+    parsed = [sglang_rank(r) for r in ranks if "_gpu" not in r]
+    out = set()
+    for pp, dp in {(p, d) for _, p, d in parsed}:
+        top = max(t for t, p, d in parsed if (p, d) == (pp, dp))
+        out |= {f"tp{t}_pp{pp}_dp{dp}" for t in range(top + 1)} - ranks
+    return out
+
+
+def gather(caches: Iterable[Cache], copies: Sequence[Path] = ()) -> list[Deployment]:
+    """Group per-rank files into deployments by engine and hash dir name; `copies` are hash
+    dirs given that may hold none of them yet (a cold node's), kept as copies of every
+    deployment of the same name."""
+    found: dict[tuple[EngineName, str], dict[tuple[Path, str], Cache]] = {}
+    order: dict[tuple[EngineName, str], list[Path]] = {}
+    for cache in caches:
+        named = rank_of(cache)
+        if named is None:
+            continue
+        engine, rank = named
+        copy = cache.path.parent
+        key = (engine, copy.name)
+        found.setdefault(key, {})[(copy, rank)] = cache
+        seen = order.setdefault(key, [])
+        if copy not in seen:
+            seen.append(copy)
+    out = []
+    for (engine, name), files in found.items():
+        extra = [c for c in copies if c.name == name and c not in order[(engine, name)]]
+        ranks = {rank for _, rank in files}
+        missing = _missing_vllm(ranks) if engine == "vllm" else _missing_sglang(ranks)
+        every = sorted(ranks | missing, key=lambda r: _order(engine, r))
+        out.append(
+            Deployment(
+                engine, name, (*order[(engine, name)], *extra), tuple(every), files,
+                tuple(sorted(missing, key=lambda r: _order(engine, r))),
+            )
+        )
+    return out
