@@ -4,6 +4,7 @@ vLLM 0.32+'s unanimity gate, and ranks that answer one rank-free key with differ
 from __future__ import annotations
 
 from collections.abc import Iterator
+from pathlib import Path
 
 from fi_cache.doctor.findings import Finding
 from fi_cache.doctor.inputs import Check, Inputs
@@ -14,7 +15,13 @@ from fi_cache.versions import VLLM_RANK_GATE, parse_version
 
 
 def _deployments(inp: Inputs) -> list[Deployment]:
-    return gather([v.cache for v in inp.caches if v.applies])
+    """With `-- ARGS`, vLLM's own answer names every rank of the deployment."""
+    where = inp.location
+    expected = None
+    if where is not None and where.dir and where.store == "v1" and where.all_files:
+        ranks = [Path(f).stem.removeprefix("autotune_configs_") for f in where.all_files]
+        expected = {Path(where.dir).name: [r for r in ranks if r.startswith("dp")]}
+    return gather([v.cache for v in inp.caches if v.applies], expected=expected)
 
 
 def _where(dep: Deployment) -> str:

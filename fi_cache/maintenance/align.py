@@ -10,6 +10,7 @@ written atomically; a deployment that cannot be aligned is left exactly as it wa
 from __future__ import annotations
 
 import contextlib
+import os
 import stat
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -70,9 +71,15 @@ def _plan_group(dep: Deployment, group: Sequence[str]) -> GroupPlan:
 
 def plan(paths: Sequence[Path]) -> list[GroupPlan]:
     """What align would do; nothing is written. Refused when no PATH holds a rank file."""
-    inv = inventory.scan(paths)
-    copies = [p for p in paths if p.is_dir()]
+    # A PATH that does not exist yet is a cold node's copy, when it names a deployment's dir.
+    absent = [p for p in paths if not os.path.lexists(p)]
+    inv = inventory.scan([p for p in paths if p not in absent])
+    copies = [p for p in paths if p in absent or p.is_dir()]
     deployments = gather(inv.caches, copies)
+    for path in absent:
+        if not any(path.name == dep.key for dep in deployments):
+            why = "no such file or directory (a new copy is named after its hash dir)"
+            raise Refused(why, path)
     if not deployments:
         raise Refused(
             "no per-rank files here (vLLM 0.32+ `autotune_configs_dp*_rank*.json`, SGLang "
@@ -98,7 +105,9 @@ def apply(paths: Sequence[Path], timeout: float = DEFAULT_LOCK_TIMEOUT) -> list[
     """Align for real: each copy locked, the plan made again under the locks (so nothing read
     before another align finished is written back), then every changed file replaced."""
     first = plan(paths)
-    copies = sorted({c for gp in first for c in gp.deployment.copies})
+    if not any(gp.writes for gp in first):
+        return first  # aligned already, or refused: nothing to lock, nothing written
+    copies = sorted({c for gp in first if gp.writes for c in gp.deployment.copies})
     with contextlib.ExitStack() as stack:
         for copy in copies:  # sorted: two aligns of overlapping copies cannot deadlock
             stack.enter_context(locked(copy / _LOCK_NAME, timeout))

@@ -9,7 +9,7 @@ Without the deployment's arguments the ranks are inferred from the names: vLLM 0
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Literal
@@ -131,10 +131,15 @@ def _missing_sglang(ranks: set[str]) -> set[str]:
     return out
 
 
-def gather(caches: Iterable[Cache], copies: Sequence[Path] = ()) -> list[Deployment]:
+def gather(
+    caches: Iterable[Cache],
+    copies: Sequence[Path] = (),
+    expected: Mapping[str, Sequence[str]] | None = None,
+) -> list[Deployment]:
     """Group per-rank files into deployments by engine and hash dir name; `copies` are hash
     dirs given that may hold none of them yet (a cold node's), kept as copies of every
-    deployment of the same name."""
+    deployment of the same name; `expected`: hash dir name -> the rank names the engine's own
+    answer names (predict's `all_files`), which replace the inference from names."""
     found: dict[tuple[EngineName, str], dict[tuple[Path, str], Cache]] = {}
     order: dict[tuple[EngineName, str], list[Path]] = {}
     for cache in caches:
@@ -152,7 +157,10 @@ def gather(caches: Iterable[Cache], copies: Sequence[Path] = ()) -> list[Deploym
     for (engine, name), files in found.items():
         extra = [c for c in copies if c.name == name and c not in order[(engine, name)]]
         ranks = {rank for _, rank in files}
-        missing = _missing_vllm(ranks) if engine == "vllm" else _missing_sglang(ranks)
+        if expected is not None and name in expected:
+            missing = set(expected[name]) - ranks
+        else:
+            missing = _missing_vllm(ranks) if engine == "vllm" else _missing_sglang(ranks)
         every = sorted(ranks | missing, key=lambda r: _order(engine, r))
         out.append(
             Deployment(

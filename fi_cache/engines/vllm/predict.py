@@ -38,6 +38,9 @@ class CacheLocation:
     files: tuple[str, ...]
     root_from: str  # "VLLM_FLASHINFER_AUTOTUNE_CACHE_DIR", "VLLM_CACHE_ROOT" or why there is none
     store: str = "v1"  # "v2": FlashInfer's v2 store at `dir` (vLLM 0.33, one rank), no files
+    # Every node's rank files (`files` are this node's): MoE with dp > 1 folds DP into one
+    # world group, so rank r of DP rank d is `dp{d}_rank{d * tp * pp + r}` on its own node.
+    all_files: tuple[str, ...] = ()
 
     @property
     def paths(self) -> list[Path]:
@@ -75,13 +78,14 @@ def predict(
 
 
 def _from_json(data: dict[str, object]) -> CacheLocation:
-    files = data["files"]
-    if not isinstance(files, list):
+    files, every = data["files"], data.get("all_files", data["files"])
+    if not isinstance(files, list) or not isinstance(every, list):
         raise TypeError("files")
     return CacheLocation(
         str(data["vllm_version"]), str(data["hash"]),
         None if data["dir"] is None else str(data["dir"]),
         tuple(str(f) for f in files), str(data["root_from"]), str(data.get("store", "v1")),
+        tuple(str(f) for f in every),
     )  # fmt: skip
 
 

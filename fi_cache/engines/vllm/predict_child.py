@@ -37,20 +37,34 @@ def _config(argv: list[str]) -> Any:
     return engine_args.create_engine_config(usage_context=UsageContext.OPENAI_API_SERVER)
 
 
+# The fields that make init_distributed_environment fold DP into the world group: reset to one
+# node and one DP rank while the model is built here in a one-rank group, then restored.
+_ONE_RANK = {"data_parallel_size": 1, "data_parallel_size_local": 1, "data_parallel_rank": 0,
+             "nnodes": 1, "node_rank": 0}  # fmt: skip
+
+
 def _build_model_on_meta(cfg: Any) -> None:
     import torch
     from vllm.config import set_current_vllm_config
     from vllm.distributed import init_distributed_environment, initialize_model_parallel
     from vllm.model_executor.model_loader.utils import initialize_model
 
-    with set_current_vllm_config(cfg):
-        init_distributed_environment(
-            world_size=1, rank=0, local_rank=0, backend="gloo",
-            distributed_init_method=f"file://{tempfile.mktemp(prefix='fi-cache-predict-')}",
-        )  # fmt: skip
-        initialize_model_parallel(1, 1)
-        with torch.device("meta"):
-            initialize_model(cfg)
+    par = cfg.parallel_config
+    saved = {k: getattr(par, k) for k in _ONE_RANK if hasattr(par, k)}
+    try:
+        for k in saved:
+            setattr(par, k, _ONE_RANK[k])
+        with set_current_vllm_config(cfg):
+            init_distributed_environment(
+                world_size=1, rank=0, local_rank=0, backend="gloo",
+                distributed_init_method=f"file://{tempfile.mktemp(prefix='fi-cache-predict-')}",
+            )  # fmt: skip
+            initialize_model_parallel(1, 1)
+            with torch.device("meta"):
+                initialize_model(cfg)  # names every FusedMoE layer, whatever the sharding
+    finally:
+        for k, v in saved.items():
+            setattr(par, k, v)
 
 
 def _root(envs: Any) -> tuple[str | None, str]:
@@ -67,16 +81,50 @@ def _root(envs: Any) -> tuple[str | None, str]:
     return str(root), "VLLM_CACHE_ROOT"
 
 
+def _as_engine_core_sees_it(cfg: Any) -> None:
+    """What each DP engine core does to its config before its workers hash it: an MoE model
+    keeps data parallelism (its ranks join one world group); a dense model's DP ranks are
+    independent engines of dp = 1 (v1/engine/core.py 0.25:1189-1199, 0.32:1473-1481,
+    0.33:1546-1556)."""
+    par = cfg.parallel_config
+    if par.data_parallel_size <= 1 or cfg.model_config.is_moe:
+        return
+    if hasattr(par, "reconfigure_for_independent_dp_rank"):  # 0.28+
+        par.reconfigure_for_independent_dp_rank()
+    else:
+        par.data_parallel_size = 1
+        par.data_parallel_size_local = 1
+        par.data_parallel_rank = 0
+
+
+def _folds_dp(par: Any) -> bool:
+    """init_distributed_environment widens the world group to every DP rank's workers
+    (rank = dp_rank * world_size + rank) when nnodes > 1 or dp > 1, unless elastic EP or the
+    external launcher (distributed/parallel_state.py 0.32:1836-1849, 0.33:1858-1872)."""
+    return (
+        par.distributed_executor_backend != "external_launcher"
+        and (par.nnodes > 1 or par.data_parallel_size > 1)
+        and not getattr(par, "enable_elastic_ep", False)
+    )
+
+
+def _world(par: Any) -> int:
+    """The world group's size as the workers see it."""
+    world: int = par.world_size * par.data_parallel_size if _folds_dp(par) else par.world_size
+    return world
+
+
 def _v2_root(fac: Any, cfg: Any) -> str | None:
-    """vLLM 0.33: FlashInfer's v2 store root when use_flashinfer_autotune_v2 would hold (its
-    distributed-state tests read from the config: nnodes, tp * pp ranks), else None."""
+    """vLLM 0.33: FlashInfer's v2 store root when use_flashinfer_autotune_v2 would hold
+    (flashinfer_autotune_cache.py 0.33:79-111: no elastic EP, pp 1, one node, world 1)."""
     if not hasattr(fac, "use_flashinfer_autotune_v2"):
         return None
     from vllm.utils.flashinfer import has_flashinfer_autotune_v2
 
     par = cfg.parallel_config
-    one_rank = par.tensor_parallel_size * par.pipeline_parallel_size == 1
-    if par.enable_elastic_ep or par.nnodes > 1 or not one_rank or not has_flashinfer_autotune_v2():
+    if par.enable_elastic_ep or par.pipeline_parallel_size > 1 or par.nnodes > 1:
+        return None
+    if _world(par) > 1 or not has_flashinfer_autotune_v2():
         return None
     root = fac.resolve_flashinfer_autotune_v2_root()
     if root is None:
@@ -86,36 +134,55 @@ def _v2_root(fac: Any, cfg: Any) -> str | None:
     return str(Path(root) / "v2")
 
 
+def _rank_files(par: Any) -> tuple[list[str], list[str]]:
+    """(this node's files, every node's) as `autotune_configs_dp{d}_rank{r}.json`: d the DP
+    rank, r the world rank (kernel_warmup.py 0.32:453-457, `world.rank_in_group`)."""
+    local = par.world_size  # tp * pp (* pcp) workers of one engine core
+    fold = _folds_dp(par)
+    here_dp = range(par.data_parallel_rank, par.data_parallel_rank + par.data_parallel_size_local)
+
+    def names(dps: range, ranks: range) -> list[str]:
+        return [
+            f"autotune_configs_dp{d}_rank{d * local + r if fold else r}.json"
+            for d in dps
+            for r in ranks
+        ]
+
+    every = names(range(par.data_parallel_size), range(local))
+    if par.data_parallel_size == 1 and par.nnodes > 1:  # one engine's workers across nodes
+        per_node = local // par.nnodes
+        start = par.node_rank * per_node
+        return names(range(1), range(start, start + per_node)), every
+    return names(here_dp, range(local)), every
+
+
 def predict(argv: list[str]) -> dict[str, Any]:
     import vllm
     from vllm import envs
     from vllm.model_executor.warmup import flashinfer_autotune_cache as fac
+    from vllm.model_executor.warmup import kernel_warmup
 
     cfg = _config(argv)
+    _as_engine_core_sees_it(cfg)
     _build_model_on_meta(cfg)
     digest = fac.flashinfer_autotune_cache_hash(types.SimpleNamespace(vllm_config=cfg))
+    moe_layers = list(cfg.compilation_config.static_all_moe_layers)
+    par = cfg.parallel_config
+    facts = {"dp": par.data_parallel_size, "world": _world(par), "moe": bool(moe_layers)}
     v2 = _v2_root(fac, cfg)
     if v2 is not None:
         return {
             "vllm_version": vllm.__version__, "hash": digest, "root": v2, "dir": v2,
             "root_from": "VLLM_FLASHINFER_AUTOTUNE_CACHE_DIR or FlashInfer's default root",
-            "files": [], "store": "v2",
-            "moe_layers": list(cfg.compilation_config.static_all_moe_layers),
+            "files": [], "all_files": [], "store": "v2", "moe_layers": moe_layers, **facts,
         }  # fmt: skip
     root, root_from = _root(envs)
-    par = cfg.parallel_config
-    world = par.tensor_parallel_size * par.pipeline_parallel_size
-    per_rank = hasattr(fac, "sync_flashinfer_autotune_cache") or hasattr(
-        fac, "flashinfer_autotune_filename"
-    )  # 0.32+: one file per (dp, rank)
-    if per_rank:
-        files = [
-            f"autotune_configs_dp{dp}_rank{r}.json"
-            for dp in range(par.data_parallel_size)
-            for r in range(world)
-        ]
+    # 0.32+ reads per-rank files and gates on them; 0.30/0.31 already have
+    # sync_flashinfer_autotune_cache but still read one autotune_configs.json (0.30:436).
+    if hasattr(kernel_warmup, "_all_ranks_have_matching_cache"):
+        files, every = _rank_files(par)
     else:
-        files = ["autotune_configs.json"]
+        files = every = ["autotune_configs.json"]
     return {
         "vllm_version": vllm.__version__,
         "hash": digest,
@@ -123,8 +190,10 @@ def predict(argv: list[str]) -> dict[str, Any]:
         "root_from": root_from,
         "dir": str(Path(root) / digest) if root else None,
         "files": files,
+        "all_files": every,
         "store": "v1",
-        "moe_layers": list(cfg.compilation_config.static_all_moe_layers),
+        "moe_layers": moe_layers,
+        **facts,
     }
 
 

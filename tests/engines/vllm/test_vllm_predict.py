@@ -108,3 +108,18 @@ def test_a_child_that_hangs_is_stopped(tmp_path: Path) -> None:
     with pytest.raises(FiCacheError, match="vLLM did not answer within 1s"):
         predict(str(hang), "0.32.0", ["m"], dict(os.environ), tmp_path, timeout=1)
     assert time.monotonic() - started < 10
+
+
+@needs_vllm
+def test_moe_data_parallel_ranks_are_world_ranks(vllm_model: Path, tmp_path: Path) -> None:
+    """MoE -dp 2 -tp 2 on 0.32: vLLM folds DP into the world group, so DP rank 1's workers are
+    world ranks 2 and 3 (kernel_warmup.py 0.32:453-457), and dp enters the hash."""
+    base = ["--model", str(vllm_model), "--load-format", "dummy", "--max-model-len", "256"]
+    env = _env(tmp_path)
+    folded = predict(PYTHON, "0.32.0", [*base, "-dp", "2", "-tp", "2"], env, None)
+    assert folded.files == (
+        "autotune_configs_dp0_rank0.json", "autotune_configs_dp0_rank1.json",
+        "autotune_configs_dp1_rank2.json", "autotune_configs_dp1_rank3.json",
+    )  # fmt: skip
+    assert folded.all_files == folded.files
+    assert folded.hash != predict(PYTHON, "0.32.0", [*base, "-tp", "2"], env, None).hash
