@@ -388,10 +388,15 @@ def moe_tactic_lists(version: str | None, sm: int | None, dtype: str) -> MoeTact
 
 # MoE output all-reduced over TP after FlashInfer's combine already reduced it (GSM8K 0.93 -> 0.81).
 # FlashInfer's combine already sums the top-k outputs, yet the prepare/finalize reports it
-# unreduced, so the MoE output is all-reduced over TP again: output_is_reduced() False in 0.15.1
-# fused_moe/flashinfer_cutlass_prepare_finalize.py:57-58 ... 0.21.0 flashinfer_nvlink_two_sided.py
-# :52-53, True from 0.22.0 (PR #41382). 0.15.1 is the oldest wheel read; earlier ones unchecked.
-DOUBLE_REDUCE = VersionRange(V("0.15.1"), V("0.22.0"), "vLLM PR #41382 (fixed in 0.22.0)")
+# unreduced, so the MoE output is all-reduced over TP again: output_is_reduced() False in 0.14.1
+# and 0.15.0 (fused_moe/flashinfer_cutlass_prepare_finalize.py:57-58, all2all condition
+# fused_moe/config.py 0.14.1:863-864 `dp_size > 1 and use_ep`), 0.15.1 ... 0.21.0
+# flashinfer_nvlink_two_sided.py:52-53, True from 0.22.0 (PR #41382). 0.14.1 is the oldest read.
+DOUBLE_REDUCE = VersionRange(V("0.14.1"), V("0.22.0"), "vLLM PR #41382 (fixed in 0.22.0)")
+# The backend also came from VLLM_ALL2ALL_BACKEND when --all2all-backend was not given
+# (config/parallel.py 0.14.1:530-536, 0.15.1:542-548); gone in 0.16.0 (grep of its parallel.py).
+ALL2ALL_ENV = "VLLM_ALL2ALL_BACKEND"
+ALL2ALL_ENV_READ = VersionRange(V("0.14.1"), V("0.16.0"), "config/parallel.py 0.15.1:542-548")
 DOUBLE_REDUCE_BACKENDS = frozenset(
     {"flashinfer_all2allv", "flashinfer_nvlink_two_sided", "flashinfer_nvlink_one_sided"}
 )

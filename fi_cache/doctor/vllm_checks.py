@@ -9,6 +9,8 @@ from fi_cache.doctor.inputs import Check, Inputs
 from fi_cache.engines.vllm import layout
 from fi_cache.engines.vllm.launch import ALTERNATIVES
 from fi_cache.versions import (
+    ALL2ALL_ENV,
+    ALL2ALL_ENV_READ,
     CACHE_SINGLE_RANK_ONLY,
     DOUBLE_REDUCE,
     DOUBLE_REDUCE_BACKENDS,
@@ -93,12 +95,15 @@ def double_reduce(inp: Inputs) -> Iterator[Finding]:
     # The all2all kernels run only with data parallel > 1 and expert parallel (use_all2all_kernels,
     # fused_moe/config.py 0.15.1:868-869, 0.21.0:1027-1028); the extra reduce is over TP.
     runs_all2all = args.dp > 1 and args.expert_parallel
-    if args.all2all_backend in DOUBLE_REDUCE_BACKENDS and runs_all2all and args.tp > 1:
+    backend, spelled = args.all2all_backend, "--all2all-backend"
+    if backend is None and version in ALL2ALL_ENV_READ:
+        backend, spelled = inp.environ.get(ALL2ALL_ENV), ALL2ALL_ENV
+    if backend in DOUBLE_REDUCE_BACKENDS and runs_all2all and args.tp > 1:
         yield Finding(
             "double-reduce",
             "error",
             None,
-            f"vLLM {version} with --all2all-backend {args.all2all_backend}, data and expert "
+            f"vLLM {version} with {spelled} {backend}, data and expert "
             f"parallel and tensor-parallel size {args.tp}: the MoE output is all-reduced again "
             "after FlashInfer's combine reduced it (wrong outputs; GSM8K 0.93 -> 0.81 in the "
             "fix's report)",

@@ -309,6 +309,9 @@ def test_finalize_unsupported(
         ("0.18.0", "-tp 2 -dp 2 -ep --all2all-backend flashinfer_nvlink_one_sided", True),
         # 0.15.1 has the same unreduced combine (flashinfer_cutlass_prepare_finalize.py:57-58)
         ("0.15.1", "-tp 2 -dp 2 -ep --all2all-backend flashinfer_all2allv", True),
+        # 0.14.1 and 0.15.0 too: output_is_reduced() False, the same all2all condition
+        ("0.14.1", "-tp 2 -dp 2 -ep --all2all-backend flashinfer_all2allv", True),
+        ("0.15.0", "-tp 2 -dp 2 -ep --all2all-backend flashinfer_all2allv", True),
         ("0.22.0", "-tp 2 -dp 2 -ep --all2all-backend flashinfer_all2allv", False),
         ("0.21.0", "-tp 1 -dp 4 -ep --all2all-backend flashinfer_all2allv", False),
         ("0.21.0", "-tp 2 -dp 2 -ep --all2all-backend deepep_low_latency", False),
@@ -321,6 +324,16 @@ def test_finalize_unsupported(
 def test_double_reduce(version: str, argv: str, hit: bool) -> None:
     inputs = Inputs(_target(vllm_version=version), serve=parse_serve_args(["m", *argv.split()]))
     assert bool(_ids(inputs, "double-reduce")) == hit
+
+
+@pytest.mark.parametrize("version, hit", [("0.15.0", True), ("0.16.0", False)])
+def test_double_reduce_from_the_environment_variable(version: str, hit: bool) -> None:
+    """0.14.1-0.15.x take the backend from VLLM_ALL2ALL_BACKEND when the flag is absent."""
+    serve = parse_serve_args(["m", "-tp", "2", "-dp", "2", "-ep"])
+    env = {"VLLM_ALL2ALL_BACKEND": "flashinfer_all2allv"}
+    inputs = Inputs(_target(vllm_version=version), serve=serve, environ=env)
+    found = _ids(inputs, "double-reduce")
+    assert bool(found) == hit
 
 
 def test_warm_cache_hang_needs_version_world_size_and_a_warm_cache(tmp_path: Path) -> None:

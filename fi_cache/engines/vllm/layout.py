@@ -27,17 +27,25 @@ from fi_cache.versions import (
 Store = Literal["v1", "v2"]
 
 
-def store_kind(vllm_version: str | None, flashinfer_version: str | None, args: ServeArgs) -> Store:
-    """v2 where vLLM 0.33's use_flashinfer_autotune_v2 would say so. vLLM's world group is one
-    engine core's tp * pp ranks; data-parallel ranks are separate engine cores (each its own
-    world of one when tp = pp = 1), unless vLLM folds DP into the world group (external
-    launcher), which an argv does not show."""
+def store_kind(
+    vllm_version: str | None,
+    flashinfer_version: str | None,
+    args: ServeArgs,
+    moe: bool | None = None,
+) -> Store:
+    """v2 where vLLM 0.33's use_flashinfer_autotune_v2 would say so: world size 1 on one node.
+    With dp > 1 an MoE model's DP ranks join one world group (parallel_state.py 0.33:1858-1872,
+    v1/engine/core.py 0.33:1546): v1; a dense model's are independent worlds of one: v2. Which
+    it is, the HF config says (`moe`); unknown from an argv, MoE is assumed (DP serves MoE),
+    and `doctor -- ARGS` asks vLLM itself."""
     version, fi = parse_version(vllm_version), parse_version(flashinfer_version)
     if version is None or version < VLLM_V2_STORE:
         return "v1"
     if fi is not None and fi < FLASHINFER_V2_STORE:
         return "v1"  # has_flashinfer_autotune_v2() is False
     if args.elastic_ep or args.pp > 1 or args.nnodes > 1 or args.tp * args.pp > 1:
+        return "v1"
+    if args.dp > 1 and moe is not False:
         return "v1"
     return "v2"
 

@@ -19,7 +19,7 @@ from tests.conftest import VLLM_PYTHON, needs_vllm
     "vllm, fi, argv, kind",
     [
         ("0.33.0", "0.7.2.post1", ["m"], "v2"),  # one GPU: the default case of the newest vLLM
-        ("0.33.0", "0.7.2.post1", ["m", "-dp", "2"], "v2"),  # each DP engine is a world of one
+        ("0.33.0", "0.7.2.post1", ["m", "-dp", "2"], "v1"),  # MoE (assumed): DP joins the world
         ("0.33.0", "0.7.2.post1", ["m", "-tp", "2"], "v1"),  # world size 2
         ("0.33.0", "0.7.2.post1", ["m", "-pp", "2"], "v1"),
         ("0.33.0", "0.7.2.post1", ["m", "--nnodes", "2"], "v1"),
@@ -31,6 +31,12 @@ from tests.conftest import VLLM_PYTHON, needs_vllm
 )
 def test_store_kind(vllm: str, fi: str | None, argv: list[str], kind: str) -> None:
     assert store_kind(vllm, fi, parse_serve_args(argv)) == kind
+
+
+def test_dense_data_parallel_ranks_are_worlds_of_one() -> None:
+    args = parse_serve_args(["m", "-dp", "2"])
+    assert store_kind("0.33.0", "0.7.2.post1", args, moe=False) == "v2"
+    assert store_kind("0.33.0", "0.7.2.post1", args, moe=True) == "v1"
 
 
 def test_v2_root_follows_vllm_then_flashinfer() -> None:
