@@ -1,0 +1,66 @@
+"""vLLM 0.32's own gate in two gloo processes agrees with fi-cache's reading of it, before and
+after `fi-cache align`, and the aligned files are then loaded whole by FlashInfer on every rank."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from fi_cache.maintenance.align import apply
+from fi_cache.model import v1
+from fi_cache.ranks.agreement import RankFile, vllm_gate
+from tests.conftest import GEMM_618, VLLM_PYTHON, flashinfer_dir, needs_vllm
+
+WORKER = Path(__file__).with_name("gloo_gate.py")
+RANKS = ("dp0_rank0", "dp1_rank1")  # MoE -dp 2 on vLLM 0.32: one world group of two
+
+
+def _kernel_warmup() -> Path:
+    found = sorted(Path(VLLM_PYTHON).parent.parent.glob(
+        "lib/python*/site-packages/vllm/model_executor/warmup/kernel_warmup.py"
+    ))  # fmt: skip
+    if not found:
+        pytest.fail(f"no vLLM kernel_warmup.py next to {VLLM_PYTHON}")
+    return found[0]
+
+
+def _gate(hdir: Path, tmp: Path) -> list[dict[str, object]]:
+    init = tmp / f"gloo-{len(list(tmp.glob('gloo-*')))}"
+    env = {**os.environ, "PYTHONPATH": str(flashinfer_dir("0.6.18"))}
+    argv = [sys.executable, str(WORKER), str(_kernel_warmup()), str(init)]
+    procs = [
+        subprocess.Popen(
+            [*argv, str(i), "2", str(hdir / f"autotune_configs_{rank}.json")],
+            env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        )
+        for i, rank in enumerate(RANKS)
+    ]
+    out = []
+    for p in procs:
+        stdout, stderr = p.communicate(timeout=300)
+        assert p.returncode == 0, stderr[-2000:]
+        out.append(json.loads(stdout.strip().splitlines()[-1]))
+    return out
+
+
+@needs_vllm
+def test_vllms_gate_rejects_a_short_rank_and_loads_the_aligned_set(tmp_path: Path) -> None:
+    hdir = tmp_path / "0.6.18" / "90a" / ("e" * 64)
+    hdir.mkdir(parents=True)
+    cf = v1.loads(GEMM_618.read_bytes())
+    short = v1.CacheFile(cf.metadata, dict(list(cf.entries.items())[2:]), None, cf.generation)
+    for rank, part in zip(RANKS, (cf, short), strict=True):
+        (hdir / f"autotune_configs_{rank}.json").write_text(v1.dumps(part))
+    ours = vllm_gate([RankFile(r, "", f) for r, f in zip(RANKS, (cf, short), strict=True)])
+    before = _gate(hdir, tmp_path)
+    assert [r["gate"] for r in before] == [False, False] and not ours.loads  # every rank re-tunes
+    [plan] = apply([hdir])
+    assert plan.aligned is not None and len(plan.writes) == 1
+    after = _gate(hdir, tmp_path)
+    assert [r["gate"] for r in after] == [True, True]
+    assert all(r["loaded"] and r["entries"] == len(cf.entries) for r in after)
