@@ -437,7 +437,10 @@ VLLM_NEWEST_CHECKED = V("0.33.0")
 # fused_moe/core.py 0.6.18:707-736, 0.7.1:770-799) until 0.7.2rc3 dropped them (17 fields,
 # core.py 0.7.2rc3:770-800, 0.7.2.post1:750-780: "ranks that tune together must share persisted
 # entries"); 0.7.2rc1/rc2 are not on PyPI. Each rank of a sharded model needs its own entries there.
-MOE_KEY_HAS_RANKS = VersionRange(V("0.6.18rc2"), V("0.7.2rc3"), "fused_moe/core.py extras")
+MOE_KEY_HAS_RANKS = VersionRange(
+    V("0.6.18rc2"), V("0.7.2rc3"),
+    "fused_moe/core.py 0.6.18:707-736, 0.7.1:770-799; none in 0.7.2:770-800",
+)  # SGLang passes them: layers/moe/moe_runner/flashinfer_cutlass.py 0.5.21:321-324
 
 
 # --- SGLang -------------------------------------------------------------------------------------

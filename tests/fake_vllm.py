@@ -6,13 +6,17 @@ file that vLLM 0.27-0.33 writes under ``VLLM_FLASHINFER_AUTOTUNE_CACHE_DIR``, th
 endpoint, exit codes and signal handling. Run it as ``python tests/fake_vllm.py serve MODEL ...``.
 
 The cache goes to ``D/<sha256 hex>/autotune_configs.json`` (``autotune_configs_dp0_rank0.json``
-when ``FAKE_VLLM_PER_RANK=1``); the hash is over ``json.dumps([model, sorted(args)])`` where
-``args`` is the argv after ``serve`` without ``--port``/``--host`` and their values.
+when ``FAKE_VLLM_PER_RANK=1``; with ``FAKE_VLLM_RANKS=N`` one file per rank,
+``autotune_configs_dp0_rank{r}.json``, rank r lacking the first r entries: ranks whose tunes
+differ, as vLLM 0.32's do when each profiles on its own); the hash is over
+``json.dumps([model, sorted(args)])`` where ``args`` is the argv after ``serve`` without
+``--port``/``--host`` and their values.
 
 Environment (all optional): FAKE_VLLM_RECORD (dir; argv/env appended to starts.jsonl),
 FAKE_VLLM_MODE (ok|crash|hang|ignore-sigint|ignore-sigterm|exit-now), FAKE_VLLM_EXIT_CODE,
-FAKE_VLLM_CACHE_SOURCE, FAKE_VLLM_PER_RANK, FAKE_VLLM_NO_CACHE, FAKE_VLLM_TUNE_SECONDS,
-FAKE_VLLM_HEALTH_DELAY, FAKE_VLLM_SPAWN_CHILD, FAKE_VLLM_V2, FAKE_VLLM_IGNORE_SIGNALS.
+FAKE_VLLM_CACHE_SOURCE, FAKE_VLLM_PER_RANK, FAKE_VLLM_RANKS, FAKE_VLLM_NO_CACHE,
+FAKE_VLLM_TUNE_SECONDS, FAKE_VLLM_HEALTH_DELAY, FAKE_VLLM_SPAWN_CHILD, FAKE_VLLM_V2,
+FAKE_VLLM_IGNORE_SIGNALS.
 
 FAKE_VLLM_V2=1 plays vLLM 0.33 with one rank: the entries go into FlashInfer's v2 store, written by
 the real FlashInfer (0.7.x on PYTHONPATH; its `_collect_metadata` and `ManagedAutotuneCache`, the
@@ -128,6 +132,20 @@ def write_cache(path: str) -> None:
             data = f.read()
     else:
         data = json.dumps(DEFAULT_CACHE, indent=2).encode()
+    ranks = int(os.environ.get("FAKE_VLLM_RANKS") or 1)
+    if ranks > 1:
+        d = os.path.dirname(path)
+        for r in range(ranks):  # rank r lacks the first r entries
+            whole = json.loads(data)
+            for key in [k for k in whole if k.startswith("(")][:r]:
+                del whole[key]
+            name = f"autotune_configs_dp0_rank{r}.json"
+            write_file(os.path.join(d, name), json.dumps(whole, indent=2).encode())
+        return
+    write_file(path, data)
+
+
+def write_file(path: str, data: bytes) -> None:
     d, base = os.path.split(path)
     os.makedirs(d, exist_ok=True)
     tmp = os.path.join(d, f".{base}.{secrets.token_hex(4)}.tmp")
@@ -221,7 +239,8 @@ def main(argv: list[str]) -> int:
         elif cache_dir and os.environ.get("FAKE_VLLM_NO_CACHE") != "1":
             digest = hashlib.sha256(json.dumps([model, sorted(key_args)]).encode()).hexdigest()
             per_rank = os.environ.get("FAKE_VLLM_PER_RANK") == "1"
-            name = "autotune_configs_dp0_rank0.json" if per_rank else "autotune_configs.json"
+            ranked = per_rank or int(os.environ.get("FAKE_VLLM_RANKS") or 1) > 1
+            name = "autotune_configs_dp0_rank0.json" if ranked else "autotune_configs.json"
             path = os.path.join(cache_dir, digest, name)
             if os.path.exists(path):
                 log(f"[Autotuner]: Loaded {count_configs(path)} configs from {path}", "utils.py:1")

@@ -1,6 +1,6 @@
 """SGLang's own cache-path code, read from its release wheels at test time, run on CPU.
 
-scripts/test.sh downloads the sglang 0.5.18 and 0.5.23 wheels (no dependencies) into
+scripts/test.sh downloads the sglang 0.5.18, 0.5.21 and 0.5.23 wheels (no dependencies) into
 .cache/sglang-wheels; the function `flashinfer_autotune_cache_path` and the
 SGLANG_FLASHINFER_AUTOTUNE_CACHE=0 branch of `flashinfer_autotune_context` come out of
 sglang/srt/model_executor/runner/flashinfer_autotune.py there (nothing of SGLang's is copied
@@ -35,17 +35,23 @@ class NoWheel(LookupError):
     """The sglang wheel of that version is not in WHEELS (scripts/test.sh downloads it)."""
 
 
-def sglang_code(version: str) -> str:
-    """SGLang `version`'s path function and its runs/ branch (wrapped as `runs_file`)."""
-    import ast
-    import textwrap
+def sglang_module(version: str, module: str = MODULE) -> str:
+    """The text of SGLang `version`'s `module` (flashinfer_autotune.py), from its wheel."""
     import zipfile
 
     wheel = next(iter(sorted(WHEELS.glob(f"sglang-{version}-*.whl"))), None)
     if wheel is None:
         raise NoWheel(f"no sglang {version} wheel in {WHEELS}")
     with zipfile.ZipFile(wheel) as z:
-        text = z.read(MODULE).decode()
+        return z.read(module).decode()
+
+
+def sglang_code(version: str) -> str:
+    """SGLang `version`'s path function and its runs/ branch (wrapped as `runs_file`)."""
+    import ast
+    import textwrap
+
+    text = sglang_module(version)
     tree = ast.parse(text)
     [fn] = [n for n in tree.body if isinstance(n, ast.FunctionDef)
             and n.name == "flashinfer_autotune_cache_path"]  # fmt: skip

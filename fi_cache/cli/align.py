@@ -9,6 +9,7 @@ from typing import TYPE_CHECKING, Any
 import click
 
 from fi_cache.cli import render
+from fi_cache.ranks.deployment import rank_name
 
 if TYPE_CHECKING:
     from fi_cache.maintenance.align import GroupPlan
@@ -46,10 +47,6 @@ def _choice(c: Any) -> dict[str, Any]:
     }  # fmt: skip
 
 
-def _rank_of(path: str) -> str:
-    return Path(path).stem.removeprefix("autotune_configs_").removeprefix("rank_")
-
-
 def _lines(gp: GroupPlan, dry_run: bool) -> list[str]:
     dep = gp.deployment
     copies = dep.copies
@@ -69,8 +66,8 @@ def _lines(gp: GroupPlan, dry_run: bool) -> list[str]:
     for c in gp.chosen[:_SHOWN]:
         kept, dropped = json.dumps(c.kept[:2]), json.dumps(c.dropped[:2])
         out.append(
-            f"  chose {kept} from {_rank_of(c.kept_from)} over {dropped} from "
-            f"{_rank_of(c.dropped_from)}: {c.key}"
+            f"  chose {kept} from {rank_name(c.kept_from)} over {dropped} from "
+            f"{rank_name(c.dropped_from)}: {c.key}"
         )
     if len(gp.chosen) > _SHOWN:
         out.append(f"  … and {len(gp.chosen) - _SHOWN} more (--format json lists them all)")

@@ -1,5 +1,6 @@
 """Checks over a deployment's rank files, modelled on each engine's own rule (ranks/agreement.py):
-vLLM 0.32+'s unanimity gate, and ranks that answer one rank-free key with different tactics."""
+vLLM 0.32+'s unanimity gate, SGLang 0.5.19+'s digest, and ranks that answer one rank-free key
+with different tactics."""
 
 from __future__ import annotations
 
@@ -8,20 +9,60 @@ from pathlib import Path
 
 from fi_cache.doctor.findings import Finding
 from fi_cache.doctor.inputs import Check, Inputs
-from fi_cache.ranks.agreement import RankFile, divergent_tactics, partial_hits, vllm_gate
+from fi_cache.engines.sglang.layout import rank_layout
+from fi_cache.ranks.agreement import (
+    RankFile,
+    Verdict,
+    divergent_tactics,
+    partial_hits,
+    sglang_deletes,
+    sglang_digest,
+    vllm_gate,
+)
 from fi_cache.ranks.align import CannotAlign, align
-from fi_cache.ranks.deployment import Deployment, gather
-from fi_cache.versions import VLLM_RANK_GATE, parse_version
+from fi_cache.ranks.deployment import Deployment, Expected, gather, rank_name
+from fi_cache.versions import SGLANG_RANK_DIGEST, VLLM_RANK_GATE, parse_version
+
+
+def _expected(inp: Inputs) -> list[Expected]:
+    """With `-- ARGS`, the engine's own answer names every rank of the deployment: vLLM's
+    predict (its hash dir included), SGLang's launch rule (any key dir: its hash is the
+    worker's)."""
+    where, out = inp.location, []
+    if where is not None and where.dir and where.store == "v1" and where.all_files:
+        every = tuple(r for f in where.all_files if (r := rank_name(f)).startswith("dp"))
+        here = tuple(rank_name(f) for f in where.files)
+        out.append(Expected("vllm", every, here, Path(where.dir).name))
+    if inp.sglang is not None and inp.target.sglang_version:
+        layout = rank_layout(inp.sglang)
+        out.append(Expected("sglang", layout.ranks, layout.node))
+    return out
 
 
 def _deployments(inp: Inputs) -> list[Deployment]:
-    """With `-- ARGS`, vLLM's own answer names every rank of the deployment."""
-    where = inp.location
-    expected = None
-    if where is not None and where.dir and where.store == "v1" and where.all_files:
-        ranks = [Path(f).stem.removeprefix("autotune_configs_") for f in where.all_files]
-        expected = {Path(where.dir).name: [r for r in ranks if r.startswith("dp")]}
-    return gather([v.cache for v in inp.caches if v.applies], expected=expected)
+    """vLLM: the hash dirs the target reads; SGLang: every key dir given (each is a deployment
+    of its own, and its ranks agree or not whichever namespace holds it)."""
+    caches = [v.cache for v in inp.caches if v.applies or v.cache.found.layout == "sglang"]
+    return gather(caches, expected=_expected(inp))
+
+
+def _elsewhere(dep: Deployment, verdict: Verdict) -> list[str]:
+    """The missing ranks that other nodes write: not given here, so not known to be missing."""
+    return [r for r in verdict.missing if r in dep.elsewhere]
+
+
+def _not_given(dep: Deployment, ranks: list[str]) -> Finding:
+    shown = ", ".join(ranks[:6]) + (f" and {len(ranks) - 6} more" if len(ranks) > 6 else "")
+    return Finding(
+        "ranks-not-given",
+        "info",
+        _where(dep),
+        f"{len(ranks)} rank files of this deployment are written on other nodes ({shown}) and "
+        "were not given: the engine loads the cache only when they agree with this node's",
+        "give every node's copy of the hash dir as a PATH, or compare with the fleet's bundle "
+        "(`fi-cache serve` does before it starts)",
+        {"deployment": dep.key, "ranks": ranks},
+    )
 
 
 def _where(dep: Deployment) -> str:
@@ -84,6 +125,10 @@ def vllm_ranks_retune(inp: Inputs) -> Iterator[Finding]:
                 continue
             if len(group) < 2 and not verdict.missing:
                 continue
+            away = _elsewhere(dep, verdict)
+            if away and len(away) == len(verdict.missing) and not verdict.reason_besides_missing:
+                yield _not_given(dep, away)
+                continue
             inferred = [r for r in verdict.missing if r in dep.inferred]
             yield Finding(
                 "vllm-ranks-retune",
@@ -98,6 +143,58 @@ def vllm_ranks_retune(inp: Inputs) -> Iterator[Finding]:
                 {"deployment": dep.key, "ranks": list(verdict.ranks),
                  "missing": list(verdict.missing), "metadata": verdict.metadata,
                  "counts": verdict.counts},
+            )  # fmt: skip
+
+
+def sglang_ranks_disagree(inp: Inputs) -> Iterator[Finding]:
+    """SGLang rank files of one TP group from different environments (any release: FlashInfer
+    skips a file whose `_metadata` is not the reader's), or, for 0.5.19+, whose content differs:
+    every rank of the group deletes its file at start (ranks/agreement.sglang_digest)."""
+    if not inp.target.sglang_version:
+        return
+    digests = parse_version(inp.target.sglang_version) in SGLANG_RANK_DIGEST
+    for dep in sorted(_deployments(inp), key=lambda d: d.key):
+        if dep.engine != "sglang":
+            continue
+        for group in dep.groups():
+            if len(group) < 2:
+                continue  # a TP group of one compares nothing
+            verdict = sglang_digest(group)
+            names = [Path(rf.path).name for rf in group if rf.file is not None]
+            if verdict.metadata:
+                fields = sorted({f for diff in verdict.metadata.values() for f in diff})
+                yield Finding(
+                    "sglang-ranks-disagree",
+                    "warning",
+                    _where(dep),
+                    f"the {len(names)} rank files of deployment {dep.key} were written in "
+                    f"different environments ({', '.join(fields)} differ on "
+                    f"{', '.join(verdict.metadata)}): FlashInfer skips a file whose `_metadata` "
+                    "does not match the start that reads it, so some ranks tune afresh"
+                    + (" and SGLang then deletes every rank's file" if digests else ""),
+                    "tune every rank of a deployment on the same stack (CUDA, torch, "
+                    "FlashInfer, GPU), or delete the odd files",
+                    {"deployment": dep.key, "files": names, "fields": fields,
+                     "ranks": list(verdict.ranks)},
+                )  # fmt: skip
+                continue
+            if not digests or not sglang_deletes(verdict):
+                continue
+            away = _elsewhere(dep, verdict)
+            if away and len(away) == len(verdict.missing) and not verdict.reason_besides_missing:
+                yield _not_given(dep, away)
+                continue
+            yield Finding(
+                "sglang-ranks-disagree",
+                "warning",
+                _where(dep),
+                f"SGLang {inp.target.sglang_version} compares its TP ranks' files at every "
+                f"start and deletes them all when they differ ({SGLANG_RANK_DIGEST.source}); "
+                f"{verdict.reason()} in deployment {dep.key}, so the next start discards this "
+                "cache on all of its ranks and tunes from scratch",
+                _cure(dep, group),
+                {"deployment": dep.key, "files": names, "ranks": list(verdict.ranks),
+                 "missing": list(verdict.missing), "differs": list(verdict.differs)},
             )  # fmt: skip
 
 
@@ -130,6 +227,12 @@ CHECKS: tuple[Check, ...] = (
         "vLLM 0.32+ rank files that fail its unanimity gate (every rank tunes again), or pass "
         "it with different keys (vllm-ranks-partial-hit)",
         vllm_ranks_retune,
+    ),
+    Check(
+        "sglang-ranks-disagree",
+        "SGLang rank files of one TP group from different environments, or that differ "
+        "(0.5.19+ deletes them all at start)",
+        sglang_ranks_disagree,
     ),
     Check(
         "ranks-divergent-tactics",

@@ -2,23 +2,23 @@
 
 from __future__ import annotations
 
-import json
 from collections.abc import Iterator
-from typing import Any
 
 from fi_cache.doctor.findings import Finding
-from fi_cache.doctor.inputs import CacheView, Check, Inputs
+from fi_cache.doctor.inputs import Check, Inputs
 from fi_cache.engines.sglang.args import env_bool
-from fi_cache.engines.sglang.layout import effective
+from fi_cache.engines.sglang.layout import effective, rank_layout
 from fi_cache.engines.sglang.live import sharing
 from fi_cache.model import v1
 from fi_cache.versions import (
     CUTEDSL_KEY_HAS_FINALIZE,
     CUTEDSL_NVFP4_RUNNER,
+    MOE_KEY_HAS_RANKS,
     SGLANG_AUTOTUNE_CACHE_ENV,
     SGLANG_DETERMINISTIC_SKIPS_TUNE,
     SGLANG_FINALIZE_ENV,
     SGLANG_FINALIZE_FROM,
+    SGLANG_FLASHINFER_PIN,
     SGLANG_NEWEST_CHECKED,
     SGLANG_RANK_DIGEST,
     parse_version,
@@ -29,23 +29,64 @@ def _version(inp: Inputs) -> str:
     return f"SGLang {inp.target.sglang_version}"
 
 
+def _flashinfer(inp: Inputs, v: str) -> str | None:
+    """The FlashInfer the target runs: given or detected, else the one the release pins."""
+    return inp.target.fingerprint.flashinfer_version or SGLANG_FLASHINFER_PIN.get(v)
+
+
 def ep_cache_discarded(inp: Inputs) -> Iterator[Finding]:
-    """0.5.19+: TP ranks that disagree all delete their file; EP ranks never agree (#40320)."""
-    v, args = parse_version(inp.target.sglang_version), inp.sglang
-    if v not in SGLANG_RANK_DIGEST or args is None or args.ep <= 1 or args.tp <= 1:
+    """0.5.19+: TP ranks whose files differ all delete them at start. With FlashInfer
+    0.6.18rc2-0.7.1 the CUTLASS MoE keys carry tp_rank and ep_rank (SGLang passes both), so the
+    files a TP group writes never agree: the cache is lost at every boot, EP or not (#40320)."""
+    version, args = inp.target.sglang_version, inp.sglang
+    v = parse_version(version)
+    if version is None or v not in SGLANG_RANK_DIGEST or args is None or args.tp <= 1:
         return
     cache_off = env_bool(effective(inp.environ, SGLANG_AUTOTUNE_CACHE_ENV)) is False
     if cache_off or args.autotune_disabled:
         return  # no cache read, nothing compared
+    fi = _flashinfer(inp, version)
+    ranked = parse_version(fi) in MOE_KEY_HAS_RANKS
+    cutlass = args.moe_backend == "flashinfer_cutlass"
+    if not ranked or not (cutlass or args.ep > 1):
+        return  # FlashInfer 0.7.2+ keys carry no rank, and 0.5.19+ tunes the group together
+    why = "expert-parallel" if args.ep > 1 else "tensor-parallel"
     yield Finding(
         "sglang-ep-cache-discarded",
         "warning",
         None,
-        f"{_version(inp)} with --ep-size {args.ep} and --tp-size {args.tp}: every TP rank hashes "
-        "its cache file and environment and, when they differ, all delete their file; expert-"
-        "parallel ranks tune different shapes, so the cache is discarded on every boot and "
-        "autotune runs in full each time (sglang issue #40320, fix in PR #40420 unreleased)",
-        "expect full tuning time at every start; a warm cannot help until SGLang fixes this",
+        f"{_version(inp)} with FlashInfer {fi}, --tp-size {args.tp}"
+        + (f" and --ep-size {args.ep}" if args.ep > 1 else "")
+        + f": FlashInfer puts each rank's tp_rank and ep_rank into its CUTLASS MoE keys "
+        f"({MOE_KEY_HAS_RANKS.source}), so the {why} ranks' files never "
+        "agree, and SGLang deletes every rank's file when they differ: upstream, the cache is "
+        "discarded at every boot and autotune runs in full each time (sglang #40320, PR #40420 "
+        "unreleased)",
+        "warm through `fi-cache warm --engine sglang` (or run `fi-cache align KEY_DIR` after a "
+        "start): every rank then holds the same file, each rank's keys in it, and SGLang keeps "
+        "it; FlashInfer 0.7.2+ (SGLang 0.5.23's pin) keys carry no rank",
+        {"flashinfer_version": fi, "tp": args.tp, "ep": args.ep},
+    )
+
+
+def rank_files(inp: Inputs) -> Iterator[Finding]:
+    """Which rank files SGLang's schedulers on this node write for `-- ARGS` (info)."""
+    if inp.sglang is None or not inp.sglang.argv:
+        return
+    layout = rank_layout(inp.sglang)
+    node = [f"rank_{r}.json" for r in layout.node]
+    shown = ", ".join(node[:8]) + (f" and {len(node) - 8} more" if len(node) > 8 else "")
+    args = inp.sglang
+    nodes = f" on node {args.node_rank} of {args.nnodes}" if args.nnodes > 1 else ""
+    yield Finding(
+        "sglang-rank-files",
+        "info",
+        None,
+        f"{_version(inp)} with these arguments writes {len(layout.ranks)} rank files per "
+        f"deployment, {len(node)}{nodes}: {shown}; known only on the GPU worker: "
+        f"{'; '.join(layout.on_worker)}",
+        "-",
+        {"ranks": list(layout.ranks), "node": node, "on_worker": list(layout.on_worker)},
     )
 
 
@@ -92,7 +133,8 @@ def nothing_tuned(inp: Inputs) -> Iterator[Finding]:
 _RELEASE_CHECKS = (
     Check(
         "sglang-ep-cache-discarded",
-        "SGLang 0.5.19+, expert parallel with TP > 1: the cache is deleted every boot",
+        "SGLang 0.5.19+ with TP > 1 and FlashInfer 0.6.18-0.7.1 (CUTLASS MoE, or expert "
+        "parallel): rank-keyed files never agree, the cache is deleted every boot",
         ep_cache_discarded,
     ),
     Check(
@@ -105,78 +147,12 @@ _RELEASE_CHECKS = (
         "SGLang 0.5.18+ deterministic inference tunes nothing (info)",
         nothing_tuned,
     ),
+    Check(
+        "sglang-rank-files",
+        "the rank files SGLang writes for `-- ARGS`, per node (info)",
+        rank_files,
+    ),
 )
-
-
-def _deployments(inp: Inputs) -> dict[tuple[str | None, str | None, str], list[CacheView]]:
-    """SGLang rank files (not runs/ copies) by deployment: FlashInfer dir, arch dir, key hash.
-    Copies of one deployment from several nodes (PATHs given) land in one group."""
-    out: dict[tuple[str | None, str | None, str], list[CacheView]] = {}
-    for view in inp.caches:
-        f = view.cache.found
-        if f.layout == "sglang" and f.key_dir is not None and f.run is None:
-            out.setdefault((f.dir_version, f.arch, f.key_dir), []).append(view)
-    return out
-
-
-def _differing(metas: list[dict[str, Any]]) -> list[str]:
-    fields = sorted({k for m in metas for k in m})
-    return [k for k in fields if len({json.dumps(m.get(k), sort_keys=True) for m in metas}) > 1]
-
-
-def _content(view: CacheView) -> str:
-    f = view.cache.file
-    return json.dumps([f.metadata, f.entries, f.reserved], sort_keys=True, default=str)
-
-
-def ranks_disagree(inp: Inputs) -> Iterator[Finding]:
-    """Rank files of one deployment written in different environments (any release), or, for
-    0.5.19+, TP ranks whose files differ: SGLang deletes them all at start."""
-    v = parse_version(inp.target.sglang_version)
-    for (_, _, key), views in sorted(_deployments(inp).items(), key=lambda kv: kv[0][2]):
-        if len(views) < 2:
-            continue
-        where = str(views[0].cache.path.parent)
-        names = sorted({vw.cache.path.name for vw in views})
-        differ = _differing([vw.cache.file.metadata or {} for vw in views])
-        if differ:
-            yield Finding(
-                "sglang-ranks-disagree",
-                "warning",
-                where,
-                f"the {len(views)} rank files of deployment {key} were written in different "
-                f"environments ({', '.join(differ)} differ): FlashInfer skips a file whose "
-                "`_metadata` does not match the start that reads it, so some ranks tune afresh",
-                "tune every rank of a deployment on the same stack (CUDA, torch, FlashInfer, "
-                "GPU), or delete the odd files",
-                {"deployment": key, "files": names, "fields": differ},
-            )
-            continue
-        if v not in SGLANG_RANK_DIGEST:
-            continue
-        # One TP group per (pp, dp), or per pp under --enable-dp-attention, where the TP group
-        # spans the DP ranks (managers/data_parallel_controller.py 0.5.23:717-743).
-        spans_dp = inp.sglang is not None and inp.sglang.dp_attention
-        by_group: dict[tuple[int, ...], set[str]] = {}
-        for vw in views:
-            rank = vw.cache.found.rank or (0, 0, 0)
-            by_group.setdefault(rank[1:2] if spans_dp else rank[1:], set()).add(_content(vw))
-        split = [g for g, contents in by_group.items() if len(contents) > 1]
-        if not split:
-            continue
-        yield Finding(
-            "sglang-ranks-disagree",
-            "warning",
-            where,
-            f"SGLang {inp.target.sglang_version} compares its TP ranks' files at every start "
-            f"and deletes them all when they differ (flashinfer_autotune.py 0.5.19:209-246); "
-            f"the TP ranks of deployment {key} hold different files, so the next start "
-            "discards this cache and tunes from scratch (under expert parallelism they never "
-            "agree: sglang issue #40320)",
-            "expect full tuning at the next start; copy or warm all ranks together, and do not "
-            "mix files from separate runs",
-            {"deployment": key, "files": names},
-        )
 
 
 def cutedsl_mode_blind(inp: Inputs) -> Iterator[Finding]:
@@ -262,12 +238,6 @@ _SHARED_FIX = (
 
 CHECKS: tuple[Check, ...] = (
     *_RELEASE_CHECKS,
-    Check(
-        "sglang-ranks-disagree",
-        "SGLang rank files of one deployment from different environments, or TP ranks that "
-        "differ (0.5.19+ deletes them all at start)",
-        ranks_disagree,
-    ),
     Check(
         "sglang-cutedsl-mode-blind",
         "CuTe-DSL NVFP4 entries of FlashInfer < 0.7.1 replayed in either finalize mode",

@@ -38,6 +38,7 @@ class ServeOptions:
     warm: bool = True  # warm a cold namespace first
     timeout: float = 1800.0  # for the warm's /health
     seed: bool = True
+    complete_ranks: bool = True  # fill this node's missing rank files from the other ranks'
 
 
 def serve(
@@ -55,6 +56,10 @@ def serve(
     run = prepare.bind(engine, target, store, report)
     ns_dir = run.ns.path(store)
     m = preflight(engine, run, ns_dir, request.force, report)
+    if options.complete_ranks and not _unwritable(ns_dir):
+        from fi_cache.lifecycle.ranks import complete_node
+
+        complete_node(engine, run, ns_dir, store, report)
     if (problem := engine.read_only_problem(run)) and _unwritable(ns_dir):
         if not request.force:
             raise Refused(f"{problem} (or pass --force)", str(ns_dir))

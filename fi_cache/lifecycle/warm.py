@@ -15,6 +15,7 @@ from fi_cache.engines.server import Server, free_port, port_in_use, wait_healthy
 from fi_cache.errors import FiCacheError, Refused
 from fi_cache.lifecycle import prepare, signals
 from fi_cache.lifecycle.files import collect_files, snapshot, used_files
+from fi_cache.lifecycle.ranks import align_ranks
 from fi_cache.lifecycle.report import Report
 from fi_cache.lifecycle.seeding import BeforeStart, seeder
 from fi_cache.store import locks
@@ -126,6 +127,8 @@ def _start(
     try:
         server = Server(cmd, environ, lock_dir=ns_dir, grace=grace, name=engine.display)
         _until_healthy(server, port, engine.display, options.timeout, grace, report)
+        wrote = {p.parent for p, stamp in snapshot(watch).items() if before.get(p) != stamp}
+        align_ranks(watch, report, wrote)  # so the next start keeps and hits every rank's file
         used = used_files(watch, ns_dir, before, server.named_files, seeded)
         ours = {u for u in used if u.is_relative_to(ns_dir.resolve())}
         files = collect_files(watch, ns_dir, engine.display, ours, seeded)

@@ -21,7 +21,7 @@ from fi_cache.errors import Refused
 from fi_cache.model import v1
 from fi_cache.model.union import Conflict
 from fi_cache.ranks.align import Aligned, CannotAlign, align
-from fi_cache.ranks.deployment import Deployment, file_name, gather
+from fi_cache.ranks.deployment import Deployment, Expected, file_name, gather
 from fi_cache.store.files import DEFAULT_LOCK_TIMEOUT, atomic_write, locked
 
 DEFAULT_MODE = 0o644  # as merge: a rank file is read by every rank's process
@@ -69,13 +69,14 @@ def _plan_group(dep: Deployment, group: Sequence[str]) -> GroupPlan:
     return GroupPlan(dep, tuple(group), aligned, None, tuple(writes), len(aligned.file.entries))
 
 
-def plan(paths: Sequence[Path]) -> list[GroupPlan]:
-    """What align would do; nothing is written. Refused when no PATH holds a rank file."""
+def plan(paths: Sequence[Path], expected: Sequence[Expected] = ()) -> list[GroupPlan]:
+    """What align would do; nothing is written. Refused when no PATH holds a rank file.
+    `expected`: ranks the engine's own answer names (a node's own files not written yet)."""
     # A PATH that does not exist yet is a cold node's copy, when it names a deployment's dir.
     absent = [p for p in paths if not os.path.lexists(p)]
     inv = inventory.scan([p for p in paths if p not in absent])
     copies = [p for p in paths if p in absent or p.is_dir()]
-    deployments = gather(inv.caches, copies)
+    deployments = gather(inv.caches, copies, expected)
     for path in absent:
         if not any(path.name == dep.key for dep in deployments):
             why = "no such file or directory (a new copy is named after its hash dir)"
@@ -101,17 +102,21 @@ def _mode(copy: Path) -> int:
     return DEFAULT_MODE
 
 
-def apply(paths: Sequence[Path], timeout: float = DEFAULT_LOCK_TIMEOUT) -> list[GroupPlan]:
+def apply(
+    paths: Sequence[Path],
+    timeout: float = DEFAULT_LOCK_TIMEOUT,
+    expected: Sequence[Expected] = (),
+) -> list[GroupPlan]:
     """Align for real: each copy locked, the plan made again under the locks (so nothing read
     before another align finished is written back), then every changed file replaced."""
-    first = plan(paths)
+    first = plan(paths, expected)
     if not any(gp.writes for gp in first):
         return first  # aligned already, or refused: nothing to lock, nothing written
     copies = sorted({c for gp in first if gp.writes for c in gp.deployment.copies})
     with contextlib.ExitStack() as stack:
         for copy in copies:  # sorted: two aligns of overlapping copies cannot deadlock
             stack.enter_context(locked(copy / _LOCK_NAME, timeout))
-        plans = plan(paths)
+        plans = plan(paths, expected)
         for gp in plans:
             if gp.aligned is None:
                 continue

@@ -159,6 +159,14 @@ def from_json(data: dict[str, Any]) -> CacheFile:
     return CacheFile(metadata, entries, reserved.get(RECORDS_KEY), generation, others, reserved)
 
 
+def as_json(cf: CacheFile) -> dict[str, Any]:
+    """The parsed JSON object the file was read from (reserved fields as found, unordered)."""
+    out: dict[str, Any] = {**cf.entries, **cf.unknown, **cf.reserved}
+    if cf.metadata is not None:
+        out[METADATA_KEY] = cf.metadata
+    return out
+
+
 def _json_type(value: Any) -> str:
     return {dict: "object", list: "array", str: "string", bool: "boolean", type(None): "null"}.get(
         type(value), "number"

@@ -3,9 +3,17 @@
 vLLM 0.32+ (`_all_ranks_have_matching_cache`, kernel_warmup.py 0.32:394-401, 0.33:398-406):
 every rank of the tune group reads its own file, and the cache is loaded only when every rank
 has one with the same fingerprint, `(json.dumps(_metadata, sort_keys=True), number of other
-top-level fields)`; otherwise every rank of the group tunes again. SGLang's digest is in
-sglang_digest below. Ranks that hold different tactics for one rank-free key run different
-kernels in one collective: `divergent_tactics`.
+top-level fields)`; otherwise every rank of the group tunes again.
+
+SGLang 0.5.19+ (`_drop_diverged_autotune_cache`, flashinfer_autotune.py 0.5.19:228-246,
+0.5.23:268-286): every rank of the TP group hashes its parsed file, re-dumped with sorted keys,
+together with the environment it reads with (`_collect_metadata()`), all-gathers the digests
+over the group's gloo group, and when any two differ every rank deletes its own file and the
+group tunes from scratch: `sglang_digest`. The reading rank's environment is known only on its
+GPU worker; fi-cache takes the ranks of one deployment to read with one stack.
+
+Ranks that hold different tactics for one rank-free key run different kernels in one
+collective: `divergent_tactics`.
 """
 
 from __future__ import annotations
@@ -53,6 +61,14 @@ class Verdict:
     # Ranks by what breaks agreement, each with the value it holds (metadata field or count).
     metadata: dict[str, dict[str, Any]] = field(default_factory=dict)
     counts: dict[str, int] = field(default_factory=dict)
+    # SGLang: ranks whose content differs from the first rank's (metadata aside).
+    differs: tuple[str, ...] = ()
+    first: str | None = None  # the rank the others are compared with
+
+    @property
+    def reason_besides_missing(self) -> bool:
+        """Whether the files present disagree too (not only some are missing)."""
+        return bool(self.metadata or self.counts or self.differs)
 
     def reason(self) -> str:
         """One line: why the group re-tunes (empty when it loads)."""
@@ -65,6 +81,8 @@ class Verdict:
         if self.counts:
             shown = ", ".join(f"{r}: {n}" for r, n in list(self.counts.items())[:6])
             parts.append(f"entry counts differ ({shown}{', …' if len(self.counts) > 6 else ''})")
+        if self.differs:
+            parts.append(f"the entries of {_names(self.differs)} differ from {self.first}'s")
         return "; ".join(parts)
 
 
@@ -83,22 +101,62 @@ def vllm_gate(group: Sequence[RankFile]) -> Verdict:
         return Verdict(ranks, False, missing)
     first_meta, first_count = present[0][1]
     reference = present[0][0].file
-    base = (reference.metadata if reference else None) or {}
     metadata: dict[str, dict[str, Any]] = {}
     counts: dict[str, int] = {}
     for rf, (meta, count) in present[1:]:
         if meta != first_meta and rf.file is not None:
-            theirs = rf.file.metadata or {}
-            metadata[rf.rank] = {
-                k: theirs.get(k) for k in sorted(set(base) | set(theirs))
-                if base.get(k) != theirs.get(k)
-            }  # fmt: skip
+            metadata[rf.rank] = _metadata_diff(reference, rf.file)
         if count != first_count:
             counts[rf.rank] = count
     if counts:
         counts = {present[0][0].rank: first_count, **counts}
     loads = not missing and not metadata and not counts
-    return Verdict(ranks, loads, missing, metadata, counts)
+    return Verdict(ranks, loads, missing, metadata, counts, first=present[0][0].rank)
+
+
+def _metadata_diff(base: v1.CacheFile | None, other: v1.CacheFile) -> dict[str, Any]:
+    """The `_metadata` fields where `other` differs from `base`, with `other`'s values."""
+    mine, theirs = (base.metadata if base else None) or {}, other.metadata or {}
+    keys = sorted(set(mine) | set(theirs))
+    return {k: theirs.get(k) for k in keys if mine.get(k) != theirs.get(k)}
+
+
+def sglang_content(cf: v1.CacheFile | None) -> str | None:
+    """What SGLang's digest hashes of a rank's file, less the reader's environment: the parsed
+    JSON object re-dumped with sorted keys (so layout and key order do not matter; `_metadata`,
+    `_records`, `_generation` and every entry do). None for a missing or unreadable file,
+    SGLang's "" digest."""
+    if cf is None:
+        return None
+    return json.dumps(v1.as_json(cf), sort_keys=True)
+
+
+def sglang_digest(group: Sequence[RankFile]) -> Verdict:
+    """SGLang 0.5.19+'s decision for one TP group: `loads` when every rank holds the same
+    content; else, unless every rank has none, every rank deletes its file (`missing` and
+    `differs` say why). A group of one rank compares nothing (no sync group)."""
+    ranks = tuple(rf.rank for rf in group)
+    contents = [sglang_content(rf.file) for rf in group]
+    if len(set(contents)) == 1:
+        return Verdict(ranks, contents[0] is not None, ranks if contents[0] is None else ())
+    missing = tuple(rf.rank for rf, c in zip(group, contents, strict=True) if c is None)
+    present = [(rf, c) for rf, c in zip(group, contents, strict=True) if c is not None]
+    first, first_content = present[0]
+    metadata: dict[str, dict[str, Any]] = {}
+    differs = []
+    for rf, content in present[1:]:
+        if content == first_content or rf.file is None:
+            continue
+        if rf.file.metadata != (first.file.metadata if first.file else None):
+            metadata[rf.rank] = _metadata_diff(first.file, rf.file)
+        else:
+            differs.append(rf.rank)
+    return Verdict(ranks, False, missing, metadata, {}, tuple(differs), first.rank)
+
+
+def sglang_deletes(verdict: Verdict) -> bool:
+    """Whether SGLang unlinks the group's files at the next start (some rank has one)."""
+    return not verdict.loads and len(verdict.missing) < len(verdict.ranks)
 
 
 @dataclass(frozen=True)

@@ -43,7 +43,8 @@ def _own_gaps(group: Sequence[RankFile]) -> dict[str, int]:
     for rf in group:
         if rf.file is None:
             continue
-        owned[rf.rank] = {free for raw in rf.file.entries if (free := rank_free(raw))[1]}  # type: ignore[misc]
+        keyed = (rank_free(raw) for raw in rf.file.entries)
+        owned[rf.rank] = {free for free, has_rank in keyed if has_rank}
     every = set().union(*owned.values()) if owned else set()
     gaps = {r: len(every - mine) for r, mine in owned.items() if every - mine}
     if every:  # a missing rank lacks all of them

@@ -9,7 +9,7 @@ Without the deployment's arguments the ranks are inferred from the names: vLLM 0
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Literal
@@ -30,6 +30,10 @@ class Deployment:
     ranks: tuple[str, ...]  # every rank named in any copy, or inferred missing, engine order
     files: dict[tuple[Path, str], Cache] = field(default_factory=dict)
     inferred: tuple[str, ...] = ()  # ranks no copy holds, inferred from the others' names
+    # (with the engine's arguments, `ranks` come from them and nothing is inferred)
+    # Ranks no copy holds that other nodes write (the engine's arguments say so): not given
+    # here, so whether they agree is not known.
+    elsewhere: tuple[str, ...] = ()
 
     def rank_files(self) -> list[RankFile]:
         """Each rank's file as the deployment would read it: the first copy that holds it."""
@@ -70,17 +74,37 @@ def sglang_rank(name: str) -> tuple[int, int, int]:
     return int(parts[0][2:]), int(parts[1][2:]), int(parts[2][2:])
 
 
+def _spans_dp(parsed: Sequence[tuple[int, int, int]]) -> set[int]:
+    """PP stages whose TP ranks are numbered across DP ranks: --enable-dp-attention, where one
+    TP group holds every attention-DP rank (dp = tp // attn_tp; data_parallel_controller.py
+    0.5.23:717-743). Plain DP replicas each number their TP ranks from 0."""
+    out = set()
+    for pp in {p for _, p, _ in parsed}:
+        mine = [(t, d) for t, p, d in parsed if p == pp]
+        tps = [t for t, _ in mine]
+        if len({d for _, d in mine}) > 1 and len(set(tps)) == len(tps):
+            out.add(pp)
+    return out
+
+
 def sglang_groups(files: Sequence[RankFile]) -> list[list[RankFile]]:
-    """SGLang's digest compares the files of one TP group: same pp and dp rank."""
-    by_group: dict[tuple[int, int], list[RankFile]] = {}
-    for rf in files:
-        _, pp, dp = sglang_rank(rf.rank)
-        by_group.setdefault((pp, dp), []).append(rf)
+    """SGLang's digest compares the files of one TP group: one PP stage of one DP replica, or
+    of every attention-DP rank under --enable-dp-attention."""
+    parsed = [sglang_rank(rf.rank) for rf in files]
+    spans = _spans_dp(parsed)
+    by_group: dict[tuple[int, ...], list[RankFile]] = {}
+    for (_, pp, dp), rf in zip(parsed, files, strict=True):
+        by_group.setdefault((pp,) if pp in spans else (pp, dp), []).append(rf)
     return list(by_group.values())
 
 
 def file_name(engine: EngineName, rank: str) -> str:
     return f"autotune_configs_{rank}.json" if engine == "vllm" else f"rank_{rank}.json"
+
+
+def rank_name(path: str | Path) -> str:
+    """The rank a rank file's name names (`file_name` backwards), e.g. "dp1_rank2"."""
+    return Path(path).stem.removeprefix("autotune_configs_").removeprefix("rank_")
 
 
 def rank_of(cache: Cache) -> tuple[EngineName, str] | None:
@@ -122,24 +146,50 @@ def _missing_vllm(ranks: set[str]) -> set[str]:
 
 
 def _missing_sglang(ranks: set[str]) -> set[str]:
-    """TP ranks below the group's highest one that no copy holds."""
+    """TP ranks below the deployment's highest one that no copy holds, in every PP stage and
+    DP rank seen."""
     parsed = [sglang_rank(r) for r in ranks if "_gpu" not in r]
+    spans = _spans_dp(parsed)
     out = set()
-    for pp, dp in {(p, d) for _, p, d in parsed}:
-        top = max(t for t, p, d in parsed if (p, d) == (pp, dp))
-        out |= {f"tp{t}_pp{pp}_dp{dp}" for t in range(top + 1)} - ranks
-    return out
+    for pp in spans:  # dp-attention: dp = tp // attn_tp, attn_tp the narrowest fit
+        mine = [(t, d) for t, p, d in parsed if p == pp]
+        top = max(t for t, _ in mine)
+        width = next((w for w in range(1, top + 2) if all(d == t // w for t, d in mine)), None)
+        if width is not None:
+            out |= {f"tp{t}_pp{pp}_dp{t // width}" for t in range(top + 1)}
+    rest = [(t, p, d) for t, p, d in parsed if p not in spans]
+    top = max((t for t, _, _ in rest), default=-1)  # one TP size for every stage and replica
+    for pp, dp in {(p, d) for _, p, d in rest}:
+        out |= {f"tp{t}_pp{pp}_dp{dp}" for t in range(top + 1)}
+    return out - ranks
+
+
+@dataclass(frozen=True)
+class Expected:
+    """The ranks the engine's own rule names for a deployment from its arguments: all of them
+    and this node's. `key` None: any deployment of the engine whose ranks are among them
+    (SGLang's key hash needs the model's HF config, known on the worker)."""
+
+    engine: EngineName
+    ranks: tuple[str, ...]
+    here: tuple[str, ...]
+    key: str | None = None
+
+    def fits(self, engine: EngineName, key: str, ranks: set[str]) -> bool:
+        if engine != self.engine or (self.key is not None and self.key != key):
+            return False
+        return self.key is not None or ranks <= set(self.ranks)
 
 
 def gather(
     caches: Iterable[Cache],
     copies: Sequence[Path] = (),
-    expected: Mapping[str, Sequence[str]] | None = None,
+    expected: Sequence[Expected] = (),
 ) -> list[Deployment]:
     """Group per-rank files into deployments by engine and hash dir name; `copies` are hash
     dirs given that may hold none of them yet (a cold node's), kept as copies of every
-    deployment of the same name; `expected`: hash dir name -> the rank names the engine's own
-    answer names (predict's `all_files`), which replace the inference from names."""
+    deployment of the same name; `expected`: the ranks the engine's own answer names (vLLM's
+    predict, SGLang's rank_layout), which replace the inference from names."""
     found: dict[tuple[EngineName, str], dict[tuple[Path, str], Cache]] = {}
     order: dict[tuple[EngineName, str], list[Path]] = {}
     for cache in caches:
@@ -157,15 +207,21 @@ def gather(
     for (engine, name), files in found.items():
         extra = [c for c in copies if c.name == name and c not in order[(engine, name)]]
         ranks = {rank for _, rank in files}
-        if expected is not None and name in expected:
-            missing = set(expected[name]) - ranks
+        told = next((e for e in expected if e.fits(engine, name, ranks)), None)
+        if told is not None:
+            missing = set(told.ranks) - ranks
+            away = missing - set(told.here)
         else:
             missing = _missing_vllm(ranks) if engine == "vllm" else _missing_sglang(ranks)
-        every = sorted(ranks | missing, key=lambda r: _order(engine, r))
+            away = set()
+
+        def ordered(names: set[str], engine: EngineName = engine) -> tuple[str, ...]:
+            return tuple(sorted(names, key=lambda r: _order(engine, r)))
+
         out.append(
             Deployment(
-                engine, name, (*order[(engine, name)], *extra), tuple(every), files,
-                tuple(sorted(missing, key=lambda r: _order(engine, r))),
+                engine, name, (*order[(engine, name)], *extra), ordered(ranks | missing), files,
+                ordered(missing) if told is None else (), ordered(away),
             )
         )
     return out

@@ -184,3 +184,61 @@ def test_an_sglang_start_that_died_on_a_gemm2_id_is_named_with_the_sglang_cure( 
     [f] = _findings(doc, "stale-gemm2-profile")
     assert f["severity"] == "error" and f"after loading {rank}" in f["message"]
     assert "fi-cache serve --engine sglang --deterministic" in f["fix"]
+
+
+@pytest.mark.parametrize(
+    "version, flashinfer, warned",
+    [("0.5.18", None, False), ("0.5.19", None, True), ("0.5.22", None, True),
+     ("0.5.23", None, False), ("0.5.23", "0.6.18", True)],
+)  # fmt: skip
+def test_tp_cutlass_moe_loses_its_cache_every_boot_where_flashinfer_keys_carry_the_rank(
+    run, version, flashinfer, warned  # type: ignore[no-untyped-def]
+) -> None:
+    """No EP: FlashInfer 0.6.18-0.7.1 (0.5.19-0.5.22's pins) key CUTLASS MoE entries by tp_rank,
+    so two TP ranks' files never agree; 0.5.23's FlashInfer 0.7.2 keys carry no rank."""
+    fi = ("--flashinfer-version", flashinfer) if flashinfer else ()
+    doc = run("--format", "json", "doctor", *fi, "--sglang-version", version, "--",
+              "--model-path", "M", "--tp-size", "2", "--moe-runner-backend",
+              "flashinfer_cutlass").json()  # fmt: skip
+    found = _findings(doc, "sglang-ep-cache-discarded")
+    assert bool(found) is warned
+    if found:
+        assert "tensor-parallel ranks' files never agree" in found[0]["message"]
+        assert "fi-cache align" in found[0]["fix"]
+
+
+def test_rank_keyed_tp_files_are_named_and_align_makes_sglang_keep_them(  # type: ignore[no-untyped-def]
+    run, tmp_path: Path
+) -> None:
+    a, b = _two_ranks(tmp_path)
+    for path, rank in ((a, 0), (b, 1)):  # each rank's own keys, as FlashInfer 0.6.18 makes them
+        keyed = path.read_text().replace(", 8, 1, 0, 1, 0, 1, 0,", f", 8, 2, {rank}, 1, 0, 1, 0,")
+        path.write_text(keyed)
+    argv = ["--format", "json", "doctor", "--flashinfer-version", "0.6.18", "--sglang-version",
+            "0.5.21", tmp_path, "--", "--model-path", "M", "--tp-size", "2"]  # fmt: skip
+    [f] = _findings(run(*argv).json(), "sglang-ranks-disagree")
+    assert f["details"]["differs"] == ["tp1_pp0_dp0"] and "fi-cache align" in f["fix"]
+    assert run("align", a.parent).code == 0
+    assert a.read_bytes() == b.read_bytes()
+    assert _findings(run(*argv).json(), "sglang-ranks-disagree") == []
+
+
+def test_another_nodes_ranks_not_given_are_said_not_to_be_known(run, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+    """--tp-size 4 over two nodes: this node writes tp0 and tp1; tp2 and tp3 are node 1's."""
+    _two_ranks(tmp_path)
+    tail = ["--", "--model-path", "M", "--tp-size", "4", "--nnodes", "2", "--node-rank", "0"]
+    doc = run("--format", "json", "doctor", "--flashinfer-version", "0.6.18", "--sglang-version",
+              "0.5.23", tmp_path, *tail).json()  # fmt: skip
+    assert _findings(doc, "sglang-ranks-disagree") == []
+    [f] = _findings(doc, "ranks-not-given")
+    assert f["severity"] == "info" and f["details"]["ranks"] == ["tp2_pp0_dp0", "tp3_pp0_dp0"]
+
+
+def test_doctor_names_this_nodes_rank_files_and_what_only_the_worker_knows(run) -> None:  # type: ignore[no-untyped-def]
+    doc = run("--format", "json", "doctor", "--sglang-version", "0.5.23", "--", "--model-path",
+              "M", "--tp-size", "4", "--dp-size", "2", "--enable-dp-attention", "--nnodes", "2",
+              "--node-rank", "1", "--moe-runner-backend", "flashinfer_megamoe").json()  # fmt: skip
+    [f] = _findings(doc, "sglang-rank-files")
+    assert f["details"]["node"] == ["rank_tp2_pp0_dp1.json", "rank_tp3_pp0_dp1.json"]
+    assert len(f["details"]["ranks"]) == 4 and "on node 1 of 2" in f["message"]
+    assert any("_gpu<uuid>" in w for w in f["details"]["on_worker"])

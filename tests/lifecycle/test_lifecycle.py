@@ -30,10 +30,11 @@ from fi_cache.errors import Refused
 from fi_cache.lifecycle.report import Report
 from fi_cache.lifecycle.serve import ServeOptions, serve
 from fi_cache.lifecycle.warm import WarmOptions, warm
+from fi_cache.model import v1
 from fi_cache.model.fingerprint import Fingerprint
 from fi_cache.store import manifest as manifests
 from fi_cache.store.namespace import Namespace
-from tests.conftest import ROOT
+from tests.conftest import GEMM_618, ROOT
 
 FAKE = ROOT / "tests" / "fake_vllm.py"
 FP = Fingerprint(
@@ -197,3 +198,46 @@ def test_an_empty_start_of_an_engine_that_must_tune_is_a_failed_warm(
     ns_dir = Namespace(FP, "unfused").path(store)
     assert not (ns_dir / "third").exists()  # a failed first start leaves no empty tree
     assert manifests.load(ns_dir) is None
+
+
+def test_a_warm_leaves_every_rank_the_same_file(
+    store: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Two ranks that tuned different subsets (vLLM 0.32+ would re-tune both at the next start;
+    SGLang 0.5.19+ would delete both): after the warm both hold the union, as recorded."""
+    monkeypatch.setenv("FAKE_VLLM_RANKS", "2")
+    monkeypatch.setenv("FAKE_VLLM_CACHE_SOURCE", str(GEMM_618))
+    heard = Heard()
+    _, result = warm(Third(), _request("m"), WarmOptions(timeout=60), store, heard.report())
+    whole = len(v1.loads(GEMM_618.read_bytes()).entries)
+    assert sorted((Path(f.path).name, f.entries) for f in result.files) == [
+        ("autotune_configs_dp0_rank0.json", whole), ("autotune_configs_dp0_rank1.json", whole),
+    ]  # fmt: skip
+    a, b = (result.namespace_dir / f.path for f in result.files)
+    assert a.read_bytes() == b.read_bytes()
+    assert any(n.startswith("aligned the rank files of") for n in heard.noted)
+
+
+class TwoRanks(Third):
+    """Third on a node whose own file is rank 1's (another node warmed rank 0's and pushed)."""
+
+    def seed_targets(self, run: Run, ns_dir: Path, store: Path) -> tuple[list[Path], str | None]:
+        [path], why = super().seed_targets(run, ns_dir, store)
+        return [path.with_name("autotune_configs_dp0_rank1.json")], why
+
+
+def test_serve_fills_this_nodes_missing_rank_file_from_the_other_ranks(
+    store: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("FAKE_VLLM_RANKS", "2")
+    monkeypatch.setenv("FAKE_VLLM_CACHE_SOURCE", str(GEMM_618))
+    _, result = warm(TwoRanks(), _request("m"), WarmOptions(timeout=60), store, Report())
+    rank0, rank1 = sorted(result.namespace_dir / f.path for f in result.files)
+    rank1.unlink()  # this node pulled a bundle holding only the other node's rank
+    heard = Heard()
+    handover = serve(TwoRanks(), _request("m", warm=False), ServeOptions(timeout=60), store,
+                     heard.report())  # fmt: skip
+    assert handover.warmed is None  # warm already: the engine starts once, and does not re-tune
+    assert rank1.read_bytes() == rank0.read_bytes()
+    assert any("this node's rank files autotune_configs_dp0_rank1.json were missing" in n
+               for n in heard.noted)  # fmt: skip

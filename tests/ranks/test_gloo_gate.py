@@ -64,3 +64,43 @@ def test_vllms_gate_rejects_a_short_rank_and_loads_the_aligned_set(tmp_path: Pat
     after = _gate(hdir, tmp_path)
     assert [r["gate"] for r in after] == [True, True]
     assert all(r["loaded"] and r["entries"] == len(cf.entries) for r in after)
+
+
+def _start(hdir: Path, tmp: Path, own: dict[str, list[object]]) -> list[dict[str, object]]:
+    """One start of both ranks through vLLM 0.32's own `flashinfer_autotune` (gloo_warmup.py)."""
+    n = len(list(tmp.glob("start-*")))
+    init, keys = tmp / f"start-{n}", tmp / f"keys-{n}.json"
+    keys.write_text(json.dumps(own))
+    env = {**os.environ, "PYTHONPATH": str(flashinfer_dir("0.6.18"))}
+    argv = [sys.executable, str(WORKER.with_name("gloo_warmup.py")), str(_kernel_warmup()),
+            str(init)]  # fmt: skip
+    procs = [
+        subprocess.Popen(
+            [*argv, str(i), "2", str(hdir), rank.removeprefix("dp")[0], str(keys)],
+            env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        )
+        for i, rank in enumerate(RANKS)
+    ]  # fmt: skip
+    out = []
+    for p in procs:
+        stdout, stderr = p.communicate(timeout=300)
+        assert p.returncode == 0, stderr[-2000:]
+        out.append(json.loads(stdout.strip().splitlines()[-1]))
+    return out
+
+
+@needs_vllm
+def test_vllms_own_autotune_start_hits_on_every_rank_only_once_aligned(tmp_path: Path) -> None:
+    """vLLM names each rank's file itself (dp{d}_rank{world rank}), gates, loads, agrees that
+    every rank loaded: a short rank makes both miss everything; after align both hit it all."""
+    hdir = tmp_path / "0.6.18" / "90a" / ("f" * 64)
+    hdir.mkdir(parents=True)
+    cf = v1.loads(GEMM_618.read_bytes())
+    short = v1.CacheFile(cf.metadata, dict(list(cf.entries.items())[1:]), None, cf.generation)
+    for rank, part in zip(RANKS, (cf, short), strict=True):
+        (hdir / f"autotune_configs_{rank}.json").write_text(v1.dumps(part))
+    before = _start(hdir, tmp_path, cf.entries)
+    assert [r["file"] for r in before] == [f"autotune_configs_{r}.json" for r in RANKS]
+    assert [r["hits"] for r in before] == [0, 0]  # every rank tunes again
+    apply([hdir])
+    assert [r["hits"] for r in _start(hdir, tmp_path, cf.entries)] == [len(cf.entries)] * 2

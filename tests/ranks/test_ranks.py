@@ -13,7 +13,14 @@ import pytest
 
 from fi_cache.caches import inventory
 from fi_cache.model import v1
-from fi_cache.ranks.agreement import RankFile, divergent_tactics, partial_hits, vllm_gate
+from fi_cache.ranks.agreement import (
+    RankFile,
+    divergent_tactics,
+    partial_hits,
+    sglang_deletes,
+    sglang_digest,
+    vllm_gate,
+)
 from fi_cache.ranks.align import CannotAlign, align
 from fi_cache.ranks.deployment import gather
 from fi_cache.ranks.keys import rank_free
@@ -132,3 +139,44 @@ def test_the_aligned_moe_files_load_whole_in_real_flashinfer(tmp_path: Path) -> 
     # Both ranks' keys are in the one file every rank gets: each rank finds its own.
     assert result["returned"] is True and result["loaded"] == 2 * len(moe.entries)
     assert set(out.file.entries) <= set(result["keys"])
+
+
+def _sglang_dir(root: Path, ranks: list[str], cf: v1.CacheFile) -> Path:
+    hdir = root / "flashinfer" / "autotune" / "0.6.18" / "sm90" / ("d" * 16)
+    hdir.mkdir(parents=True)
+    for rank in ranks:
+        _write(hdir / f"rank_{rank}.json", cf)
+    return hdir
+
+
+def test_sglang_groups_span_attention_dp_ranks_and_split_replicas(tmp_path: Path) -> None:
+    cf = _cf(GEMM)
+    # --tp-size 4 --dp-size 2 --enable-dp-attention: one TP group; dp = tp // 2.
+    attn = _sglang_dir(tmp_path / "a", ["tp0_pp0_dp0", "tp1_pp0_dp0", "tp3_pp0_dp1"], cf)
+    [dep] = gather(inventory.scan([attn]).caches)
+    assert dep.inferred == ("tp2_pp0_dp1",)  # not tp0_pp0_dp1: TP ranks count across DP ranks
+    assert [len(g) for g in dep.groups()] == [4]
+    # --tp-size 2 --dp-size 2: two replicas, each its own TP group numbered from 0.
+    plain = _sglang_dir(tmp_path / "b", ["tp0_pp0_dp0", "tp1_pp0_dp0", "tp0_pp0_dp1"], cf)
+    [dep] = gather(inventory.scan([plain]).caches)
+    assert dep.inferred == ("tp1_pp0_dp1",)
+    assert [[rf.rank for rf in g] for g in dep.groups()] == [
+        ["tp0_pp0_dp0", "tp1_pp0_dp0"], ["tp0_pp0_dp1", "tp1_pp0_dp1"],
+    ]  # fmt: skip
+
+
+def test_sglangs_digest_keeps_equal_content_whatever_its_layout() -> None:
+    cf = _cf(GEMM)
+    same = v1.loads(json.dumps(dict(reversed(list(json.loads(v1.dumps(cf)).items())))))
+    group = [RankFile("tp0_pp0_dp0", "a", cf), RankFile("tp1_pp0_dp0", "b", same)]
+    assert sglang_digest(group).loads  # SGLang re-dumps the parsed JSON with sorted keys
+    cold = [RankFile(r, r, None, "missing") for r in ("tp0_pp0_dp0", "tp1_pp0_dp0")]
+    assert not sglang_digest(cold).loads and not sglang_deletes(sglang_digest(cold))
+    one_cold = [group[0], cold[1]]
+    verdict = sglang_digest(one_cold)
+    assert sglang_deletes(verdict) and verdict.missing == ("tp1_pp0_dp0",)
+    other = v1.CacheFile({**(cf.metadata or {}), "cuda_version": "12.9"}, cf.entries)
+    verdict = sglang_digest([group[0], RankFile("tp1_pp0_dp0", "b", other)])
+    assert verdict.metadata == {"tp1_pp0_dp0": {"cuda_version": "12.9"}}
+    verdict = sglang_digest([group[0], RankFile("tp1_pp0_dp0", "b", _drop(cf, 1))])
+    assert verdict.differs == ("tp1_pp0_dp0",) and "differ from tp0_pp0_dp0's" in verdict.reason()

@@ -1,7 +1,10 @@
 """`sglang serve` arguments: the few fi-cache reasons about (model, parallel sizes, MoE backend,
 the autotune and determinism switches, where the server listens). Flag names: sglang/srt/
 server_args.py 0.5.19:937-944 (--tp-size, alias --tensor-parallel-size), :2358-2364 (--ep-size,
-aliases --expert-parallel-size, --ep); --model-path (alias --model), --host, --port."""
+aliases --expert-parallel-size, --ep); --pp-size, --dp-size, --attn-dp-size (0.5.22+), --nnodes,
+--node-rank (arg_groups/fields/parallel.py 0.5.23:43-90, with their --pipeline-parallel-size,
+--data-parallel-size, --attention-data-parallel-size aliases); --model-path (alias --model),
+--host, --port."""
 
 from __future__ import annotations
 
@@ -20,9 +23,12 @@ from fi_cache.versions import (
 )
 
 _SIZES = {"--tp-size": "tp", "--tensor-parallel-size": "tp", "--ep-size": "ep",
-          "--expert-parallel-size": "ep", "--ep": "ep"}  # fmt: skip
+          "--expert-parallel-size": "ep", "--ep": "ep", "--pp-size": "pp",
+          "--pipeline-parallel-size": "pp", "--dp-size": "dp", "--data-parallel-size": "dp",
+          "--attn-dp-size": "attn_dp", "--attention-data-parallel-size": "attn_dp",
+          "--nnodes": "nnodes"}  # fmt: skip
 _VALUED = (*_SIZES, "--model-path", "--model", "--moe-runner-backend", "--moe-a2a-backend",
-           "--host", "--port", "--nnodes")  # fmt: skip
+           "--host", "--port", "--node-rank")  # fmt: skip
 _SWITCHES = (SGLANG_DETERMINISTIC_FLAG, SGLANG_DISABLE_AUTOTUNE_FLAG, "--enable-dp-attention")
 _CONFIG = "--config"  # a YAML file of more arguments (server_args.py 0.5.23:402-405, 683-686)
 
@@ -53,6 +59,10 @@ class SglangArgs:
     # --nnodes (server_args.py 0.5.18:1008): a multi-node server starts when every node does,
     # and nodes of rank >= 1 run no HTTP server (http_server.py 0.5.23:3163-3165).
     nnodes: int = 1
+    pp: int = 1
+    dp: int = 1  # --dp-size: replicas, or attention-DP ranks with --enable-dp-attention
+    attn_dp: int = 1  # --attn-dp-size (0.5.22+): attention-DP ranks inside the TP group
+    node_rank: int = 0
     # Settings from the environment that change what a start keeps (not arguments, but part of
     # a warm's identity): e.g. SGLANG_FLASHINFER_AUTOTUNE_CACHE=0.
     environment: tuple[str, ...] = ()
@@ -109,11 +119,18 @@ def parse_sglang_args(argv: Sequence[str]) -> SglangArgs:
             model, model_at = args[i], i  # 0.5.23 `sglang serve MODEL` (cli/serve.py:62-66)
         i += 1
     sizes = {}
-    for name, flag in (("tp", "--tp-size"), ("ep", "--ep-size"), ("--nnodes", "--nnodes")):
+    for name in ("tp", "ep", "pp", "dp", "attn_dp", "nnodes"):
         text = values.get(name, "1")
         if not text.isdigit() or int(text) < 1:
+            flag = next(f for f, n in _SIZES.items() if n == name)
             raise Refused(f"SGLang argument {flag} {text!r} is not a positive integer")
         sizes[name] = int(text)
+    node_rank = values.get("--node-rank", "0")
+    if not node_rank.isdigit() or int(node_rank) >= sizes["nnodes"]:
+        raise Refused(
+            f"SGLang argument --node-rank {node_rank!r} is not a node of --nnodes "
+            f"{sizes['nnodes']} (0 to {sizes['nnodes'] - 1})"
+        )
     if values.get("--moe-a2a-backend") in SGLANG_A2A_EP_SPANNING:
         sizes["ep"] = sizes["tp"]  # SGLang sets it so (arg_groups/overrides.py 0.5.23:1610-1620)
     flagged = values.get("--model-path") or values.get("--model")
@@ -128,7 +145,11 @@ def parse_sglang_args(argv: Sequence[str]) -> SglangArgs:
         model_at=None if flagged else model_at,
         address={k: values[k] for k in _ADDRESS_FLAGS if k in values},
         dp_attention="--enable-dp-attention" in switches,
-        nnodes=sizes["--nnodes"],
+        nnodes=sizes["nnodes"],
+        pp=sizes["pp"],
+        dp=sizes["dp"],
+        attn_dp=sizes["attn_dp"],
+        node_rank=int(node_rank),
     )
 
 

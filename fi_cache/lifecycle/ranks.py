@@ -1,0 +1,99 @@
+"""Rank files the engine will keep and hit (maintenance/align.py): after a start that wrote them,
+each deployment's ranks made to agree the way the engine requires; before a start, this node's
+own files filled in where only other nodes' are (a node that pulled the tuning node's bundle).
+Upstream SGLang 0.5.19-0.5.22 deletes a TP group's files at every start when its FlashInfer keys
+carry the rank (sglang #40320); vLLM 0.32+ re-tunes every rank when one file is missing or
+shorter (getainode #134: a cold node beside a warm head)."""
+
+from __future__ import annotations
+
+from collections.abc import Collection
+from pathlib import Path
+
+from fi_cache.caches.inventory import scan
+from fi_cache.engines.api import Run, ServerEngine
+from fi_cache.errors import FiCacheError
+from fi_cache.lifecycle.report import Report
+from fi_cache.ranks.deployment import Expected, gather, rank_name
+
+
+def rank_dirs(root: Path) -> list[Path]:
+    """Hash dirs under `root` that hold a deployment's per-rank files."""
+    if not root.is_dir():
+        return []
+    deployments = gather(scan([root], explicit=False).caches)
+    return sorted({copy for dep in deployments for copy in dep.copies})
+
+
+def align_ranks(root: Path, report: Report, touched: Collection[Path] | None = None) -> int:
+    """Align every deployment under `root` (only those in the dirs `touched`, when given: what
+    a start wrote); the number of files rewritten. A deployment align refuses is left as the
+    engine wrote it, with the reason noted."""
+    from fi_cache.maintenance.align import apply
+
+    dirs = [d for d in rank_dirs(root) if touched is None or d in touched]
+    if not dirs:
+        return 0
+    try:
+        plans = apply(dirs)
+    except FiCacheError as exc:  # a lock held too long, an unreadable dir: the files stay
+        report.note(f"rank files not aligned: {exc.message}")
+        return 0
+    written = 0
+    for gp in plans:
+        name = f"{gp.deployment.key[:16]} ({len(gp.ranks)} ranks)"
+        if gp.aligned is None:
+            report.note(f"rank files of {name} not aligned: {gp.problem}")
+        elif gp.writes:
+            written += len(gp.writes)
+            report.note(
+                f"aligned the rank files of {name}: {gp.entries} entries on every rank, "
+                f"{len(gp.chosen)} keys the ranks answered differently kept the lowest rank's"
+            )
+    return written
+
+
+def complete_node(
+    engine: ServerEngine, run: Run, ns_dir: Path, store: Path, report: Report
+) -> list[Path]:
+    """Before a start on a namespace that holds rank files: the files this start will read
+    (the engine's own answer: seed_targets) that are missing beside other ranks' files of the
+    same deployment, written as the union of theirs, so this node does not start cold and make
+    every rank tune again. Returns the files written; a refusal (rank-keyed MoE entries only
+    their own rank can tune, another environment) is warned, nothing written."""
+    from fi_cache.maintenance.align import apply
+
+    root = engine.autotune_dir(ns_dir)
+    dirs = set(rank_dirs(root))
+    if not dirs:
+        return []
+    targets, _ = engine.seed_targets(run, ns_dir, store)
+    missing = [t for t in targets if t.parent in dirs and not t.exists()]
+    if not missing:
+        return []
+    deployments = gather(scan(sorted(dirs), explicit=False).caches)
+    expected = [
+        Expected(dep.engine, (*dep.ranks, *mine), mine, dep.key)
+        for dep in deployments
+        if (mine := tuple(rank_name(t) for t in missing if t.parent.name == dep.key))
+    ]
+    names = ", ".join(t.name for t in missing)
+    try:
+        plans = apply(sorted({t.parent for t in missing}), expected=expected)
+    except FiCacheError as exc:
+        report.warn(f"this node's rank files {names} are missing: {exc.message}")
+        return []
+    written = [p for gp in plans if gp.aligned is not None for p, _ in gp.writes]
+    for gp in plans:
+        if gp.aligned is None:
+            report.warn(
+                f"this node's rank files {names} are missing beside {len(gp.ranks) - len(missing)} "
+                f"other ranks' ({gp.problem}): at start every rank of the group tunes again"
+            )
+    if written:
+        report.note(
+            f"this node's rank files {names} were missing beside the other ranks' (a bundle "
+            f"from another node?): filled with their union, {len(written)} files written, so "
+            "no rank tunes again"
+        )
+    return written
