@@ -19,8 +19,8 @@ stored runner.
 """
 
 from __future__ import annotations
-
 import __future__
+
 import ast
 import json
 import logging
