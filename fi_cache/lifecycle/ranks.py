@@ -10,6 +10,7 @@ from __future__ import annotations
 from collections.abc import Collection
 from pathlib import Path
 
+from fi_cache.caches.discover import discover
 from fi_cache.caches.inventory import scan
 from fi_cache.engines.api import Run, ServerEngine
 from fi_cache.errors import FiCacheError
@@ -23,6 +24,14 @@ def rank_dirs(root: Path) -> list[Path]:
         return []
     deployments = gather(scan([root], explicit=False).caches)
     return sorted({copy for dep in deployments for copy in dep.copies})
+
+
+def _names_rank_files(root: Path) -> bool:
+    """Whether any file under `root` is named as a per-rank file (nothing is parsed)."""
+    if not root.is_dir():
+        return False
+    found, _ = discover(root)
+    return any(f.format == "v1" and f.rank is not None and f.run is None for f in found)
 
 
 def align_ranks(root: Path, report: Report, touched: Collection[Path] | None = None) -> int:
@@ -64,6 +73,8 @@ def complete_node(
     from fi_cache.maintenance.align import apply
 
     root = engine.autotune_dir(ns_dir)
+    if not _names_rank_files(root):
+        return []  # the common case, decided from names alone: serve's overhead stays small
     dirs = set(rank_dirs(root))
     if not dirs:
         return []
