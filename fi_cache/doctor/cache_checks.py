@@ -134,6 +134,7 @@ class _Tuned:
     mode: str
     why: str  # what says so, for a reader who has never heard of finalize modes
     ignored_by_warm: bool = False  # a `warm --finalize unfused` whose vLLM tuned fused anyway
+    guessed: bool = False  # nothing records the mode: "fused" is the likely answer, not a fact
 
 
 def _tuned_mode(view: Any) -> _Tuned:
@@ -159,14 +160,18 @@ def _tuned_mode(view: Any) -> _Tuned:
                 "most likely: this unfused namespace was warmed by a vLLM fi-cache could not "
                 f"inspect, and {none_reads}",
                 True,
+                True,
             )
         return _Tuned(
-            "fused", f"most likely: no warm of this unfused namespace is recorded, and {none_reads}"
+            "fused",
+            f"most likely: no warm of this unfused namespace is recorded, and {none_reads}",
+            guessed=True,
         )
     if view.namespace_finalize == "fused":
         return _Tuned("fused", "this is the store's fused namespace")
     return _Tuned(
-        "fused", f"most likely: nothing records how this file was tuned, and {none_reads}"
+        "fused", f"most likely: nothing records how this file was tuned, and {none_reads}",
+        guessed=True,
     )
 
 
@@ -299,14 +304,24 @@ def stale_gemm2_profile(inp: Inputs) -> Iterator[Finding]:
         )
         if selects_unfused(inp) is None and "unfused" in (runs, tuned.mode):
             asks += f" (if {_vllm(inp)} reads {VLLM_FINALIZE_ENV} at all: see finalize-unsupported)"
+        # A guessed mode with no id that would crash: the file may well be of the target's mode.
+        harmless = tuned.guessed and split is not None and not split[1]["crash_ids"]
         yield Finding(
             "stale-gemm2-profile",
-            "error",
+            "warning" if harmless else "error",
             path,
-            f"MoE GEMM2 entries here were tuned {tuned.mode} ({tuned.why}); {asks}. Their "
+            ("No id here is beyond the target's list, so nothing crashes, but nothing records "
+             "the mode either: " if harmless else "")
+            + f"MoE GEMM2 entries here were tuned {tuned.mode} ({tuned.why}); {asks}. Their "
             f"keys (FlashInfer < {FLASHINFER_FINALIZE_IN_KEY}) do not record the finalize mode, "
             f"so that start replays them: {detail}",
-            _stale_fix(inp, view, tuned, runs),
+            (
+                "keep it if it was tuned unfused; if it was tuned fused, those ids run other "
+                "kernels unfused: move it aside (doctor --fix leaves a warning alone) and warm "
+                "through fi-cache, whose namespaces record the mode"
+                if harmless
+                else _stale_fix(inp, view, tuned, runs)
+            ),
             details if split is not None else None,
         )
 

@@ -453,6 +453,19 @@ def test_the_stale_gemm2_split_is_what_the_h200_did() -> None:
     assert "Invalid gemm2 profile id" in f.message and "bf16 assumed" in f.message
 
 
+def test_an_unrecorded_file_none_of_whose_ids_crash_is_a_warning_not_an_error() -> None:
+    """fi-cache's own unfused H200 file, copied out of its namespace: nothing records the mode,
+    and every GEMM2 id is within the unfused list, so nothing would crash start-up."""
+    from tests.conftest import FIXTURES
+
+    view = _view(FIXTURES / "h200-moe-run" / "0.6.17" / "unfused-namespace.json")
+    target = _target(vllm_version=None, vllm_supports_finalize=None, finalize="unfused")
+    [f] = doctor.run(Inputs(target, (view,)), ["stale-gemm2-profile"])
+    assert f.severity == "warning" and f.details is not None and f.details["crash_ids"] == []
+    assert f.message.startswith("No id here is beyond the target's list, so nothing crashes")
+    assert "doctor --fix leaves a warning alone" in f.fix
+
+
 def test_a_sweep_log_is_one_finding_per_process_not_one_per_call() -> None:
     """The H200 sweep (one process, every bucket tried, each error caught): 11 failed calls, one
     finding that says the process went on."""
