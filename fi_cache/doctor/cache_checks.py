@@ -476,6 +476,24 @@ def tmp_leftover(inp: Inputs) -> Iterator[Finding]:
             )
 
 
+def no_target(inp: Inputs) -> Iterator[Finding]:
+    """Nothing about the target is known: the checks against it had nothing to compare with."""
+    t, fp = inp.target, inp.target.fingerprint
+    if t.vllm_version or t.sglang_version or any(
+        (fp.flashinfer_version, fp.cuda_version, fp.gpu, fp.arch)
+    ):
+        return
+    yield Finding(
+        "no-target",
+        "info",
+        None,
+        "no target given and none detected here (no FlashInfer, GPU or engine version): only "
+        "the files' integrity was checked, not whether a start would load, hit or crash on them",
+        "run doctor on the serving machine, or name the target: --flashinfer-version V --gpu "
+        "NAME [--vllm-version V | --sglang-version V] [--finalize fused|unfused] [-- ARGS]",
+    )
+
+
 CHECKS = (
     Check(
         "corrupt-file",
@@ -521,4 +539,5 @@ CHECKS = (
         not_loaded,
     ),
     Check("tmp-leftover", "temp files of killed writers", tmp_leftover),
+    Check("no-target", "no target given or detected: only integrity was checked (info)", no_target),
 )

@@ -515,3 +515,10 @@ def test_a_metadata_value_of_another_json_type_is_a_hard_mismatch(value: object)
     meta = {**H200_617, "gpu": value}
     [mismatch] = compare_metadata(meta, _target().fingerprint)
     assert mismatch.field == "gpu" and mismatch.hard
+
+
+def test_doctor_with_nothing_known_of_the_target_says_only_integrity_was_checked() -> None:
+    view = _view(GEMM_618)
+    [f] = doctor.run(Inputs(Target(Fingerprint()), (view,)), ["no-target"])
+    assert f.severity == "info" and "only the files' integrity was checked" in f.message
+    assert doctor.run(Inputs(_target(), (view,)), ["no-target"]) == []
