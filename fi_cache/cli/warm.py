@@ -4,6 +4,7 @@ The warm itself is fi_cache/lifecycle/'s; this module parses and renders."""
 
 from __future__ import annotations
 
+import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, cast
 
@@ -130,6 +131,12 @@ SEED_OPT = click.option(
     show_default=True,
     help="Seconds to wait for another warm of the same namespace.",
 )
+@click.option(
+    "--again",
+    is_flag=True,
+    help="Start the engine even when a warm of these arguments is recorded and its files are "
+    "there (by default nothing starts).",
+)
 @SEED_OPT
 @VLLM_OPT
 @SGLANG_OPT
@@ -143,6 +150,7 @@ def warm_command(
     port: int | None,
     force: bool,
     lock_timeout: float,
+    again: bool,
     seed: bool,
     vllm_path: str | None,
     sglang_path: str | None,
@@ -188,7 +196,7 @@ def warm_command(
     request = Request(
         path, vllm_args, asked, f"--finalize {finalize}", "--finalize unfused", force, warm=True
     )
-    options = WarmOptions(1800.0 if timeout is None else timeout, port, lock_timeout, seed)
+    options = WarmOptions(1800.0 if timeout is None else timeout, port, lock_timeout, seed, again)
     run, result = run_warm(engine, request, options)
     if ctx.json:
         render.emit_json(_doc(engine, run, result))
@@ -196,7 +204,13 @@ def warm_command(
     from fi_cache.engines import serving
 
     who = serving(engine).display
-    if result.nothing_to_tune:
+    if result.already:
+        when = time.strftime("%Y-%m-%d %H:%M", time.localtime(result.record.started))
+        click.echo(
+            f"already warm: a warm of these arguments ({when}) is recorded and its files are "
+            f"there; {who} was not started (--again to start it anyway)"
+        )
+    elif result.nothing_to_tune:
         click.echo(f"nothing to tune: {result.nothing_to_tune} ({who} started and stopped)")
     else:
         how = (
@@ -220,7 +234,9 @@ def _doc(engine: str, run: Run, result: WarmResult) -> dict[str, Any]:
         {"path": str(ns_dir / f.path), "entries": f.entries, "size": f.size, "seeded": f.seeded}
         for f in result.files
     ]
-    common = {"reused": result.reused, "seconds": result.record.seconds}
+    common = {
+        "reused": result.reused, "already": result.already, "seconds": result.record.seconds,
+    }  # fmt: skip
     if engine != "sglang":
         return {
             "namespace": str(ns_dir), "finalize": run.ns.finalize, **common,

@@ -30,6 +30,7 @@ class WarmOptions:
     port: int | None = None
     lock_timeout: float = 3600.0
     seed: bool = True
+    again: bool = False  # start the engine even when a warm of these arguments is recorded
 
 
 @dataclass(frozen=True)
@@ -39,6 +40,7 @@ class WarmResult:
     namespace_dir: Path
     files: list[CacheFileRecord] = field(default_factory=list)
     nothing_to_tune: str | None = None  # why this start saved nothing, and that this is fine
+    already: bool = False  # warm already (recorded, its files there): nothing was started
 
 
 def warm(
@@ -90,7 +92,11 @@ def _locked(
     with locks.namespace_lock(ns_dir, "warm", options.lock_timeout, on_wait):
         m = manifests.load(ns_dir) or Manifest.new(run.ns)
         prior = m.last_warm(key, since=asked) if waited else None
-        if prior is not None:
+        done = None if options.again else m.last_warm(key)
+        warm_already = engine.is_warm(ns_dir, m, run.args, run.ns.finalize)
+        if prior is None and done is not None and warm_already:
+            result = WarmResult(done, True, ns_dir, done.files, already=True)
+        elif prior is not None:
             result = WarmResult(prior, True, ns_dir, prior.files)
         else:
             seeded = before(ns_dir, m) if before else {}

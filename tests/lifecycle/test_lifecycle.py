@@ -241,3 +241,18 @@ def test_serve_fills_this_nodes_missing_rank_file_from_the_other_ranks(
     assert rank1.read_bytes() == rank0.read_bytes()
     assert any("this node's rank files autotune_configs_dp0_rank1.json were missing" in n
                for n in heard.noted)  # fmt: skip
+
+
+def test_a_second_warm_of_the_same_arguments_starts_nothing(
+    store: Path, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    record = tmp_path / "record"
+    record.mkdir()
+    monkeypatch.setenv("FAKE_VLLM_RECORD", str(record))
+    warm(Third(), _request("m"), WarmOptions(timeout=60), store, Report())
+    _, again = warm(Third(), _request("m"), WarmOptions(timeout=60), store, Report())
+    assert again.already and again.reused
+    assert len((record / "starts.jsonl").read_text().splitlines()) == 1  # one start only
+    _, forced = warm(Third(), _request("m"), WarmOptions(timeout=60, again=True), store, Report())
+    assert not forced.already
+    assert len((record / "starts.jsonl").read_text().splitlines()) == 2

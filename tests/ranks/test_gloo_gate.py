@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import json
 import os
-import subprocess
 import sys
+import uuid
 from pathlib import Path
 
 import pytest
@@ -15,6 +15,7 @@ from fi_cache.maintenance.align import apply
 from fi_cache.model import v1
 from fi_cache.ranks.agreement import RankFile, vllm_gate
 from tests.conftest import GEMM_618, VLLM_PYTHON, flashinfer_dir, needs_vllm
+from tests.ranks.gloo import run_ranks
 
 WORKER = Path(__file__).with_name("gloo_gate.py")
 RANKS = ("dp0_rank0", "dp1_rank1")  # MoE -dp 2 on vLLM 0.32: one world group of two
@@ -30,22 +31,14 @@ def _kernel_warmup() -> Path:
 
 
 def _gate(hdir: Path, tmp: Path) -> list[dict[str, object]]:
-    init = tmp / f"gloo-{len(list(tmp.glob('gloo-*')))}"
+    init = tmp / f"gloo-{uuid.uuid4().hex}"  # a FileStore file is never reused
     env = {**os.environ, "PYTHONPATH": str(flashinfer_dir("0.6.18"))}
     argv = [sys.executable, str(WORKER), str(_kernel_warmup()), str(init)]
-    procs = [
-        subprocess.Popen(
-            [*argv, str(i), "2", str(hdir / f"autotune_configs_{rank}.json")],
-            env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-        )
-        for i, rank in enumerate(RANKS)
-    ]
-    out = []
-    for p in procs:
-        stdout, stderr = p.communicate(timeout=300)
-        assert p.returncode == 0, stderr[-2000:]
-        out.append(json.loads(stdout.strip().splitlines()[-1]))
-    return out
+    return run_ranks(
+        [[*argv, str(i), "2", str(hdir / f"autotune_configs_{rank}.json")]
+         for i, rank in enumerate(RANKS)],
+        env,
+    )  # fmt: skip
 
 
 @needs_vllm
@@ -68,25 +61,17 @@ def test_vllms_gate_rejects_a_short_rank_and_loads_the_aligned_set(tmp_path: Pat
 
 def _start(hdir: Path, tmp: Path, own: dict[str, list[object]]) -> list[dict[str, object]]:
     """One start of both ranks through vLLM 0.32's own `flashinfer_autotune` (gloo_warmup.py)."""
-    n = len(list(tmp.glob("start-*")))
+    n = uuid.uuid4().hex
     init, keys = tmp / f"start-{n}", tmp / f"keys-{n}.json"
     keys.write_text(json.dumps(own))
     env = {**os.environ, "PYTHONPATH": str(flashinfer_dir("0.6.18"))}
     argv = [sys.executable, str(WORKER.with_name("gloo_warmup.py")), str(_kernel_warmup()),
             str(init)]  # fmt: skip
-    procs = [
-        subprocess.Popen(
-            [*argv, str(i), "2", str(hdir), rank.removeprefix("dp")[0], str(keys)],
-            env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-        )
-        for i, rank in enumerate(RANKS)
-    ]  # fmt: skip
-    out = []
-    for p in procs:
-        stdout, stderr = p.communicate(timeout=300)
-        assert p.returncode == 0, stderr[-2000:]
-        out.append(json.loads(stdout.strip().splitlines()[-1]))
-    return out
+    return run_ranks(
+        [[*argv, str(i), "2", str(hdir), rank.removeprefix("dp")[0], str(keys)]
+         for i, rank in enumerate(RANKS)],
+        env,
+    )  # fmt: skip
 
 
 @needs_vllm

@@ -7,8 +7,8 @@ from __future__ import annotations
 
 import json
 import os
-import subprocess
 import sys
+import uuid
 from pathlib import Path
 
 import pytest
@@ -19,6 +19,7 @@ from fi_cache.model import v1
 from fi_cache.ranks.agreement import sglang_deletes, sglang_digest
 from fi_cache.ranks.deployment import gather
 from tests.conftest import GEMM_618, MOE_618_FUSED, flashinfer_dir
+from tests.ranks.gloo import run_ranks
 from tests.ranks.test_ranks import _as_rank
 from tests.sglang_layout import sglang_module
 
@@ -31,24 +32,17 @@ def _boot(version: str, fi: str, hdir: Path, own: list[v1.CacheFile], tmp: Path)
     source = tmp / f"flashinfer_autotune-{version}.py"
     if not source.exists():
         source.write_text(sglang_module(version))
-    n = len(list(tmp.glob("gloo-*")))
+    n = uuid.uuid4().hex  # a FileStore file is never reused
     env_file = tmp / "env.json"
     env_file.write_text(json.dumps(own[0].metadata))  # every rank reads on the tuning stack
-    procs = []
+    argvs = []
     for i, rank in enumerate(RANKS):
         keys = tmp / f"keys-{n}-{i}.json"
         keys.write_text(json.dumps(own[i].entries))
-        argv = [sys.executable, str(WORKER), str(source), str(tmp / f"gloo-{n}"), str(i), "2",
-                str(hdir / f"rank_{rank}.json"), str(env_file), str(keys)]  # fmt: skip
-        env = {**os.environ, "PYTHONPATH": f"{flashinfer_dir(fi)}{os.pathsep}{Path.cwd()}"}
-        procs.append(subprocess.Popen(argv, env=env, stdout=subprocess.PIPE,
-                                      stderr=subprocess.PIPE, text=True))  # fmt: skip
-    out = []
-    for p in procs:
-        stdout, stderr = p.communicate(timeout=300)
-        assert p.returncode == 0, stderr[-2000:]
-        out.append(json.loads(stdout.strip().splitlines()[-1]))
-    return out
+        argvs.append([sys.executable, str(WORKER), str(source), str(tmp / f"gloo-{n}"), str(i),
+                      "2", str(hdir / f"rank_{rank}.json"), str(env_file), str(keys)])  # fmt: skip
+    env = {**os.environ, "PYTHONPATH": f"{flashinfer_dir(fi)}{os.pathsep}{Path.cwd()}"}
+    return run_ranks(argvs, env)
 
 
 def _deployment_verdict(hdir: Path):  # type: ignore[no-untyped-def]

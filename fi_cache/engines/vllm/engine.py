@@ -65,6 +65,18 @@ class Vllm(ServerEngine):
     def find_executable(self, explicit: str | None) -> str:
         return launch.find_executable(explicit)
 
+    def serve_without_warm(self, run: Run) -> str | None:
+        """A start that certainly tunes nothing (autotune off in its arguments, a vLLM without a
+        persistent cache) is not warmed first: a warm would start vLLM once more for nothing.
+        Detected facts (no FlashInfer, no GPU) may be wrong here, so those still warm."""
+        version = parse_version(run.env.vllm.version)
+        certain = run.args.autotune_off or (
+            version is not None and version < VLLM_PERSISTENT_CACHE
+        )
+        if certain and run.nothing_to_tune:
+            return f"nothing to tune ({run.nothing_to_tune}): vLLM starts once, without a warm"
+        return None
+
     def read_args(self, argv: Sequence[str]) -> args.ServeArgs:
         parsed = args.parse_serve_args(argv)
         args.require_model(parsed)

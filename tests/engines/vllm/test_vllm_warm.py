@@ -625,3 +625,10 @@ def test_serve_format_json_prints_one_document_and_vllms_log_on_stderr(rig: Rig)
     assert doc["finalize"] == "fused" and doc["command"][-1] == MODEL and doc["warm"] is None
     assert doc["cache_dir"] == str(Path(doc["namespace"]) / "vllm")
     assert "fake vLLM exiting at once" in p.stderr  # vLLM's log went to stderr
+
+
+def test_a_cold_serve_with_autotune_off_starts_vllm_once(rig: Rig) -> None:
+    """Nothing to tune, certainly (autotune off in the arguments): no warm first (issue 23)."""
+    p = rig.run("serve", "--", MODEL, "-O0", FAKE_VLLM_MODE="exit-now", FAKE_VLLM_EXIT_CODE="0")
+    assert p.returncode == 0 and "vLLM starts once, without a warm" in p.stderr
+    assert len(rig.starts()) == 1
