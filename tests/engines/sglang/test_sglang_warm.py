@@ -121,7 +121,10 @@ def test_the_two_finalize_modes_never_share_a_rank_file(rig: Rig) -> None:
 
 def test_a_second_start_reads_the_rank_file_the_warm_left(rig: Rig) -> None:
     assert rig.warm(*MODEL).returncode == 0
-    again = rig.warm(*MODEL)
+    already = rig.warm(*MODEL)  # warmed with these arguments: nothing starts
+    assert already.returncode == 0 and json.loads(already.stdout)["already"] is True
+    assert len(rig.starts()) == 1
+    again = rig.warm("--again", *MODEL)
     assert again.returncode == 0, again.stderr
     first, second = rig.starts()
     assert second["files"][0]["path"] == first["files"][0]["path"]
