@@ -75,14 +75,14 @@ def complete_node(
     root = engine.autotune_dir(ns_dir)
     if not _names_rank_files(root):
         return []  # the common case, decided from names alone: serve's overhead stays small
-    dirs = set(rank_dirs(root))
+    deployments = gather(scan([root], explicit=False).caches)  # read once, for dirs and ranks
+    dirs = {copy for dep in deployments for copy in dep.copies}
     if not dirs:
         return []
     targets, _ = engine.seed_targets(run, ns_dir, store)
     missing = [t for t in targets if t.parent in dirs and not t.exists()]
     if not missing:
         return []
-    deployments = gather(scan(sorted(dirs), explicit=False).caches)
     expected = [
         Expected(dep.engine, (*dep.ranks, *mine), mine, dep.key)
         for dep in deployments
