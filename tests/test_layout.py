@@ -26,9 +26,11 @@ ALLOWED: dict[str, set[str]] = {
     "engines": _BOTTOM | {"store", "caches", "environment", "ranks"},
     "doctor": _BOTTOM | {"store", "caches", "environment", "engines", "ranks"},
     "maintenance": _BOTTOM | {"store", "caches", "environment", "ranks"},
-    "fleet": _BOTTOM | {"store", "caches", "environment", "ranks"},
+    # An import keeps this node's rank files with maintenance's align.
+    "fleet": _BOTTOM | {"store", "caches", "environment", "ranks", "maintenance"},
+    # serve --pull imports the fleet's bundle before the checks.
     "lifecycle": _BOTTOM
-    | {"store", "caches", "environment", "engines", "doctor", "maintenance", "ranks"},
+    | {"store", "caches", "environment", "engines", "doctor", "maintenance", "ranks", "fleet"},
     "cli": _BOTTOM
     | {"store", "caches", "environment", "engines", "doctor", "maintenance", "fleet", "lifecycle"}
     | {"ranks"},

@@ -61,6 +61,23 @@ def _summary(bm: Any) -> dict[str, Any]:
     return {"namespaces": [n.path for n in bm.namespaces], "files": len(bm.files), "size": bm.size}
 
 
+def node_summary(node: Any) -> dict[str, Any]:
+    return {"filled": [str(p) for p in node.filled], "refused": list(node.refused)}
+
+
+def echo_node(node: Any) -> None:
+    """What an import did for this node's own rank files (fleet/node.py)."""
+    if node.filled:
+        names = ", ".join(p.name for p in node.filled[:4])
+        more = f" and {len(node.filled) - 4} more" if len(node.filled) > 4 else ""
+        click.echo(
+            f"kept this node's rank files the bundle lacks: {len(node.filled)} written as the "
+            f"union of the bundle's ranks ({names}{more})"
+        )
+    for why in node.refused:
+        render.warn(f"this node's rank files were not kept ({why}): every rank tunes again")
+
+
 @click.command(
     "export",
     epilog=render.examples(
@@ -112,11 +129,14 @@ def import_command(bundle_path: Path, force: bool) -> int:
     ctx = _ctx()
     with bundle.open_bundle(bundle_path) as opened:  # bad input is refused before any probing
         here = environment.detect(state_dir(ctx.store)).fingerprint
-        bm = bundle.install_bundle(ctx.store, opened, here, force)
+        installed = bundle.install_bundle(ctx.store, opened, here, force)
+    bm = installed.manifest
     if ctx.json:
-        render.emit_json({"bundle": str(bundle_path), **_summary(bm)})
+        node = node_summary(installed.node)
+        render.emit_json({"bundle": str(bundle_path), **_summary(bm), "node_ranks": node})
     else:
         echo_bundle("imported", bm, f"from {bundle_path}", list_namespaces=True)
+        echo_node(installed.node)
     return 0
 
 

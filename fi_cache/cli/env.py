@@ -43,9 +43,7 @@ def env_command(exact: bool | None, refresh: bool) -> int:
     fp = env.fingerprint
     namespaces = {mode: str(Namespace(fp, mode).path(ctx.store)) for mode in FINALIZE_MODES}
     lock = (
-        locks.lock_strategy(ctx.store)
-        if ctx.store.is_dir()
-        else ("flock", "store not created yet")
+        locks.lock_strategy(ctx.store) if ctx.store.is_dir() else ("flock", "store not created yet")
     )
     doc = {
         "metadata": fp.metadata(),

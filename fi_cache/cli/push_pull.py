@@ -128,7 +128,7 @@ def pull_command(url: str, force: bool, key: str | None) -> int:
     Refuses (exit 2) when URL holds no bundle for this machine's environment, naming the key
     it looked for and the bundles that are there.
     """
-    from fi_cache.cli.bundle import echo_bundle
+    from fi_cache.cli.bundle import echo_bundle, echo_node, node_summary
     from fi_cache.fleet import transfer
 
     ctx = _ctx()
@@ -138,9 +138,10 @@ def pull_command(url: str, force: bool, key: str | None) -> int:
     finally:
         progress.finish()
     if ctx.json:
-        render.emit_json(_summary(moved))
+        render.emit_json({**_summary(moved), "node_ranks": node_summary(moved.node)})
     else:
         echo_bundle("pulled", moved.manifest, f"from {moved.url}", list_namespaces=True)
+        echo_node(moved.node)
     return 0
 
 

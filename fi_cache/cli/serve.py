@@ -62,6 +62,16 @@ def _ctx() -> Any:
     show_default=True,
     help="Seconds to wait for the engine's /health while warming.",
 )
+@click.option(
+    "--pull",
+    "pull_url",
+    metavar="URL",
+    envvar="FI_CACHE_PULL",
+    default=None,
+    help="First import this machine's bundle from URL, as `fi-cache pull URL` (env "
+    "FI_CACHE_PULL): a pod whose store starts empty serves the fleet's tuning; a failed pull "
+    "is a warning.",
+)
 @SEED_OPT
 @VLLM_OPT
 @SGLANG_OPT
@@ -72,6 +82,7 @@ def serve_command(
     do_warm: bool,
     force: bool,
     timeout: float,
+    pull_url: str | None,
     seed: bool,
     vllm_path: str | None,
     sglang_path: str | None,
@@ -101,7 +112,8 @@ def serve_command(
     request = Request(path, vllm_args, asked, "--deterministic", "--deterministic", force)
     report, status = reporter(ctx.quiet)
     try:
-        handover = serve(adapter, request, ServeOptions(do_warm, timeout, seed), ctx.store, report)
+        options = ServeOptions(do_warm, timeout, seed, pull=pull_url)
+        handover = serve(adapter, request, options, ctx.store, report)
     except WarmFailed as exc:
         say_failed_warm(exc, adapter.display, status)
         raise

@@ -59,8 +59,8 @@ def _not_given(dep: Deployment, ranks: list[str]) -> Finding:
         _where(dep),
         f"{len(ranks)} rank files of this deployment are written on other nodes ({shown}) and "
         "were not given: the engine loads the cache only when they agree with this node's",
-        "give every node's copy of the hash dir as a PATH, or compare with the fleet's bundle "
-        "(`fi-cache serve` does before it starts)",
+        "give every node's copy of the hash dir as a PATH; `fi-cache serve --pull URL` imports "
+        "the fleet's bundle and fills this node's files from it before it starts",
         {"deployment": dep.key, "ranks": ranks},
     )
 

@@ -29,6 +29,8 @@ from fi_cache import __version__
 from fi_cache.caches.discover import TMP_PATTERN, Found, discover
 from fi_cache.caches.inventory import MAX_FILE_ENV, MB, env_megabytes, max_file_bytes, scan
 from fi_cache.errors import CorruptCache, FiCacheError, Refused, read_refusal
+from fi_cache.fleet import node
+from fi_cache.fleet.node import NodeRanks
 from fi_cache.model import jsoncheck, v2
 from fi_cache.model.fingerprint import FINGERPRINT_FIELDS, Fingerprint, compare_metadata
 from fi_cache.store import install, locks
@@ -308,9 +310,7 @@ def _open_regular(bundle: Path) -> IO[bytes]:
         if not stat.S_ISREG(st.st_mode):
             raise Refused("not a regular file (a FIFO or device is no bundle)", bundle)
         if st.st_size > max_bundle_bytes():
-            raise Refused(
-                f"bundle is {st.st_size / MB:.0f} MB, over the {_bundle_limit()}", bundle
-            )
+            raise Refused(f"bundle is {st.st_size / MB:.0f} MB, over the {_bundle_limit()}", bundle)
         return os.fdopen(fd, "rb")  # O_NONBLOCK changes nothing for a regular file's reads
     except BaseException:
         os.close(fd)
@@ -437,16 +437,24 @@ def foreign_fields(bm: BundleManifest, here: Fingerprint) -> list[str]:
 # --- import: installing -------------------------------------------------------------------------
 
 
-def import_bundle(store: Path, bundle: Path, here: Fingerprint, force: bool) -> BundleManifest:
+@dataclass(frozen=True)
+class Installed:
+    """An import: the bundle's manifest, and this node's rank files kept (node.py)."""
+
+    manifest: BundleManifest
+    node: NodeRanks
+
+
+def import_bundle(store: Path, bundle: Path, here: Fingerprint, force: bool) -> Installed:
     """Verify `bundle` completely, then install its namespaces. Raises Refused or FiCacheError."""
     with open_bundle(bundle) as opened:
         return install_bundle(store, opened, here, force)
 
 
-def install_bundle(
-    store: Path, opened: OpenBundle, here: Fingerprint, force: bool
-) -> BundleManifest:
-    """Install a vetted bundle: its bytes (sha256) and contents checked in a staging dir first."""
+def install_bundle(store: Path, opened: OpenBundle, here: Fingerprint, force: bool) -> Installed:
+    """Install a vetted bundle: its bytes (sha256) and contents checked in a staging dir first.
+    Rank files of this node's that the bundle (another node's) lacks are written anew beside
+    the bundle's (node.py), so the engine does not re-tune every rank for them."""
     bm, bundle = opened.manifest, opened.path
     if (diff := foreign_fields(bm, here)) and not force:
         raise Refused(
@@ -466,6 +474,7 @@ def install_bundle(
                 if digest != declared[m.name].sha256:
                     raise Refused(f"checksum mismatch for {m.name!r}", bundle)
         _check_contents(staging, bm, bundle, None if force else here)
+        mine = {n.path: node.own_rank_files(store / n.path) for n in bm.namespaces}
         for n in bm.namespaces:
             install.install_dir(staging / n.path, store / n.path, store)
     except (tarfile.TarError, EOFError, OSError) as exc:
@@ -473,7 +482,7 @@ def install_bundle(
     finally:
         if staging.exists():
             install.discard_staging_dir(staging)
-    return bm
+    return Installed(bm, node.keep(store, mine))
 
 
 def _check_contents(

@@ -19,7 +19,7 @@ import os
 import re
 import secrets
 from collections.abc import Callable, Iterator
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import IO, Any, cast
 
@@ -27,7 +27,8 @@ from fi_cache import __version__
 from fi_cache.caches.inventory import MB
 from fi_cache.errors import EXIT_REFUSED, FiCacheError, Refused
 from fi_cache.fleet import bundle
-from fi_cache.fleet.bundle import BundleManifest
+from fi_cache.fleet.bundle import BundleManifest, Installed
+from fi_cache.fleet.node import NodeRanks
 from fi_cache.model.fingerprint import Fingerprint
 from fi_cache.store import files, install
 from fi_cache.store.namespace import unknown_levels
@@ -56,6 +57,8 @@ class Transferred:
     size: int
     sha256: str
     manifest: BundleManifest
+    # This node's rank files an import kept (pull; a push moves none).
+    node: NodeRanks = field(default_factory=NodeRanks)
 
 
 @dataclass(frozen=True)
@@ -487,13 +490,13 @@ def _pull_once(
     local = _temp_in_store(store, "pull")
     try:
         _download(remote, key, sidecar, local, pr)
-        bm = _import(store, local, here, force, where)
+        installed = _import(store, local, here, force, where)
     finally:
         files.remove_file(local)
-    return Transferred(where, key, sidecar.size, sidecar.sha256, bm)
+    return Transferred(where, key, sidecar.size, sidecar.sha256, installed.manifest, installed.node)
 
 
-def _import(store: Path, local: Path, here: Fingerprint, force: bool, where: str) -> BundleManifest:
+def _import(store: Path, local: Path, here: Fingerprint, force: bool, where: str) -> Installed:
     try:
         return bundle.import_bundle(store, local, here, force)
     except FiCacheError as exc:

@@ -15,7 +15,7 @@ from fi_cache.caches.inventory import scan
 from fi_cache.engines.api import Run, ServerEngine
 from fi_cache.errors import FiCacheError
 from fi_cache.lifecycle.report import Report
-from fi_cache.ranks.deployment import Expected, gather, rank_name
+from fi_cache.ranks.deployment import gather
 
 
 def rank_dirs(root: Path) -> list[Path]:
@@ -70,7 +70,7 @@ def complete_node(
     same deployment, written as the union of theirs, so this node does not start cold and make
     every rank tune again. Returns the files written; a refusal (rank-keyed MoE entries only
     their own rank can tune, another environment) is warned, nothing written."""
-    from fi_cache.maintenance.align import apply
+    from fi_cache.maintenance.align import fill
 
     root = engine.autotune_dir(ns_dir)
     if not _names_rank_files(root):
@@ -83,28 +83,22 @@ def complete_node(
     missing = [t for t in targets if t.parent in dirs and not t.exists()]
     if not missing:
         return []
-    expected = [
-        Expected(dep.engine, (*dep.ranks, *mine), mine, dep.key)
-        for dep in deployments
-        if (mine := tuple(rank_name(t) for t in missing if t.parent.name == dep.key))
-    ]
     names = ", ".join(t.name for t in missing)
     try:
-        plans = apply(sorted({t.parent for t in missing}), expected=expected)
+        filled = fill(missing, deployments)
     except FiCacheError as exc:
         report.warn(f"this node's rank files {names} are missing: {exc.message}")
         return []
-    written = [p for gp in plans if gp.aligned is not None for p, _ in gp.writes]
-    for gp in plans:
-        if gp.aligned is None:
-            report.warn(
-                f"this node's rank files {names} are missing beside {len(gp.ranks) - len(missing)} "
-                f"other ranks' ({gp.problem}): at start every rank of the group tunes again"
-            )
-    if written:
+    for dep, problem in filled.refused:
+        others = len(dep.ranks) - len(missing)
+        report.warn(
+            f"this node's rank files {names} are missing beside {others} other ranks' "
+            f"({problem}): at start every rank of the group tunes again"
+        )
+    if filled.written:
         report.note(
             f"this node's rank files {names} were missing beside the other ranks' (a bundle "
-            f"from another node?): filled with their union, {len(written)} files written, so "
-            "no rank tunes again"
+            f"from another node?): filled with their union, {len(filled.written)} files "
+            "written, so no rank tunes again"
         )
-    return written
+    return list(filled.written)

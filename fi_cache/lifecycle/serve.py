@@ -39,6 +39,7 @@ class ServeOptions:
     timeout: float = 1800.0  # for the warm's /health
     seed: bool = True
     complete_ranks: bool = True  # fill this node's missing rank files from the other ranks'
+    pull: str | None = None  # the fleet's URL: import this machine's bundle before the checks
 
 
 def serve(
@@ -46,6 +47,8 @@ def serve(
 ) -> Handover:
     """Everything serve does before it hands over. Raises Refused, WarmFailed or FiCacheError
     (pre-flight errors without --force)."""
+    if options.pull:
+        pull_first(options.pull, store, report)
     target = prepare.resolve(engine, request, store, report)
     if why := engine.keeps_no_cache(target):
         report.warn(f"{why}: serving it as it is")
@@ -89,6 +92,27 @@ def serve(
     return Handover(
         engine.command(run), environ, engine.display, run.ns.finalize, ns_dir, cache_dir, warmed
     )
+
+
+def pull_first(url: str, store: Path, report: Report) -> None:
+    """The fleet's bundle for this machine, imported before anything is checked: a pod whose
+    store starts empty at every boot, a node whose files are older than the tuning node's.
+    The import keeps this node's own rank files agreeing with the bundle's (fleet/node.py). A
+    failed pull leaves the store as it was, and serve goes on with what this node has."""
+    from fi_cache.fleet import transfer
+
+    try:
+        moved = transfer.pull(store, url)
+    except FiCacheError as exc:
+        report.warn(f"pull from {url} failed: {exc}; serving with what this node has")
+        return
+    bm = moved.manifest
+    report.note(f"pulled {len(bm.namespaces)} namespace(s), {len(bm.files)} files from {moved.url}")
+    if moved.node.filled:
+        names = ", ".join(p.name for p in moved.node.filled)
+        report.note(f"this node's rank files kept beside the bundle's: {names}")
+    for why in moved.node.refused:
+        report.warn(f"this node's rank files were not kept ({why}): every rank tunes again")
 
 
 def hand_over(handover: Handover) -> NoReturn:

@@ -21,7 +21,7 @@ from fi_cache.errors import Refused
 from fi_cache.model import v1
 from fi_cache.model.union import Conflict
 from fi_cache.ranks.align import Aligned, CannotAlign, align
-from fi_cache.ranks.deployment import Deployment, Expected, file_name, gather
+from fi_cache.ranks.deployment import Deployment, Expected, file_name, gather, rank_name
 from fi_cache.store.files import DEFAULT_LOCK_TIMEOUT, atomic_write, locked
 
 DEFAULT_MODE = 0o644  # as merge: a rank file is read by every rank's process
@@ -88,9 +88,7 @@ def plan(paths: Sequence[Path], expected: Sequence[Expected] = ()) -> list[Group
             paths[0] if len(paths) == 1 else None,
         )
     return [
-        _plan_group(dep, [rf.rank for rf in group])
-        for dep in deployments
-        for group in dep.groups()
+        _plan_group(dep, [rf.rank for rf in group]) for dep in deployments for group in dep.groups()
     ]
 
 
@@ -125,3 +123,29 @@ def apply(
                 mode = _mode(path.parent) if created else stat.S_IMODE(path.stat().st_mode)
                 atomic_write(path, data, mode=mode, lock=False)
     return plans
+
+
+@dataclass(frozen=True)
+class Filled:
+    """What `fill` did: the files written, and each deployment left as it was with why."""
+
+    written: tuple[Path, ...]
+    refused: tuple[tuple[Deployment, str], ...]
+
+
+def fill(missing: Sequence[Path], deployments: Sequence[Deployment]) -> Filled:
+    """Write the rank files `missing` (this node's, none on disk yet) as the union of the other
+    ranks of their deployment, so the engine finds every rank's file and nobody tunes again.
+    A deployment align refuses (rank-keyed MoE entries only their own rank can tune, another
+    environment) gets nothing. Raises FiCacheError (a lock held too long)."""
+    expected = [
+        Expected(dep.engine, (*dep.ranks, *mine), mine, dep.key)
+        for dep in deployments
+        if (mine := tuple(rank_name(p) for p in missing if p.parent.name == dep.key))
+    ]
+    if not expected:
+        return Filled((), ())
+    plans = apply(sorted({p.parent for p in missing}), expected=expected)
+    written = tuple(p for gp in plans if gp.aligned is not None for p, _ in gp.writes)
+    refused = tuple((gp.deployment, gp.problem or "") for gp in plans if gp.aligned is None)
+    return Filled(written, refused)

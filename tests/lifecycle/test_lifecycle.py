@@ -256,3 +256,42 @@ def test_a_second_warm_of_the_same_arguments_starts_nothing(
     _, forced = warm(Third(), _request("m"), WarmOptions(timeout=60, again=True), store, Report())
     assert not forced.already
     assert len((record / "starts.jsonl").read_text().splitlines()) == 2
+
+
+def test_serve_pull_starts_a_node_with_an_empty_store_warm(
+    store: Path, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """A pod whose store is emptied at every boot, on the second node of a deployment: `serve
+    --pull URL` imports the tuning node's bundle (rank 0's file only) and fills rank 1's, so
+    nothing warms and no rank tunes again."""
+    from fi_cache import environment
+    from fi_cache.fleet import transfer
+
+    monkeypatch.setenv("FAKE_VLLM_RANKS", "2")
+    monkeypatch.setenv("FAKE_VLLM_CACHE_SOURCE", str(GEMM_618))
+    env = Environment(FP, (Gpu(0, "NVIDIA H200", "9.0"),), VllmInfo(None, None, None), None)
+    monkeypatch.setattr(environment, "detect", lambda *a, **k: env)
+    head = tmp_path / "head-store"
+    _, result = warm(TwoRanks(), _request("m"), WarmOptions(timeout=60), head, Report())
+    rank0, rank1 = sorted(result.namespace_dir / f.path for f in result.files)
+    rank1.unlink()  # the head node writes only its own rank's file
+    url = (tmp_path / "bucket").as_uri()
+    transfer.push(head, url, [result.namespace_dir], None, False)
+    heard = Heard()
+    handover = serve(TwoRanks(), _request("m"), ServeOptions(timeout=60, pull=url), store,
+                     heard.report())  # fmt: skip
+    assert handover.warmed is None  # warm from the bundle: the engine starts once
+    here = store / result.namespace_dir.relative_to(head)
+    assert (here / rank1.relative_to(result.namespace_dir)).read_bytes() == rank0.read_bytes()
+    assert any(n.startswith("pulled 1 namespace(s)") for n in heard.noted)
+
+
+def test_a_failed_pull_is_a_warning_and_serve_goes_on(
+    store: Path, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    heard = Heard()
+    url = (tmp_path / "no-such-bucket").as_uri()
+    handover = serve(Third(), _request("m"), ServeOptions(timeout=60, pull=url), store,
+                     heard.report())  # fmt: skip
+    assert handover.warmed is not None  # cold: warmed as without --pull
+    assert any(w.startswith(f"pull from {url} failed") for w in heard.warned)
