@@ -22,6 +22,7 @@ from fi_cache.store.manifest import Manifest
 
 if TYPE_CHECKING:
     from fi_cache.environment import Environment
+    from fi_cache.ranks.deployment import Expected
     from fi_cache.store.namespace import FinalizeMode, Namespace
 
 
@@ -224,3 +225,9 @@ class ServerEngine(Engine):
     def seed_targets(self, run: Run, ns_dir: Path, store: Path) -> tuple[list[Path], str | None]:
         """(The files this start will read, inside `ns_dir`; why there is nothing to seed)."""
         return [], None
+
+    def rank_names(self, run: Run) -> Expected | None:
+        """The deployment's rank files by name (every rank and this node's) where the engine's
+        dir for them is known only on its worker (SGLang's key hash), so seed_targets cannot
+        name them; None when seed_targets does, or one rank only."""
+        return None

@@ -15,7 +15,7 @@ from fi_cache.caches.inventory import scan
 from fi_cache.engines.api import Run, ServerEngine
 from fi_cache.errors import FiCacheError
 from fi_cache.lifecycle.report import Report
-from fi_cache.ranks.deployment import gather
+from fi_cache.ranks.deployment import Deployment, Expected, file_name, gather
 
 
 def rank_dirs(root: Path) -> list[Path]:
@@ -32,6 +32,21 @@ def _names_rank_files(root: Path) -> bool:
         return False
     found, _ = discover(root)
     return any(f.format == "v1" and f.rank is not None and f.run is None for f in found)
+
+
+def _named_missing(told: Expected | None, deployments: list[Deployment]) -> list[Path]:
+    """This node's files, by the engine's names, missing from a deployment that holds every
+    other node's ranks of that layout. Names alone cannot tell a tp-2 deployment from node 0
+    of a tp-4 one: its dir then gets files its ranks never read, and loses nothing."""
+    if told is None:
+        return []
+    out = []
+    others = set(told.ranks) - set(told.here)
+    for dep in deployments:
+        held = {rank for _, rank in dep.files}
+        if told.fits(dep.engine, dep.key, held) and others <= held:
+            out += [dep.copies[0] / file_name(dep.engine, r) for r in told.here if r not in held]
+    return out
 
 
 def align_ranks(root: Path, report: Report, touched: Collection[Path] | None = None) -> int:
@@ -81,6 +96,7 @@ def complete_node(
         return []
     targets, _ = engine.seed_targets(run, ns_dir, store)
     missing = [t for t in targets if t.parent in dirs and not t.exists()]
+    missing += _named_missing(engine.rank_names(run), deployments)
     if not missing:
         return []
     names = ", ".join(t.name for t in missing)

@@ -12,6 +12,7 @@ import os
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from fi_cache.engines.api import Identity, Request, Run, ServerEngine, Target, Versions
 from fi_cache.engines.scripts import pasted_launcher
@@ -26,6 +27,9 @@ from fi_cache.versions import (
     parse_version,
     sglang_caches_moved,
 )
+
+if TYPE_CHECKING:
+    from fi_cache.ranks.deployment import Expected
 
 # SGLang's own gate decides, from the model and GPU too (flashinfer_autotune.py 0.5.23:91-157):
 # a start that tuned nothing is a start with nothing to tune, not a failed warm.
@@ -185,6 +189,17 @@ class Sglang(ServerEngine):
         extra = [] if port is None else ["--host", "127.0.0.1", "--port", str(port)]
         cmd: list[str] = run.launcher.command(run.args, extra)
         return cmd
+
+    def rank_names(self, run: Run) -> Expected | None:
+        """SGLang's own launch rule (layout.py): the key dir hashes the model's HF config on
+        the worker, the names follow from the arguments."""
+        from fi_cache.engines.sglang.layout import rank_layout
+        from fi_cache.ranks.deployment import Expected
+
+        layout = rank_layout(run.args)
+        if len(layout.ranks) < 2:
+            return None  # one rank: nothing to agree with
+        return Expected("sglang", layout.ranks, layout.node)
 
     def identity(self, run: Run) -> Identity:
         v = parse_version(run.target.version)
