@@ -79,6 +79,8 @@ def say_failed_warm(exc: WarmFailed, who: str, status: Status) -> None:
     """The engine's last lines, then what its kept log says (the reason is the last line)."""
     status.note("warm failed")
     show_tail(exc.lines, f"{who}'s output")
+    if exc.root_cause:
+        status.note(f"root cause, {exc.root_cause}")
     if exc.saved_log is None:
         return  # a read-only store: the tail above is all there is
     if exc.crash:

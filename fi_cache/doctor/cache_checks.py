@@ -479,6 +479,8 @@ def tmp_leftover(inp: Inputs) -> Iterator[Finding]:
 def no_target(inp: Inputs) -> Iterator[Finding]:
     """Nothing about the target is known: the checks against it had nothing to compare with."""
     t, fp = inp.target, inp.target.fingerprint
+    if inp.logs and not inp.caches:
+        return  # a log alone: what it says needs no target
     if t.vllm_version or t.sglang_version or any(
         (fp.flashinfer_version, fp.cuda_version, fp.gpu, fp.arch)
     ):

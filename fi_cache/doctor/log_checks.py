@@ -108,6 +108,24 @@ def log_ignored(inp: Inputs) -> Iterator[Finding]:
                 )
 
 
+def log_start_failed(inp: Inputs) -> Iterator[Finding]:
+    """vLLM's last line says "See root cause above": name that cause (the first exception in
+    the log, often 100+ lines up in a worker's output). A gemm crash is its own finding."""
+    for log in inp.logs:
+        cause = log.root_cause
+        if cause is None or log.errors:
+            continue
+        who = f" (pid {cause.process})" if cause.process else ""
+        yield Finding(
+            "start-failed",
+            "error",
+            log.path,
+            f"the start failed; root cause at line {cause.line_no}{who}: {cause.text}",
+            "fix what the root cause names (not an autotune cache problem), then start again",
+            {"line": cause.line_no, "root_cause": cause.text},
+        )
+
+
 def log_summary(inp: Inputs) -> Iterator[Finding]:
     for log in inp.logs:
         parts = []
@@ -152,6 +170,11 @@ CHECKS = (
     Check("stale-gemm2-profile", "", log_profile_id),
     Check("foreign-environment", "", log_ignored),
     Check("finalize-mode-miss", "", log_fallbacks),
+    Check(
+        "start-failed",
+        "a log whose start failed (vLLM: `See root cause above`): the root cause, found (error)",
+        log_start_failed,
+    ),
     Check(
         "log-summary",
         "which caches a log loaded and saved, how long tuning took (info)",

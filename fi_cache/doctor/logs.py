@@ -56,6 +56,16 @@ class Fallback:
 
 
 @dataclass(frozen=True)
+class RootCause:
+    """The first exception a failed start's log holds: vLLM's last line says only "See root
+    cause above" (v1/engine/utils.py 0.32:1426-1434), over a hundred lines after it."""
+
+    text: str  # "ValueError: Available memory on node 0 ..."
+    line_no: int
+    process: str = ""  # vLLM's `(Worker pid=N)` prefix ("" when it has none)
+
+
+@dataclass(frozen=True)
 class LogFacts:
     """What one log says about autotune caches."""
 
@@ -66,10 +76,12 @@ class LogFacts:
     lines: int
     fallbacks: tuple[Fallback, ...] = ()
     from_tools: bool = False  # any line from vLLM or FlashInfer at all (else: the wrong file?)
+    root_cause: RootCause | None = None  # only where the log says the start failed
 
 
 # Every interesting line contains one of these; regexes run only on lines that do.
-_NEEDLES = ("utotune", "profile id", "cuDNN", "No tuned config")
+_NEEDLES = ("utotune", "profile id", "cuDNN", "No tuned config", "Error: ", "Exception: ",
+            "root cause above")  # fmt: skip
 _BYTE_NEEDLES = tuple(needle.encode() for needle in _NEEDLES)
 
 # A line vLLM or FlashInfer printed: their names, the autotuner's tag, vLLM's level + date prefix.
@@ -91,6 +103,14 @@ _TUNING = re.compile(_TAG + r"Autotuning process (starts|ends)")
 # FlashInfer 0.6.18: "No tuned config covers OP input_shapes=...; falling back to ... tactic=-1"
 _FALLBACK = re.compile(r"No tuned config covers (\S+) .*?falling back to runner=\S+ tactic=(-?\d+)")
 PROFILE_ID = re.compile(r"Invalid gemm([12]) profile id: (-?\d+)")
+# An exception as Python prints it, at the start of the message: bare (a traceback's last
+# line) or after vLLM's prefix at level ERROR or CRITICAL (a WARNING that quotes one is not).
+_EXCEPTION = re.compile(
+    r"^(\([^)]*pid=\d+\) )?(?:(?:ERROR|CRITICAL) \d\d-\d\d \d\d:\d\d:\d\d\S* \[[^\]]*\] )?"
+    r"((?:[A-Za-z_]\w*\.)*[A-Za-z_]\w*(?:Error|Exception): \S.*)$"
+)
+# vLLM's API server, after an engine core or worker died: the cause is earlier in the log.
+_FAILED_START = "See root cause above"
 # A pair starts with ", field: saved=" so values may hold spaces, commas and colons.
 _PAIR_START = re.compile(r"(?:^|, )([A-Za-z_]\w*): saved=")
 # FlashInfer: "2026-11-30 01:30:10,474"; vLLM: "INFO 11-30 02:00:00" (no year).
@@ -204,6 +224,8 @@ class _Parser:
     starts: dict[str, list[_Stamp | None]] = field(default_factory=dict)
     last_loaded: str | None = None
     from_tools: bool = False
+    first_exception: RootCause | None = None
+    failed_start: bool = False
 
     def feed(self, line_no: int, line: str) -> None:
         # tqdm redraws with "\r": each piece is its own message.
@@ -218,9 +240,16 @@ class _Parser:
         return LogFacts(
             path, tuple(self.events), tuple(self.errors), tuple(self.tuning), lines,
             tuple(self.fallbacks), self.from_tools,
+            self.first_exception if self.failed_start else None,
         )  # fmt: skip
 
     def _segment(self, line_no: int, text: str) -> None:
+        if _FAILED_START in text:
+            self.failed_start = True
+        elif self.first_exception is None and (exc := _EXCEPTION.match(text)):
+            pid = _PID.search(exc.group(1) or "")
+            cause = exc.group(2).strip()[:400]
+            self.first_exception = RootCause(cause, line_no, pid.group(1) if pid else "")
         if match := PROFILE_ID.search(text):
             gemm, tactic = int(match.group(1)), int(match.group(2))
             pid = _PID.search(text[: match.start()])

@@ -39,6 +39,7 @@ class WarmFailed(FiCacheError):
         self.log = log if log is not None else lines  # all it printed (bounded), for a log file
         self.saved_log: Path | None = None  # where the lifecycle kept `log` for doctor --log
         self.crash: str | None = None  # a gemm profile-id crash seen in `log`
+        self.root_cause: str | None = None  # the first exception, when the tail misses it
 
 
 class Engine(ABC):

