@@ -66,9 +66,12 @@ def resolve_launcher(
         raise Refused(f"{spec!r} (from {where}): {exc}") from None
     found = shutil.which(words[0]) if words else None
     if found is None:
-        raise Refused(
-            f"no {what} executable {spec!r} (from {where}); install {what} or pass {flag}"
-        )
+        fix = (
+            f"give {flag} the {what} executable or a Python that imports it"
+            if explicit or os.environ.get(variable)
+            else f"install {what} or pass {flag} PATH"
+        )  # "pass --vllm" to whoever just passed --vllm helps nobody
+        raise Refused(f"no {what} executable {spec!r} (from {where}); {fix}")
     rest = words[1:]
     if rest and rest != ["-m", module]:
         raise Refused(

@@ -77,6 +77,8 @@ def serve(
             warm = WarmOptions(options.timeout, None, 3600.0, options.seed)
             warmed = warm_run(engine, run, warm, store, report)
             signals.sigterm_default()
+            if warmed.nothing_to_tune:
+                report.note(f"nothing to tune: {warmed.nothing_to_tune}")
         else:
             report.warn(f"namespace is cold: {engine.display} tunes at start-up and saves into it")
     touch(ns_dir)

@@ -145,9 +145,7 @@ def _start(
         if fresh:
             prune_empty(engine.cache_dir(ns_dir))  # a failed first start leaves no empty tree
         raise
-    if not files:
-        report.note(f"nothing to tune: {why}")
-    who = engine.identity(run)
+    who = engine.identity(run)  # "nothing to tune" is the result's to say (warm's one line)
     return WarmRecord(
         started=started,
         seconds=round(time.time() - started, 3),

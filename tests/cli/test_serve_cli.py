@@ -64,8 +64,16 @@ def test_a_cache_dir_of_the_users_is_replaced_with_a_line_saying_so(
 ) -> None:  # type: ignore[no-untyped-def]
     monkeypatch.setattr(environment, "detect", lambda *a, **k: _env_with(True))
     monkeypatch.setenv("VLLM_FLASHINFER_AUTOTUNE_CACHE_DIR", "/data/my-cache")
-    monkeypatch.setenv("FI_CACHE_VLLM", str(tmp_path / "missing-vllm"))
-    cli_main_exit(["--store", str(tmp_path), "serve", "Qwen/Qwen3-30B-A3B"])
+    vllm = tmp_path / "vllm"  # found, never run: the handover is caught
+    vllm.write_text("#!/bin/sh\nexit 0\n")
+    vllm.chmod(0o755)
+    monkeypatch.setenv("FI_CACHE_VLLM", str(vllm))
+
+    def caught(handover: object) -> None:
+        raise SystemExit(0)
+
+    monkeypatch.setattr("fi_cache.lifecycle.serve.hand_over", caught)
+    cli_main_exit(["--store", str(tmp_path), "serve", "--no-warm", "Qwen/Qwen3-30B-A3B"])
     [said] = [ln for ln in capsys.readouterr().err.splitlines() if "my-cache" in ln]
     assert said.startswith("fi-cache: VLLM_FLASHINFER_AUTOTUNE_CACHE_DIR=/data/my-cache in the ")
     ns = Namespace(_env_with(True).fingerprint, "fused").path(tmp_path.resolve())

@@ -50,6 +50,9 @@ class CacheLocation:
 def cache_key(python: str, vllm_version: str, argv: Sequence[str], env: Mapping[str, str]) -> str:
     parts = [os.path.abspath(python), vllm_version, json.dumps(list(argv)), os.getcwd()]
     parts += [f"{k}={env.get(k, '')}" for k in _PATH_ENV]
+    # vLLM 0.25-0.29 hash every registered VLLM_* variable into the dir (envs.py compute_hash):
+    # an answer for VLLM_FLASHINFER_MOE_FUSED_FINALIZE=1 is not one for =0.
+    parts += sorted(f"{k}={v}" for k, v in env.items() if k.startswith("VLLM_"))
     return hashlib.sha256("\0".join(parts).encode()).hexdigest()[:24]
 
 

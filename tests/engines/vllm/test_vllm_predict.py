@@ -123,3 +123,19 @@ def test_moe_data_parallel_ranks_are_world_ranks(vllm_model: Path, tmp_path: Pat
     )  # fmt: skip
     assert folded.all_files == folded.files
     assert folded.hash != predict(PYTHON, "0.32.0", [*base, "-tp", "2"], env, None).hash
+
+
+def test_a_saved_answer_is_not_reused_under_other_vllm_variables(tmp_path: Path) -> None:
+    """vLLM 0.25-0.29 hash every registered VLLM_* variable into the dir: the answer saved for
+    the fused start must not answer the unfused one (a STAND-IN child: it counts the asks)."""
+    asks = tmp_path / "asks"
+    child = tmp_path / "python"
+    answer = {"vllm_version": "0.26.0", "hash": "a" * 64, "dir": str(tmp_path), "files": [],
+              "root_from": "VLLM_CACHE_ROOT"}  # fmt: skip
+    child.write_text(f"#!/bin/sh\necho x >> {asks}\necho '{json.dumps(answer)}'\n")
+    child.chmod(0o755)
+    state = tmp_path / "state"
+    state.mkdir()
+    for env in ({}, {"VLLM_FLASHINFER_MOE_FUSED_FINALIZE": "0"}, {}):
+        predict(str(child), "0.26.0", ["m"], env, state)
+    assert len(asks.read_text().splitlines()) == 2  # the third is the first's saved answer

@@ -250,6 +250,8 @@ def test_nothing_to_tune_is_a_warm_and_serve_starts_vllm_once(rig: Rig) -> None:
     served = rig.run("serve", "--", MODEL, FAKE_VLLM_NO_CACHE="1", FAKE_VLLM_MODE="exit-now")
     assert served.returncode == 0, served.stderr
     assert len(rig.starts()) == 2  # the warm, then serve's exec: no second warm
+    text = rig.run("warm", "--again", "--", MODEL, FAKE_VLLM_NO_CACHE="1")
+    assert (text.stdout + text.stderr).count("nothing to tune") == 1  # said once, on stdout
 
 
 @pytest.mark.parametrize(
@@ -257,14 +259,18 @@ def test_nothing_to_tune_is_a_warm_and_serve_starts_vllm_once(rig: Rig) -> None:
     [
         (["warm", "--", "--tensor-parallel-size", "2"], {}, "no model in the vLLM arguments"),
         (["warm", "--", MODEL], {"FI_CACHE_VLLM": "/nonexistent/vllm"}, "no vLLM executable"),
-        (["serve", "--vllm", "no-such-vllm", "--", MODEL], {}, "no vLLM executable"),
+        (["serve", "--vllm", "no-such-vllm", "--", MODEL], {}, "give --vllm the vLLM executable"),
+        (["warm", "--", "/no/such/model"], {}, "/no/such/model: no such model directory"),
+        (["serve", "./no-such-dir", "-tp", "2"], {}, "no such model directory (vLLM would take"),
     ],
 )
 def test_refusals_exit_2_with_one_line(
     rig: Rig, args: list[str], env: dict[str, str], words: str
 ) -> None:
+    """Refused before anything starts and before any other line (no detection warning first)."""
     p = rig.run(*args, **env)
     assert p.returncode == 2 and words in p.stderr and "Traceback" not in p.stderr
+    assert len(p.stderr.strip().splitlines()) == 1
     assert rig.starts() == []
 
 
