@@ -44,6 +44,8 @@ class ProfileIdError:
     line_no: int
     last_loaded: str | None  # the cache file most recently "Loaded ... from" before this line
     process: str = ""  # vLLM's `pid=N` prefix of the line ("" when it has none)
+    # At vLLM's ERROR level: its logger's copy of the exception (the traceback's follows).
+    logged: bool = field(default=False, compare=False)
 
 
 @dataclass(frozen=True)
@@ -109,6 +111,7 @@ _EXCEPTION = re.compile(
     r"^(\([^)]*pid=\d+\) )?(?:(?:ERROR|CRITICAL) \d\d-\d\d \d\d:\d\d:\d\d\S* \[[^\]]*\] )?"
     r"((?:[A-Za-z_]\w*\.)*[A-Za-z_]\w*(?:Error|Exception): \S.*)$"
 )
+_LOGGED = re.compile(r"(?:ERROR|CRITICAL) \d\d-\d\d \d\d:\d\d:\d\d")
 # vLLM's API server, after an engine core or worker died: the cause is earlier in the log.
 _FAILED_START = "See root cause above"
 # A pair starts with ", field: saved=" so values may hold spaces, commas and colons.
@@ -254,7 +257,13 @@ class _Parser:
             gemm, tactic = int(match.group(1)), int(match.group(2))
             pid = _PID.search(text[: match.start()])
             process = pid.group(1) if pid else ""
-            self.errors.append(ProfileIdError(gemm, tactic, line_no, self.last_loaded, process))
+            logged = _LOGGED.search(text[: match.start()]) is not None
+            last = next((e for e in reversed(self.errors) if e.process == process), None)
+            again = last is not None and (last.gemm, last.tactic_id) == (gemm, tactic)
+            if again and not logged and last is not None and last.logged:
+                return  # vLLM's EngineCore prints the exception its logger just logged: one crash
+            error = ProfileIdError(gemm, tactic, line_no, self.last_loaded, process, logged)
+            self.errors.append(error)
         elif match := _FALLBACK.search(text):
             self.fallbacks.append(Fallback(match.group(1), int(match.group(2)), line_no))
         elif match := _TUNING.search(text):

@@ -585,3 +585,26 @@ def test_a_failed_starts_log_names_its_root_cause(run) -> None:  # type: ignore[
     assert failed["severity"] == "error" and failed["details"]["line"] == 56
     assert "ValueError: Available memory on node 0" in failed["message"]
     assert "no-target" not in checks
+
+
+def test_real_vllm_0_26_on_the_h200_its_crash_and_its_files(run) -> None:  # type: ignore[no-untyped-def]
+    """vLLM 0.26 (patched to read the finalize variable) on an H200, FlashInfer 0.6.17: an
+    unfused start that loaded the fused start's file died at warm-up; vLLM prints the error
+    twice (its logger, then the process's traceback), which is one crash, not a sweep."""
+    from tests.conftest import FIXTURES
+
+    here = FIXTURES / "h200-vllm"
+    r = run("--format", "json", "doctor", "--log", here / "1c-plain-unfused-on-fused-file.log")
+    checks = {f["check"]: f for f in r.json()["findings"]}
+    crash = checks["stale-gemm2-profile"]
+    assert crash["severity"] == "error"
+    assert "start-up died with `Invalid gemm2 profile id: 104` after loading" in crash["message"]
+    assert "start-failed" not in checks  # the crash is the root cause, said once
+    target = ("--flashinfer-version", "0.6.17", "--gpu", "NVIDIA H200", "--finalize", "unfused")
+    fused = run("--format", "json", "doctor", here / "vllm-0.26-fused-autotune_configs.json",
+                *target)  # fmt: skip
+    [stale] = [f for f in fused.json()["findings"] if f["check"] == "stale-gemm2-profile"]
+    assert fused.code == 1 and stale["severity"] == "error"  # id 104: beyond unfused's list
+    unfused = run("--format", "json", "doctor", here / "vllm-0.26-unfused-autotune_configs.json",
+                  *target)  # fmt: skip
+    assert unfused.code == 0  # every id fits: a warning at most (nothing records the mode)
