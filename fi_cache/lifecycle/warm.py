@@ -99,6 +99,8 @@ def _locked(
         elif prior is not None:
             result = WarmResult(prior, True, ns_dir, prior.files)
         else:
+            if waited:
+                report.note(_overtaken(m.last_warm(since=asked)))
             seeded = before(ns_dir, m) if before else {}
             record = _start(engine, run, ns_dir, key, options, grace, seeded, report)
             share_like_store([ns_dir / f.path for f in record.files], store)
@@ -108,6 +110,15 @@ def _locked(
     if not result.files and result.nothing_to_tune is None and engine.nothing_tuned:
         return replace(result, nothing_to_tune=engine.nothing_tuned)
     return result
+
+
+def _overtaken(other: WarmRecord | None) -> str:
+    """Why a warm that waited for the lock starts after all."""
+    if other is not None:
+        shown = " ".join(other.argv)
+        shown = shown if len(shown) <= 80 else shown[:77] + "..."
+        return f"the warm this one waited for was of other arguments ({shown}): warming these now"
+    return "the warm this one waited for recorded nothing (it failed or was stopped): warming now"
 
 
 def _start(

@@ -138,6 +138,19 @@ def test_eight_concurrent_warms_start_vllm_once(rig: Rig) -> None:
     assert len(_manifest(rig.namespaces()[0])["warms"]) == 1
 
 
+def test_a_waiting_warm_overtaken_by_other_arguments_says_so(rig: Rig) -> None:
+    first = rig.popen("warm", "--", MODEL, "--max-model-len", "512", FAKE_VLLM_TUNE_SECONDS="2")
+    deadline = time.monotonic() + 30
+    while not rig.starts() and time.monotonic() < deadline:
+        time.sleep(0.05)  # the first warm holds the lock once vLLM has started
+    second = rig.run("warm", "--", MODEL)
+    first.communicate(timeout=60)
+    assert second.returncode == 0, second.stderr
+    assert "waited for was of other arguments (" in second.stderr
+    assert "--max-model-len 512): warming these now" in second.stderr
+    assert len(rig.starts()) == 2
+
+
 @pytest.mark.parametrize("strategy", ["flock", "lockfile"])
 def test_a_sigkilled_warm_takes_vllm_with_it_and_holds_the_lock_until_then(
     rig: Rig, strategy: str
