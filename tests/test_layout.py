@@ -148,10 +148,10 @@ def test_every_module_reads_in_one_sitting() -> None:
 
 
 def test_every_command_has_a_module_named_after_it() -> None:
-    from fi_cache.cli import cli
+    from fi_cache.cli import load_all
 
     pairs = {"export": "bundle", "import": "bundle", "push": "push_pull", "pull": "push_pull"}
-    for name, command in cli.commands.items():
+    for name, command in load_all().items():
         assert command.callback is not None
         module = command.callback.__module__
         assert module == f"fi_cache.cli.{pairs.get(name, name)}", (name, module)

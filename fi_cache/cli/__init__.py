@@ -4,9 +4,7 @@ from __future__ import annotations
 
 import codecs
 import io
-import json
 import sys
-from dataclasses import dataclass
 from pathlib import Path
 
 import click
@@ -15,14 +13,77 @@ from fi_cache import __version__
 from fi_cache.errors import EXIT_REFUSED, FiCacheError
 
 
-@dataclass
 class Context:
-    store: Path
-    json: bool
-    quiet: bool
+    """What the group's options say, for every command (a plain class: dataclasses costs
+    `fi-cache --help` 5 ms)."""
+
+    __slots__ = ("json", "quiet", "store")
+
+    def __init__(self, store: Path, json: bool, quiet: bool) -> None:
+        self.store, self.json, self.quiet = store, json, quiet
+
+
+# Every command: its module and the first paragraph of its help, so that `fi-cache --help` lists
+# them without importing them and a command imports only its own module (tests/cli/
+# test_main_cli.py holds these to the commands' own help).
+COMMANDS: dict[str, tuple[str, str]] = {
+    "align": ("align", "Give every rank of a deployment the same file: the union of its ranks' "
+              "entries."),
+    "doctor": ("doctor", "Check the store, PATHS and logs against the target environment [-- "
+               "VLLM_SERVE_ARGS]."),
+    "env": ("env", "Show the detected environment and the namespace dir of each finalize mode."),
+    "export": ("bundle", "Bundle NAMESPACE (a dir, or fused/unfused/here for this machine's; "
+               "default: all)."),
+    "import": ("bundle", "Verify BUNDLE completely, then install its namespaces into the store."),
+    "ls": ("ls", "List caches in the store, FlashInfer's v2 root, vLLM's default cache dir "
+           "($VLLM_CACHE_ROOT/flashinfer_autotune_cache) and PATHS (files, vLLM roots, v2 "
+           "stores)."),
+    "merge": ("merge", "Union of v1 cache files with equal _metadata into OUT; conflicts are "
+              "reported."),
+    "plan": ("plan", "Write a tuning plan from a model's config.json, or check one."),
+    "prune": ("prune", "Delete namespaces of the store; temp files of killed writers (older than "
+              "10 minutes) always."),
+    "pull": ("push_pull", "Download this machine's bundle from URL, check its sha256, verify and "
+             "import it."),
+    "push": ("push_pull", "Upload this machine's namespaces as a bundle to URL (s3://, gs://, "
+             "file://, a path, ...)."),
+    "serve": ("serve", "Run `vllm serve VLLM_SERVE_ARGS` (--engine sglang: `sglang serve "
+              "SGLANG_ARGS`) on this machine's namespace, warmed first when cold."),
+    "show": ("show", "Decode one cache: metadata, entries by op with shapes and tactics, MoE "
+             "extras by name."),
+    "verify": ("verify", "Check integrity: valid JSON, every key parses, `_generation` matches, "
+               "value shapes."),
+    "warm": ("warm", "Fill this machine's namespace: `vllm serve VLLM_SERVE_ARGS` until healthy, "
+             "or (--engine sglang) `sglang serve SGLANG_ARGS`, or (--engine flashinfer --plan "
+             "PLAN) FlashInfer's autotuner on the plan's ops, without a serving engine or "
+             "weights."),
+}  # fmt: skip
+
+
+class _LazyGroup(click.Group):
+    """Commands imported when they run, listed from COMMANDS (click's "lazily loading
+    subcommands" pattern): `fi-cache --help` imports no command module."""
+
+    def list_commands(self, ctx: click.Context) -> list[str]:
+        return sorted(COMMANDS)
+
+    def get_command(self, ctx: click.Context, cmd_name: str) -> click.Command | None:
+        if cmd_name not in self.commands and cmd_name in COMMANDS:
+            _load(COMMANDS[cmd_name][0])
+        return self.commands.get(cmd_name)
+
+    def format_commands(self, ctx: click.Context, formatter: click.HelpFormatter) -> None:
+        limit = formatter.width - 6 - max(len(name) for name in COMMANDS)
+        rows = [
+            (name, click.Command(name, help=COMMANDS[name][1]).get_short_help_str(limit))
+            for name in sorted(COMMANDS)
+        ]  # click's own shortening, as for a loaded command
+        with formatter.section("Commands"):
+            formatter.write_dl(rows)
 
 
 @click.group(
+    cls=_LazyGroup,
     context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 100},
     epilog="\b\nExamples:\n  fi-cache ls\n  fi-cache doctor\n"
     "  fi-cache serve -- Qwen/Qwen3-30B-A3B --port 8000",
@@ -63,34 +124,27 @@ def cli(ctx: click.Context, store: Path | None, fmt: str, quiet: bool) -> None:
     ctx.obj = Context(store=store.expanduser().resolve(), json=fmt == "json", quiet=quiet)
 
 
-def _register() -> None:
-    from fi_cache.cli import (
-        align,
-        argv,
-        bundle,
-        doctor,
-        env,
-        ls,
-        merge,
-        plan,
-        prune,
-        push_pull,
-        serve,
-        show,
-        verify,
-        warm,
-    )
+def _load(module_name: str) -> None:
+    """Register the commands of one cli module (one command, or a tight pair), each with the
+    global options it also takes after its name."""
+    import importlib
 
-    # One module per command (or tight pair); click lists them by name.
-    modules = [env, ls, show, verify, doctor, warm, serve, plan, prune, merge, align, bundle]
-    modules.append(push_pull)
-    for command in [c for m in modules for c in m.COMMANDS]:
+    from fi_cache.cli import argv
+
+    module = importlib.import_module(f"fi_cache.cli.{module_name}")
+    for command in module.COMMANDS:
+        if command.name in cli.commands:
+            continue
         short_quiet = not isinstance(command, argv.VllmCommand)
         command.params.extend(argv.global_options(short_quiet))
         cli.add_command(command)
 
 
-_register()
+def load_all() -> dict[str, click.Command]:
+    """Every command, loaded (tests, and whatever needs them all)."""
+    for module_name in sorted({m for m, _ in COMMANDS.values()}):
+        _load(module_name)
+    return dict(cli.commands)
 
 
 def _wants_json(argv: list[str]) -> bool:
@@ -106,6 +160,8 @@ def _wants_json(argv: list[str]) -> bool:
 def _json_error(argv: list[str] | None, message: str, path: str | None, code: int) -> None:
     """Scripts asking for JSON still get exactly one JSON document on stdout."""
     if _wants_json(argv if argv is not None else sys.argv[1:]):
+        import json
+
         click.echo(json.dumps({"error": {"message": message, "path": path, "exit_code": code}}))
 
 

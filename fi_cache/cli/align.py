@@ -9,7 +9,6 @@ from typing import TYPE_CHECKING, Any
 import click
 
 from fi_cache.cli import render
-from fi_cache.ranks.deployment import rank_name
 
 if TYPE_CHECKING:
     from fi_cache.maintenance.align import GroupPlan
@@ -48,6 +47,8 @@ def _choice(c: Any) -> dict[str, Any]:
 
 
 def _lines(gp: GroupPlan, dry_run: bool) -> list[str]:
+    from fi_cache.ranks.deployment import rank_name
+
     dep = gp.deployment
     copies = dep.copies
     where = f"{len(copies)} copies" if len(copies) > 1 else render.display_path(copies[0])

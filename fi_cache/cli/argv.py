@@ -10,7 +10,6 @@ make vLLM exit with "unrecognized arguments" only after a warm had started.
 
 from __future__ import annotations
 
-import difflib
 from pathlib import Path
 from typing import Any
 
@@ -85,6 +84,8 @@ def misspelled(theirs: list[str], ours_only: set[str]) -> tuple[str, str] | None
         return None
     word = theirs[0].partition("=")[0]
     longs = sorted(o for o in ours_only if o.startswith("--"))
+    import difflib
+
     close = difflib.get_close_matches(word.replace("_", "-"), longs, n=1, cutoff=0.8)
     return (word, close[0]) if close else None
 

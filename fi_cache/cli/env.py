@@ -7,7 +7,6 @@ from typing import Any
 import click
 
 from fi_cache.cli import render
-from fi_cache.store.namespace import FINALIZE_MODES, Namespace
 
 
 def _ctx() -> Any:
@@ -41,6 +40,8 @@ def env_command(exact: bool | None, refresh: bool) -> int:
         state_dir(ctx.store), exact=exact, refresh=refresh, python=vllm_python(None)
     )
     fp = env.fingerprint
+    from fi_cache.store.namespace import FINALIZE_MODES, Namespace
+
     namespaces = {mode: str(Namespace(fp, mode).path(ctx.store)) for mode in FINALIZE_MODES}
     lock = (
         locks.lock_strategy(ctx.store) if ctx.store.is_dir() else ("flock", "store not created yet")

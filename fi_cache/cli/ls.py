@@ -4,18 +4,15 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import click
 
-from fi_cache.caches.discover import ScanProblem, flashinfer_default_root
-from fi_cache.caches.inventory import Cache, Inventory, scan
 from fi_cache.cli import render
-from fi_cache.engines.sglang.layout import autotune_root as sglang_autotune_root
-from fi_cache.engines.vllm.layout import vllm_cache_root
-from fi_cache.model import v2
-from fi_cache.store.namespace import FINALIZE_MODES, NAMESPACES_DIR, namespace_parts
-from fi_cache.versions import VLLM_CACHE_SUBDIR
+
+if TYPE_CHECKING:  # `fi-cache --help` loads every command module: keep them light
+    from fi_cache.caches.discover import ScanProblem
+    from fi_cache.caches.inventory import Cache, Inventory
 
 _PATHS = click.argument("paths", nargs=-1, type=click.Path(path_type=Path, readable=False))
 
@@ -28,6 +25,13 @@ def _store_roots(store: Path) -> list[Path]:
     """The store, and when they exist FlashInfer's own v2 root (where vLLM 0.33 with one rank
     and no override dir keeps its cache), vLLM's default cache root (every other vLLM without
     an override dir; doctor reads it too) and SGLang's autotune dir ($SGLANG_CACHE_DIR)."""
+    from fi_cache.caches.discover import flashinfer_default_root
+    from fi_cache.engines.sglang.layout import autotune_root as sglang_autotune_root
+    from fi_cache.engines.vllm.layout import vllm_cache_root
+    from fi_cache.model import v2
+    from fi_cache.store.namespace import NAMESPACES_DIR
+    from fi_cache.versions import VLLM_CACHE_SUBDIR
+
     roots = [
         store / NAMESPACES_DIR,
         flashinfer_default_root(os.environ) / v2.SCHEMA_DIR,
@@ -38,6 +42,8 @@ def _store_roots(store: Path) -> list[Path]:
 
 
 def _scan(paths: tuple[Path, ...], include_store: bool) -> Inventory:
+    from fi_cache.caches.inventory import Inventory, scan
+
     store = _ctx().store
     inv = scan(_store_roots(store), explicit=False) if include_store else Inventory()
     extra = scan(paths)
@@ -50,6 +56,8 @@ def _scan(paths: tuple[Path, ...], include_store: bool) -> Inventory:
 
 def summary(cache: Cache, store: Path) -> dict[str, Any]:
     """One `ls` row as the contract's JSON (plus `layout`, `rank`, `namespace`)."""
+    from fi_cache.store.namespace import FINALIZE_MODES, namespace_parts
+
     cf = cache.file
     ns = namespace_parts(cache.path, store)
     arch = cache.found.arch or (ns["arch"] if ns and ns["arch"] != "unknown" else None)

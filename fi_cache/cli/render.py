@@ -2,10 +2,7 @@
 
 from __future__ import annotations
 
-import json
 import os
-import shlex
-import shutil
 import sys
 import time
 from collections.abc import Sequence
@@ -56,6 +53,8 @@ def display_path(path: Path | str) -> str:
             text = rel
     except ValueError:
         pass
+    import shlex
+
     if shlex.quote(text) != text:
         return shlex.quote(text)  # no `~` inside quotes: the shell would not expand it
     home = str(Path.home())
@@ -66,6 +65,8 @@ def display_path(path: Path | str) -> str:
 
 def terminal_width() -> int | None:
     """Columns when stdout is a terminal; None means do not truncate (pipes, files)."""
+    import shutil
+
     return shutil.get_terminal_size((80, 24)).columns if sys.stdout.isatty() else None
 
 
@@ -101,6 +102,8 @@ def table(
 
 
 def emit_json(document: Any) -> None:
+    import json
+
     click.echo(json.dumps(document, indent=2, sort_keys=False))
 
 
@@ -134,4 +137,6 @@ def report_scan_problems(inv: Inventory) -> int:
 
 
 def terminal_width_stderr() -> int:
+    import shutil
+
     return shutil.get_terminal_size((80, 24)).columns

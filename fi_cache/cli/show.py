@@ -4,15 +4,16 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import click
 
-from fi_cache.caches.inventory import Cache, scan
 from fi_cache.cli import render
 from fi_cache.errors import EXIT_REFUSED, CorruptCache, FiCacheError, Refused
-from fi_cache.model import keys as keymod
-from fi_cache.model import moe, v1
+
+if TYPE_CHECKING:  # `fi-cache --help` loads every command module: keep them light
+    from fi_cache.caches.inventory import Cache
+    from fi_cache.model import keys as keymod
 
 
 def _ctx() -> Any:
@@ -20,6 +21,9 @@ def _ctx() -> Any:
 
 
 def _entry_json(raw: str, key: keymod.CacheKey | None, value: Any) -> dict[str, Any]:
+    from fi_cache.model import keys as keymod
+    from fi_cache.model import moe
+
     if not isinstance(value, list):
         value = [None, value]  # malformed (verify says so); still shown as it is
     if key is None:
@@ -50,6 +54,8 @@ def _entry_json(raw: str, key: keymod.CacheKey | None, value: Any) -> dict[str, 
 
 def _load(path: Path) -> list[Cache]:
     """One cache, or the rank files of one SGLang deployment dir (read as one cache)."""
+    from fi_cache.caches.inventory import scan
+
     inv = scan([path])
     if inv.problems:
         p = inv.problems[0]
@@ -128,6 +134,8 @@ def _say_key(key: dict[str, Any] | None) -> None:
 
 
 def _entries(cache: Cache, op_filter: str | None) -> list[dict[str, Any]]:
+    from fi_cache.model import v1
+
     entries = [_entry_json(raw, key, value) for raw, key, value in v1.iter_entries(cache.file)]
     if not op_filter:
         return entries

@@ -3,16 +3,16 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import click
 
-from fi_cache.caches.inventory import Cache, scan
 from fi_cache.cli import render
 from fi_cache.errors import EXIT_PROBLEM
-from fi_cache.model import v1
-from fi_cache.store.namespace import NAMESPACES_DIR
-from fi_cache.versions import GENERATION_KEY
+
+if TYPE_CHECKING:  # `fi-cache --help` loads every command module: keep them light
+    from fi_cache.caches.inventory import Cache
+    from fi_cache.model import v1
 
 
 def _ctx() -> Any:
@@ -31,6 +31,10 @@ def _ctx() -> Any:
 def verify_command(paths: tuple[Path, ...]) -> int:
     """Check integrity: valid JSON, every key parses, `_generation` matches, value shapes.
     Without PATHS, every cache in the store."""
+    from fi_cache.caches.inventory import scan
+    from fi_cache.model import v1
+    from fi_cache.store.namespace import NAMESPACES_DIR
+
     ctx = _ctx()
     if paths:
         inv = scan(paths)
@@ -84,6 +88,8 @@ def verify_command(paths: tuple[Path, ...]) -> int:
 
 
 def _generation_state(cache: Cache, defects: list[v1.Defect]) -> str | None:
+    from fi_cache.versions import GENERATION_KEY
+
     if cache.found.format != "v1":
         return None
     if GENERATION_KEY not in cache.file.reserved:

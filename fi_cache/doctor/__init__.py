@@ -11,7 +11,7 @@ from collections.abc import Iterable
 from fi_cache.doctor.findings import Finding
 from fi_cache.doctor.inputs import CacheView, Check, Inputs, Target
 
-__all__ = ["CacheView", "Check", "Inputs", "Target", "checks", "run"]
+__all__ = ["CacheView", "Check", "Inputs", "Target", "checks", "run", "run_checks"]
 
 
 def _registry() -> tuple[Check, ...]:
@@ -43,11 +43,14 @@ _ORDER = {"error": 0, "warning": 1, "info": 2}
 def run(inputs: Inputs, only: Iterable[str] | None = None) -> list[Finding]:
     """Every finding of the selected checks (all by default), errors first."""
     wanted = set(only) if only else None
-    out: list[Finding] = []
     other = _engine_checks()["vllm" if inputs.target.sglang_version else "sglang"]
-    for check in checks():
-        if check.id in other:
-            continue  # a vLLM check says nothing about an SGLang target, and back
-        if wanted is None or check.id in wanted:
-            out.extend(check.run(inputs))
+    # A vLLM check says nothing about an SGLang target, and back.
+    selected = [c for c in checks() if c.id not in other and (wanted is None or c.id in wanted)]
+    return run_checks(inputs, selected)
+
+
+def run_checks(inputs: Inputs, selected: Iterable[Check]) -> list[Finding]:
+    """The findings of these checks, errors first (serve's pre-flight names its few checks and
+    imports only their modules)."""
+    out = [f for check in selected for f in check.run(inputs)]
     return sorted(out, key=lambda f: (_ORDER[f.severity], f.check, f.path or ""))

@@ -6,18 +6,20 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-from fi_cache.caches.discover import ScanProblem
-from fi_cache.caches.inventory import Cache
-from fi_cache.doctor.findings import Finding
-from fi_cache.doctor.logs import LogFacts
-from fi_cache.engines.sglang.args import SglangArgs
-from fi_cache.engines.sglang.live import Engine as LiveSglang
-from fi_cache.engines.vllm.args import ServeArgs
-from fi_cache.engines.vllm.predict import CacheLocation
-from fi_cache.model.fingerprint import Fingerprint
-from fi_cache.model.v1 import Defect
-from fi_cache.store.manifest import Manifest
+if TYPE_CHECKING:  # types only: serve's pre-flight imports this, and pays for what it loads
+    from fi_cache.caches.discover import ScanProblem
+    from fi_cache.caches.inventory import Cache
+    from fi_cache.doctor.findings import Finding
+    from fi_cache.doctor.logs import LogFacts
+    from fi_cache.engines.sglang.args import SglangArgs
+    from fi_cache.engines.sglang.live import Engine as LiveSglang
+    from fi_cache.engines.vllm.args import ServeArgs
+    from fi_cache.engines.vllm.predict import CacheLocation
+    from fi_cache.model.fingerprint import Fingerprint
+    from fi_cache.model.v1 import Defect
+    from fi_cache.store.manifest import Manifest
 
 
 @dataclass(frozen=True)

@@ -41,6 +41,12 @@ def check_namespace(
         CacheView(c, ns_dir, ns.finalize, m, (*c.read_defects, *v1.defects(c.file)))
         for c in inv.caches
     )
+    from fi_cache.doctor import cache_checks
+
     target = Target(ns.fingerprint, vllm_version, supports_finalize, ns.finalize, sglang_version)
-    checks = (*PREFLIGHT_CHECKS, *(SGLANG_PREFLIGHT if sglang_version else ()))
-    return doctor.run(Inputs(target, views, tuple(inv.problems)), checks)
+    selected = [c for c in cache_checks.CHECKS if c.id in PREFLIGHT_CHECKS]
+    if sglang_version:
+        from fi_cache.doctor import rank_checks
+
+        selected += [c for c in rank_checks.CHECKS if c.id in SGLANG_PREFLIGHT]
+    return doctor.run_checks(Inputs(target, views, tuple(inv.problems)), selected)

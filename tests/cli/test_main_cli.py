@@ -167,23 +167,23 @@ def _parses(example: str) -> None:
     """An example line is a real command line: every option and argument it uses exists."""
     import shlex
 
-    from fi_cache.cli import cli
+    from fi_cache.cli import load_all
 
     words = shlex.split(example)
     assert words[0] == "fi-cache", example
     words = words[1:]
     while words[0].startswith("-"):  # global options
         words = words[2:] if words[0] in ("--format", "--store") else words[1:]
-    command = cli.commands[words[0]]
+    command = load_all()[words[0]]
     command.make_context(words[0], words[1:])  # raises click.UsageError on a wrong example
 
 
 def test_every_command_help_ends_with_two_or_three_real_examples() -> None:
     import click
 
-    from fi_cache.cli import cli
+    from fi_cache.cli import cli, load_all
 
-    for name, command in sorted(cli.commands.items()):
+    for name, command in sorted(load_all().items()):
         with click.Context(cli, info_name="fi-cache") as parent:
             text = command.get_help(click.Context(command, info_name=name, parent=parent))
         lines = text.rstrip().splitlines()
@@ -193,3 +193,30 @@ def test_every_command_help_ends_with_two_or_three_real_examples() -> None:
         for example in examples:
             assert example.split()[:1] == ["fi-cache"] and name in example.split(), example
             _parses(example)
+
+
+def test_help_lists_every_command_as_loaded_and_imports_none_of_them() -> None:
+    """`fi-cache --help` lists the commands from cli.COMMANDS without importing their modules:
+    the list must say what each command's own help says."""
+    import subprocess
+    import sys
+
+    import click
+
+    from fi_cache.cli import COMMANDS, load_all
+
+    loaded = load_all()
+    assert sorted(loaded) == sorted(COMMANDS)
+    for name, command in loaded.items():
+        assert click.Command(name, help=COMMANDS[name][1]).get_short_help_str(300) == (
+            command.get_short_help_str(300)
+        ), name
+    probe = (
+        "import sys; from fi_cache.cli import main\n"
+        "try: main(['--help'])\n"
+        "except SystemExit: pass\n"
+        "print(sorted(m for m in sys.modules if m.startswith('fi_cache.')), file=sys.stderr)"
+    )
+    p = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, check=True)
+    assert "Commands:" in p.stdout and "  warm " in p.stdout
+    assert p.stderr.strip() == "['fi_cache.cli', 'fi_cache.errors']"

@@ -59,3 +59,13 @@ def test_empty_namespace_has_nothing_to_say(tmp_path: Path) -> None:
     assert (
         preflight.check_namespace(Namespace(FP, "fused"), tmp_path, tmp_path / "vllm", None) == []
     )
+
+
+def test_every_preflight_check_exists_where_serve_looks_for_it() -> None:
+    """serve's pre-flight imports only cache_checks (and rank_checks for SGLang): a check
+    renamed or moved elsewhere would silently stop running before every start."""
+    from fi_cache.doctor import cache_checks, rank_checks
+    from fi_cache.doctor.preflight import PREFLIGHT_CHECKS, SGLANG_PREFLIGHT
+
+    assert set(PREFLIGHT_CHECKS) <= {c.id for c in cache_checks.CHECKS}
+    assert set(SGLANG_PREFLIGHT) <= {c.id for c in rank_checks.CHECKS}
