@@ -29,6 +29,8 @@ class Context:
 COMMANDS: dict[str, tuple[str, str]] = {
     "align": ("align", "Give every rank of a deployment the same file: the union of its ranks' "
               "entries."),
+    "diff": ("diff", "Compare two caches: keys only in one, keys with another runner or tactic, "
+             "_metadata."),
     "doctor": ("doctor", "Check the store, PATHS and logs against the target environment [-- "
                "VLLM_SERVE_ARGS]."),
     "env": ("env", "Show the detected environment and the namespace dir of each finalize mode."),

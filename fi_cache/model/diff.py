@@ -1,0 +1,124 @@
+"""Two caches' tuning decisions side by side: keys only in one, keys both hold with another
+runner or tactic, and `_metadata` fields that differ. Two cold tunes of one model can disagree
+on most entries (flashinfer #3920, #4433) and ranks can pick other tactics (sglang #35343): this
+says where, decoded (op, the bucket's shapes, runner, tactic, the MoE tactic's config family)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Literal
+
+from fi_cache.model import keys as keymod
+from fi_cache.model import moe, v1
+from fi_cache.versions import moe_tactic_lists, sm_of_gpu
+
+Change = Literal["only-a", "only-b", "changed"]
+
+
+@dataclass(frozen=True)
+class Side:
+    """One cache's answer for a key: the runner and tactic it stores, and for a CUTLASS MoE
+    GEMM2 tactic the config family its id names (base, finalize, swap_base, ...)."""
+
+    runner: Any
+    tactic: Any
+    family: str | None = None
+
+
+@dataclass(frozen=True)
+class EntryDiff:
+    change: Change
+    raw_key: str
+    op: str | None  # None: a key that does not parse
+    runner: str | None  # the key's runner
+    bucket: str  # the profile's shapes, `1x2048 128x1536x2048 ...`
+    a: Side | None
+    b: Side | None
+
+
+@dataclass(frozen=True)
+class CacheDiff:
+    entries: tuple[EntryDiff, ...]
+    same: int  # keys both hold with the same value
+    metadata: dict[str, tuple[Any, Any]]  # field: (a's, b's), fields that differ
+
+    @property
+    def differs(self) -> bool:
+        return bool(self.entries or self.metadata)
+
+    def count(self, change: Change) -> int:
+        return sum(e.change == change for e in self.entries)
+
+
+def shapes(profile: Any) -> str:
+    """Profile shapes as `1x4096 4096x2048 0 -1x2048`: one token per input, dims joined by x."""
+    view = keymod.to_json(profile)
+    if not isinstance(view, list):
+        return str(view)
+    parts = []
+    for shape in view:
+        if isinstance(shape, list):
+            parts.append("x".join(str(d) for d in shape) if shape else "()")
+        else:
+            parts.append(str(shape))
+    return " ".join(parts)
+
+
+def _family(key: keymod.CacheKey | None, tactic: Any, cf: v1.CacheFile) -> str | None:
+    """The GEMM2 config family a CUTLASS MoE tactic id names, where the tactic lists of the
+    file's FlashInfer are known (versions.MOE_TACTIC_LISTS): in the key's finalize mode
+    (0.6.18rc2+ keys say it), else `fused's|unfused's` where the two lists differ there."""
+    if key is None or moe.gemm_stage(key.op) != 2 or not isinstance(tactic, int):
+        return None
+    meta = cf.metadata or {}
+    lists = moe_tactic_lists(meta.get("flashinfer_version"), sm_of_gpu(meta.get("gpu")), "bf16")
+    if lists is None:
+        return None
+    mode = moe.finalize_mode(key)
+    if mode in ("fused", "unfused"):
+        return _in_list(lists.gemm2[mode], tactic - lists.gemm1)
+    fused = _in_list(lists.gemm2["fused"], tactic - lists.gemm1)
+    unfused = _in_list(lists.gemm2["unfused"], tactic - lists.gemm1)
+    # Keys before 0.6.18rc2 do not say the mode: "fused's|unfused's" where the lists differ.
+    return fused if fused == unfused else f"{fused}|{unfused}"
+
+
+def _in_list(runs: tuple[tuple[str, int], ...], index: int) -> str:
+    for family, n in runs:
+        if 0 <= index < n:
+            return family
+        index -= n
+    return "none"  # past the list: that mode's kernel crashes on it
+
+
+def _side(key: keymod.CacheKey | None, value: Any, cf: v1.CacheFile) -> Side:
+    value = value if isinstance(value, list) else [None, value]
+    tactic = value[1] if len(value) > 1 else None
+    return Side(value[0] if value else None, tactic, _family(key, tactic, cf))
+
+
+def diff(a: v1.CacheFile, b: v1.CacheFile) -> CacheDiff:
+    """What differs between `a` and `b`, entries ordered by op, runner, bucket."""
+    theirs = {raw: (key, value) for raw, key, value in v1.iter_entries(b)}
+    out: list[EntryDiff] = []
+    same = 0
+    for raw, key, value in v1.iter_entries(a):
+        bucket = shapes(key.profile) if key else ""
+        op, runner = (key.op, key.runner) if key else (None, None)
+        if raw not in theirs:
+            out.append(EntryDiff("only-a", raw, op, runner, bucket, _side(key, value, a), None))
+            continue
+        other = theirs.pop(raw)[1]
+        if other == value:
+            same += 1
+        else:
+            sides = _side(key, value, a), _side(key, other, b)
+            out.append(EntryDiff("changed", raw, op, runner, bucket, *sides))
+    for raw, (key, value) in theirs.items():
+        bucket = shapes(key.profile) if key else ""
+        op, runner = (key.op, key.runner) if key else (None, None)
+        out.append(EntryDiff("only-b", raw, op, runner, bucket, None, _side(key, value, b)))
+    ma, mb = a.metadata or {}, b.metadata or {}
+    metadata = {f: (ma.get(f), mb.get(f)) for f in sorted({*ma, *mb}) if ma.get(f) != mb.get(f)}
+    out.sort(key=lambda e: (e.op or "~", e.runner or "", e.bucket, e.raw_key))
+    return CacheDiff(tuple(out), same, metadata)
