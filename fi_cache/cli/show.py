@@ -173,6 +173,8 @@ def _show_ranks(caches: list[Cache], op_filter: str | None) -> int:
 
 
 def _show_human(cache: Cache, entries: list[dict[str, Any]]) -> None:
+    from fi_cache.model import keys as keymod
+
     click.echo(
         f"{render.display_path(cache.path)}  ({cache.found.format}, {len(entries)} entries, "
         f"{render.human_size(cache.size)})"
@@ -202,22 +204,9 @@ def _show_human(cache: Cache, entries: list[dict[str, Any]]) -> None:
                 )
             else:
                 extras_text = _compact(extras) if extras is not None else "-"
-            rows.append([_shapes(e["profile"]), _compact(e["tactic"]), extras_text])
+            rows.append([keymod.shapes(e["profile"]), _compact(e["tactic"]), extras_text])
         headers = ["PROFILE", "TACTIC", "EXTRAS"]
         click.echo(render.table(headers, rows, width=render.terminal_width()))
-
-
-def _shapes(profile: Any) -> str:
-    """Profile shapes as `1x4096 4096x2048 0 -1x2048`: one token per input, dims joined by x."""
-    if not isinstance(profile, list):
-        return str(profile)
-    parts = []
-    for shape in profile:
-        if isinstance(shape, list):
-            parts.append("x".join(str(d) for d in shape) if shape else "()")
-        else:
-            parts.append(str(shape))
-    return " ".join(parts)
 
 
 def _compact(value: Any) -> str:

@@ -50,20 +50,6 @@ class CacheDiff:
         return sum(e.change == change for e in self.entries)
 
 
-def shapes(profile: Any) -> str:
-    """Profile shapes as `1x4096 4096x2048 0 -1x2048`: one token per input, dims joined by x."""
-    view = keymod.to_json(profile)
-    if not isinstance(view, list):
-        return str(view)
-    parts = []
-    for shape in view:
-        if isinstance(shape, list):
-            parts.append("x".join(str(d) for d in shape) if shape else "()")
-        else:
-            parts.append(str(shape))
-    return " ".join(parts)
-
-
 def _family(key: keymod.CacheKey | None, tactic: Any, cf: v1.CacheFile) -> str | None:
     """The GEMM2 config family a CUTLASS MoE tactic id names, where the tactic lists of the
     file's FlashInfer are known (versions.MOE_TACTIC_LISTS): in the key's finalize mode
@@ -103,7 +89,7 @@ def diff(a: v1.CacheFile, b: v1.CacheFile) -> CacheDiff:
     out: list[EntryDiff] = []
     same = 0
     for raw, key, value in v1.iter_entries(a):
-        bucket = shapes(key.profile) if key else ""
+        bucket = keymod.shapes(key.profile) if key else ""
         op, runner = (key.op, key.runner) if key else (None, None)
         if raw not in theirs:
             out.append(EntryDiff("only-a", raw, op, runner, bucket, _side(key, value, a), None))
@@ -115,7 +101,7 @@ def diff(a: v1.CacheFile, b: v1.CacheFile) -> CacheDiff:
             sides = _side(key, value, a), _side(key, other, b)
             out.append(EntryDiff("changed", raw, op, runner, bucket, *sides))
     for raw, (key, value) in theirs.items():
-        bucket = shapes(key.profile) if key else ""
+        bucket = keymod.shapes(key.profile) if key else ""
         op, runner = (key.op, key.runner) if key else (None, None)
         out.append(EntryDiff("only-b", raw, op, runner, bucket, None, _side(key, value, b)))
     ma, mb = a.metadata or {}, b.metadata or {}

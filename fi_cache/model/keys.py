@@ -231,6 +231,21 @@ def format_key(key: CacheKey) -> str:
     return format_value((*parts, key.extras) if key.has_extras else parts)
 
 
+def shapes(profile: KeyValue | object) -> str:
+    """A profile's shapes as `1x4096 4096x2048 0 -1x2048`: one token per input, dims joined by
+    x (a parsed key's profile, or its JSON view)."""
+    view = to_json(profile)  # type: ignore[arg-type]
+    if not isinstance(view, list):
+        return str(view)
+    parts = []
+    for shape in view:
+        if isinstance(shape, list):
+            parts.append("x".join(str(d) for d in shape) if shape else "()")
+        else:
+            parts.append(str(shape))
+    return " ".join(parts)
+
+
 def to_json(value: KeyValue) -> object:
     """A JSON-friendly view: tuples become lists, torch symbols their printed names."""
     if isinstance(value, (tuple, list)):
