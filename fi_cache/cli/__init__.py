@@ -34,6 +34,8 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "doctor": ("doctor", "Check the store, PATHS and logs against the target environment [-- "
                "VLLM_SERVE_ARGS]."),
     "env": ("env", "Show the detected environment and the namespace dir of each finalize mode."),
+    "evict": ("evict", "Remove the entries that match every option given from the v1 caches "
+              "under PATHS."),
     "export": ("bundle", "Bundle NAMESPACE (a dir, or fused/unfused/here for this machine's; "
                "default: all)."),
     "import": ("bundle", "Verify BUNDLE completely, then install its namespaces into the store."),

@@ -1,0 +1,72 @@
+"""evict: drop chosen entries from v1 caches (fi_cache/maintenance/evict.py), so the next start
+re-tunes only those."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import click
+
+from fi_cache.cli import render
+
+
+def _ctx() -> Any:
+    return click.get_current_context().obj
+
+
+@click.command(
+    "evict",
+    epilog=render.examples(
+        "fi-cache evict autotune_configs.json --op gemm2 --tactic 104 --dry-run",
+        "fi-cache evict HASH_DIR --op fused_moe --bucket 8192",
+        "fi-cache --format json evict autotune_configs.json --runner MoERunner --bucket 1",
+    ),
+)
+@click.argument(
+    "paths", nargs=-1, required=True, type=click.Path(path_type=Path, readable=False)
+)
+@click.option("--op", default=None, help="Ops whose name contains this (gemm2, fused_moe, ...).")
+@click.option("--bucket", type=int, default=None, help="The tuned token count (first dimension).")
+@click.option("--runner", default=None, help="Entries of this runner (the key's runner name).")
+@click.option("--tactic", type=int, default=None, help="Entries that chose this tactic id.")
+@click.option("--dry-run", is_flag=True, help="Show what would go; write nothing.")
+def evict_command(
+    paths: tuple[Path, ...],
+    op: str | None,
+    bucket: int | None,
+    runner: str | None,
+    tactic: int | None,
+    dry_run: bool,
+) -> int:
+    """Remove the entries that match every option given from the v1 caches under PATHS.
+
+    Each file is locked and rewritten atomically with `_generation` recomputed; FlashInfer then
+    re-tunes only what went. Give a hash dir to treat every rank of a deployment alike.
+    """
+    from fi_cache.maintenance.evict import Selector, apply, plan
+
+    selector = Selector(op, bucket, runner, tactic)
+    plans = plan(paths, selector) if dry_run else apply(paths, selector)
+    if _ctx().json:
+        render.emit_json({
+            "dry_run": dry_run,
+            "files": [{"path": str(p.path), "evicted": list(p.evicted), "kept": p.kept}
+                      for p in plans],
+        })  # fmt: skip
+        return 0
+    verb = "would evict" if dry_run else "evicted"
+    total = sum(len(p.evicted) for p in plans)
+    for p in plans:
+        if p.evicted:
+            click.echo(f"{render.display_path(p.path)}: {verb} {len(p.evicted)}, kept {p.kept}")
+            for key in p.evicted[:5]:
+                click.echo(f"  {key}")
+            if len(p.evicted) > 5:
+                click.echo(f"  … {len(p.evicted) - 5} more (--format json lists them all)")
+    if total == 0:
+        click.echo(f"no entry matched in {len(plans)} file(s): nothing written")
+    return 0
+
+
+COMMANDS = [evict_command]

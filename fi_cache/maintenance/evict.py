@@ -1,0 +1,124 @@
+"""`fi-cache evict PATH...`: drop chosen entries from v1 caches (a tactic that gives NaNs, a
+bucket, an op) so the next start re-tunes only those, where today the cure is to delete the whole
+file (sglang #34629). `plan` says what each file loses and writes nothing; `apply` locks each
+file, plans again on what it reads under the lock, and writes it atomically with `_generation`
+recomputed, so FlashInfer's own loader reads the result (tests/maintenance/test_evict.py runs
+0.6.17, 0.6.18 and 0.7.2.post1's); namespaced `_records` (MegaMoE's) stay as they are. Give a
+deployment's hash dir, not one rank's file: every rank
+then loses the same entries and vLLM's gate (equal counts) still passes."""
+
+from __future__ import annotations
+
+import stat
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from fi_cache.caches import inventory
+from fi_cache.caches.discover import classify_file
+from fi_cache.errors import CorruptCache, Refused
+from fi_cache.model import keys as keymod
+from fi_cache.model import v1
+from fi_cache.store.files import DEFAULT_LOCK_TIMEOUT, atomic_write, locked
+
+
+@dataclass(frozen=True)
+class Selector:
+    """Which entries go: all the given fields must match (at least one is given)."""
+
+    op: str | None = None  # a part of the op's name ("gemm2", "fused_moe")
+    bucket: int | None = None  # the tuned token count: the first input's first dimension
+    runner: str | None = None
+    tactic: int | None = None
+
+    @property
+    def empty(self) -> bool:
+        return (self.op, self.bucket, self.runner, self.tactic) == (None, None, None, None)
+
+    def matches(self, key: keymod.CacheKey | None, value: Any) -> bool:
+        if key is None:
+            return False  # a key that does not parse is verify's to report, not ours to drop
+        if self.op is not None and self.op not in key.op:
+            return False
+        if self.runner is not None and self.runner != key.runner:
+            return False
+        if self.tactic is not None and not (
+            isinstance(value, list) and len(value) > 1 and value[1] == self.tactic
+        ):
+            return False
+        return self.bucket is None or _bucket(key) == self.bucket
+
+
+def _bucket(key: keymod.CacheKey) -> int | None:
+    view = keymod.to_json(key.profile)
+    if isinstance(view, list) and view and isinstance(view[0], list) and view[0]:
+        first = view[0][0]
+        return first if isinstance(first, int) else None
+    return None
+
+
+@dataclass(frozen=True)
+class FilePlan:
+    path: Path
+    evicted: tuple[str, ...]  # the raw keys that go
+    kept: int
+
+
+def select(cf: v1.CacheFile, selector: Selector) -> tuple[str, ...]:
+    """The raw keys of `cf` the selector picks, in file order."""
+    return tuple(raw for raw, key, value in v1.iter_entries(cf) if selector.matches(key, value))
+
+
+def _files(paths: Sequence[Path]) -> list[Path]:
+    """Every v1 cache under `paths` (SGLang's write-only runs/ copies aside: never read back)."""
+    inv = inventory.scan(paths)
+    for p in inv.problems:
+        raise (CorruptCache if p.exit_code == 1 else Refused)(p.message, p.path)
+    files = sorted({c.path for c in inv.caches if c.found.format == "v1" and not c.found.run})
+    if not files:
+        raise Refused(
+            "no v1 autotune cache here (evict rewrites v1 files; a v2 store is FlashInfer's)",
+            paths[0] if len(paths) == 1 else None,
+        )
+    return files
+
+
+def _read(path: Path) -> v1.CacheFile:
+    cache = inventory.read(classify_file(path))
+    if any(d.check == "corrupt-file" for d in cache.read_defects):
+        raise CorruptCache("cannot be read whole: verify it first", path)
+    return cache.file
+
+
+def plan(paths: Sequence[Path], selector: Selector) -> list[FilePlan]:
+    """What evict would take from each file; nothing is written."""
+    if selector.empty:
+        raise Refused("name what to evict: --op, --bucket, --runner and/or --tactic")
+    out = []
+    for path in _files(paths):
+        cf = _read(path)
+        gone = select(cf, selector)
+        out.append(FilePlan(path, gone, len(cf.entries) - len(gone)))
+    return out
+
+
+def apply(
+    paths: Sequence[Path], selector: Selector, timeout: float = DEFAULT_LOCK_TIMEOUT
+) -> list[FilePlan]:
+    """Evict for real: each file that loses entries is locked, read again and replaced."""
+    done = []
+    for first in plan(paths, selector):
+        if not first.evicted:
+            done.append(first)
+            continue
+        with locked(first.path, timeout):
+            cf = _read(first.path)  # what another writer left is what we cut from
+            gone = set(select(cf, selector))
+            kept = {k: v for k, v in cf.entries.items() if k not in gone}
+            out = v1.CacheFile(cf.metadata, kept, cf.records, cf.generation, cf.unknown,
+                               cf.reserved)  # fmt: skip
+            mode = stat.S_IMODE(first.path.stat().st_mode)
+            atomic_write(first.path, v1.dumps(out).encode(), mode=mode, lock=False)
+        done.append(FilePlan(first.path, tuple(k for k in cf.entries if k in gone), len(kept)))
+    return done
