@@ -246,6 +246,10 @@ VLLM_CACHE_FILE_RE = re.compile(r"^autotune_configs(?:_dp\d+_rank\d+)?\.json$")
 # no elastic EP, pp <= 1, FlashInfer with autotune_v2 (0.7.0+), one node, world size 1
 # (model_executor/warmup/flashinfer_autotune_cache.py 0.33:79-111; utils/flashinfer.py:362-371).
 VLLM_V2_STORE = V("0.33.0")
+# --disable-flashinfer-autotune (EnableDisableAction) is 0.33's; 0.25-0.32 have only
+# --[no-]enable-flashinfer-autotune (engine/arg_utils.py 0.32:1802) and reject the command line
+# (vLLM 0.32's own parser, run in tests/engines/vllm/test_vllm_args.py).
+VLLM_DISABLE_AUTOTUNE_FLAG = V("0.33.0")
 # Its root: expanduser($VLLM_FLASHINFER_AUTOTUNE_CACHE_DIR) (0.33 :114-123), else FlashInfer's
 # get_default_cache_root(): $FLASHINFER_AUTOTUNE_CACHE_DIR as given, else
 # ${FLASHINFER_WORKSPACE_BASE:-$HOME}/.cache/flashinfer/autotune (FlashInfer 0.7.2.post1

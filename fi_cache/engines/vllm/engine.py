@@ -19,8 +19,10 @@ from fi_cache.engines.api import (
 from fi_cache.engines.scripts import pasted_launcher
 from fi_cache.engines.vllm import args, launch, layout
 from fi_cache.environment import Environment
+from fi_cache.errors import Refused
 from fi_cache.versions import (
     VLLM_CACHE_DIR_ENV,
+    VLLM_DISABLE_AUTOTUNE_FLAG,
     VLLM_FINALIZE_ENV,
     VLLM_PERSISTENT_CACHE,
     parse_version,
@@ -143,6 +145,12 @@ class Vllm(ServerEngine):
 
     def bind(self, target: Target) -> Run:
         parsed = self.read_args(target.argv)
+        version = parse_version(target.env.vllm.version)
+        if parsed.disable_flag and version is not None and version < VLLM_DISABLE_AUTOTUNE_FLAG:
+            raise Refused(
+                f"vLLM {version} has no {args.DISABLE_FLAG} (0.33 added it) and would reject "
+                "the command line: pass --no-enable-flashinfer-autotune"
+            )
         launcher = launch.find_launcher(target.path)
         return Run(target, parsed, launcher, nothing_to_tune(target.env, parsed))
 
@@ -176,8 +184,6 @@ class Vllm(ServerEngine):
         return Identity(run.env.vllm.version, run.env.vllm.supports_finalize_env)
 
     def same_model(self, run: Run, argv: Sequence[str]) -> bool:
-        from fi_cache.errors import Refused
-
         try:
             return bool(args.parse_serve_args(argv).model == run.args.model)
         except Refused:

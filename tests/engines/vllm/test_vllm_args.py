@@ -225,3 +225,18 @@ def test_vllm_032s_own_parser_reads_the_underscored_spellings_alike() -> None:
     parsed = json.loads(p.stdout.strip().splitlines()[-1])
     for i in range(0, len(parsed), 2):
         assert parsed[i] == parsed[i + 1], pairs[i]
+
+
+@needs_vllm
+def test_vllm_032_rejects_the_disable_flag_that_033_added() -> None:
+    import subprocess
+
+    code = (
+        "from vllm.entrypoints.launchers.cli_args import make_arg_parser\n"
+        "from vllm.utils.argparse_utils import FlexibleArgumentParser\n"
+        "parser = make_arg_parser(FlexibleArgumentParser())\n"
+        "parser.parse_args(['m', '--disable-flashinfer-autotune'])\n"
+    )
+    p = subprocess.run([VLLM_PYTHON, "-c", code], capture_output=True, text=True, timeout=300,
+                       check=False)  # fmt: skip
+    assert p.returncode == 2 and "unrecognized arguments: --disable-flashinfer-autotune" in p.stderr

@@ -651,3 +651,14 @@ def test_a_cold_serve_with_autotune_off_starts_vllm_once(rig: Rig) -> None:
     p = rig.run("serve", "--", MODEL, "-O0", FAKE_VLLM_MODE="exit-now", FAKE_VLLM_EXIT_CODE="0")
     assert p.returncode == 0 and "vLLM starts once, without a warm" in p.stderr
     assert len(rig.starts()) == 1
+
+
+def test_disable_flashinfer_autotune_before_0_33_is_refused_before_vllm_starts(rig: Rig) -> None:
+    """vLLM 0.32's parser rejects --disable-flashinfer-autotune (0.33's flag): refused up
+    front, with the spelling 0.32 reads; on 0.33 it is autotune off and vLLM starts once."""
+    old = rig.run("warm", "--", MODEL, "--disable-flashinfer-autotune", **_vllm_dist(rig, "0.32.0"))
+    assert old.returncode == 2 and rig.starts() == []
+    assert "vLLM 0.32.0 has no --disable-flashinfer-autotune" in old.stderr
+    assert "pass --no-enable-flashinfer-autotune" in old.stderr
+    new = rig.run("warm", "--", MODEL, "--disable-flashinfer-autotune", **_vllm_dist(rig, "0.33.0"))
+    assert new.returncode == 0, new.stderr
