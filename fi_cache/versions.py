@@ -490,6 +490,12 @@ SGLANG_KEY_FIELDS = (
 # 0.5.21:1082, 0.5.22:1120, 0.5.23:1251.
 SGLANG_FINALIZE_ENV = "SGLANG_FLASHINFER_MOE_FUSED_FINALIZE"
 SGLANG_FINALIZE_FROM = V("0.5.18")
+# SGLang saves the rank file after every autotune context, warm or not (flashinfer_autotune.py
+# 0.5.21:297-298, 0.5.23:366-367), and FlashInfer's save_configs calls mkstemp in the cache dir
+# outside any try (autotuner/autotuner.py 0.6.18:2619): a read-only namespace fails the start.
+SGLANG_SAVES_EVERY_START = VersionRange(
+    V("0.5.21"), None, "flashinfer_autotune.py 0.5.21:297-298, 0.5.23:366-367"
+)
 SGLANG_FINALIZE_DEFAULT_OFF = V("0.5.21")
 # --enable-deterministic-inference sets the variable to "0" (server_args.py 0.5.18:8076-8077;
 # arg_groups/serving_hook.py 0.5.19:404-405 ... 0.5.23:447-448) and, from 0.5.18, skips autotune

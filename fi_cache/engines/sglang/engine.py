@@ -24,6 +24,7 @@ from fi_cache.versions import (
     SGLANG_DIRECT_CACHES,
     SGLANG_FINALIZE_FROM,
     SGLANG_PERSISTENT_CACHE,
+    SGLANG_SAVES_EVERY_START,
     parse_version,
     sglang_caches_moved,
 )
@@ -200,6 +201,16 @@ class Sglang(ServerEngine):
         if len(layout.ranks) < 2:
             return None  # one rank: nothing to agree with
         return Expected("sglang", layout.ranks, layout.node)
+
+    def read_only_problem(self, run: Run) -> str | None:
+        version = parse_version(run.target.version)
+        if version is None or version not in SGLANG_SAVES_EVERY_START or run.nothing_to_tune:
+            return None
+        return (
+            f"SGLang {version} saves its rank file at every start, warm or not "
+            f"({SGLANG_SAVES_EVERY_START.source}), and FlashInfer's save fails in a read-only "
+            "dir, so the start fails on this store"
+        )
 
     def identity(self, run: Run) -> Identity:
         v = parse_version(run.target.version)

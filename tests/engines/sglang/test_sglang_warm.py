@@ -11,6 +11,7 @@ import signal
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -372,3 +373,15 @@ def test_multi_node_serve_starts_without_a_warm_and_tunes_into_the_namespace(rig
     assert doc["warm"] is None and "--nnodes 2: no warm first" in err
     [start] = rig.starts()  # one start: the served one, tuning into the namespace
     assert start["files"][0]["path"].startswith(doc["cache_dir"])
+
+
+def test_serve_refuses_a_read_only_store_where_sglang_saves_at_every_start(
+    rig: Rig, read_only: Callable[[Path], None]
+) -> None:
+    """SGLang 0.5.21+ saves its rank file after every autotune context and FlashInfer's save
+    cannot write there: serve refuses up front, as for vLLM 0.25-0.31."""
+    assert rig.warm(*MODEL).returncode == 0
+    read_only(rig.store)
+    p = rig.run("serve", "--engine", "sglang", "--sglang", str(rig.sglang), *MODEL)
+    assert p.returncode == 2 and len(rig.starts()) == 1  # the warm's start only
+    assert "SGLang 0.5.23 saves its rank file at every start" in p.stderr
