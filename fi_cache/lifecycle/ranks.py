@@ -9,17 +9,22 @@ from __future__ import annotations
 
 from collections.abc import Collection
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from fi_cache.caches.discover import discover
-from fi_cache.caches.inventory import scan
-from fi_cache.engines.api import Run, ServerEngine
 from fi_cache.errors import FiCacheError
-from fi_cache.lifecycle.report import Report
-from fi_cache.ranks.deployment import Deployment, Expected, file_name, gather
+
+if TYPE_CHECKING:  # serve imports this on every start: the rest only where rank files are
+    from fi_cache.engines.api import Run, ServerEngine
+    from fi_cache.lifecycle.report import Report
+    from fi_cache.ranks.deployment import Deployment, Expected
 
 
 def rank_dirs(root: Path) -> list[Path]:
     """Hash dirs under `root` that hold a deployment's per-rank files."""
+    from fi_cache.caches.inventory import scan
+    from fi_cache.ranks.deployment import gather
+
     if not root.is_dir():
         return []
     deployments = gather(scan([root], explicit=False).caches)
@@ -38,6 +43,8 @@ def _named_missing(told: Expected | None, deployments: list[Deployment]) -> list
     """This node's files, by the engine's names, missing from a deployment that holds every
     other node's ranks of that layout. Names alone cannot tell a tp-2 deployment from node 0
     of a tp-4 one: its dir then gets files its ranks never read, and loses nothing."""
+    from fi_cache.ranks.deployment import file_name
+
     if told is None:
         return []
     out = []
@@ -85,18 +92,23 @@ def complete_node(
     same deployment, written as the union of theirs, so this node does not start cold and make
     every rank tune again. Returns the files written; a refusal (rank-keyed MoE entries only
     their own rank can tune, another environment) is warned, nothing written."""
-    from fi_cache.maintenance.align import fill
-
     root = engine.autotune_dir(ns_dir)
     if not _names_rank_files(root):
         return []  # the common case, decided from names alone: serve's overhead stays small
+    targets, _ = engine.seed_targets(run, ns_dir, store)
+    told = engine.rank_names(run)
+    if told is None and all(t.exists() for t in targets):
+        return []  # this node's own files are there (one GPU on 0.32+): nothing to read
+    from fi_cache.caches.inventory import scan
+    from fi_cache.maintenance.align import fill
+    from fi_cache.ranks.deployment import gather
+
     deployments = gather(scan([root], explicit=False).caches)  # read once, for dirs and ranks
     dirs = {copy for dep in deployments for copy in dep.copies}
     if not dirs:
         return []
-    targets, _ = engine.seed_targets(run, ns_dir, store)
     missing = [t for t in targets if t.parent in dirs and not t.exists()]
-    missing += _named_missing(engine.rank_names(run), deployments)
+    missing += _named_missing(told, deployments)
     if not missing:
         return []
     names = ", ".join(t.name for t in missing)
