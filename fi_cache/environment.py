@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import contextlib
 import hashlib
-import importlib.metadata as md
 import json
 import os
 import re
@@ -163,15 +162,47 @@ class Dists:
         return self.files.get(f"{dist}:{relpath}")
 
 
+_NORMALIZE = re.compile(r"[-_.]+")
+
+
+def _installed(names: tuple[str, ...]) -> dict[str, tuple[str, Path]]:
+    """name -> (version, the dir it is installed in) for the dists in `names`, read as
+    importlib.metadata reads them (the first `*.dist-info` / `*.egg-info` on sys.path, its
+    METADATA's Version) without importing it: 14 ms of every serve (zipfile, email, csv)."""
+    wanted = {_NORMALIZE.sub("_", n).lower(): n for n in names}
+    found: dict[str, tuple[str, Path]] = {}
+    for entry in sys.path:
+        try:
+            listing = os.listdir(entry or ".")
+        except OSError:
+            continue
+        for item in listing:
+            stem, dot, kind = item.rpartition(".")
+            if kind not in ("dist-info", "egg-info") or not dot:
+                continue
+            name = _NORMALIZE.sub("_", stem.split("-", 1)[0]).lower()
+            if name not in wanted or wanted[name] in found:
+                continue
+            meta = Path(entry or ".", item, "METADATA" if kind == "dist-info" else "PKG-INFO")
+            with contextlib.suppress(OSError, UnicodeDecodeError):
+                for line in meta.read_text(encoding="utf-8").splitlines():
+                    if line.startswith("Version:"):
+                        found[wanted[name]] = (line.split(":", 1)[1].strip(), Path(entry or "."))
+                        break
+                    if not line:
+                        break  # the headers end at the first blank line
+    return found
+
+
 def dists_here() -> Dists:
-    versions: dict[str, str] = {}
-    for name in _WANTED_DISTS:
-        with contextlib.suppress(md.PackageNotFoundError):
-            versions[name] = md.version(name)
+    installed = _installed(_WANTED_DISTS)
+    versions = {name: version for name, (version, _) in installed.items()}
     files: dict[str, tuple[str, str]] = {}
     for dist, rel in _WANTED_FILES:
-        with contextlib.suppress(md.PackageNotFoundError, OSError):
-            path = str(md.distribution(dist).locate_file(rel))
+        if dist not in installed:
+            continue
+        path = str(installed[dist][1] / rel)
+        with contextlib.suppress(OSError):
             text = Path(path).read_text(encoding="utf-8", errors="replace")
             files[f"{dist}:{rel}"] = (path, text)
     return Dists(sys.executable, versions, files)

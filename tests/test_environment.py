@@ -163,3 +163,35 @@ def test_an_sm120_host_names_its_arch_from_nvcc_first(tmp_path: Path, monkeypatc
         nvcc.write_text(f"#!/bin/sh\necho '{say}'\n")
         nvcc.chmod(0o755)
         assert envmod.probe().fingerprint.arch == arch
+
+
+def test_the_installed_versions_are_importlib_metadatas_without_importing_it() -> None:
+    """dists_here() reads dist-info dirs itself (importlib.metadata costs every serve 14 ms):
+    the same versions and files as importlib.metadata's, here with a real FlashInfer on the
+    path, in a process that never imports importlib.metadata."""
+    import subprocess
+
+    from tests.conftest import ROOT, flashinfer_dir
+
+    code = (
+        "import json, sys\n"
+        "from fi_cache.environment import _WANTED_DISTS, _WANTED_FILES, dists_here\n"
+        "d = dists_here()\n"
+        "loaded = 'importlib.metadata' in sys.modules\n"
+        "import importlib.metadata as md\n"
+        "want = {}\n"
+        "for n in _WANTED_DISTS:\n"
+        "    try: want[n] = md.version(n)\n"
+        "    except md.PackageNotFoundError: pass\n"
+        "paths = {f'{a}:{r}': str(md.distribution(a).locate_file(r)) for a, r in _WANTED_FILES\n"
+        "         if a in want}\n"
+        "files = {k: v[0] for k, v in d.files.items()}\n"
+        "print(json.dumps([d.versions, want, files, paths, loaded]))\n"
+    )
+    env = {**os.environ, "PYTHONPATH": f"{flashinfer_dir('0.6.18')}{os.pathsep}{ROOT}"}
+    p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env,
+                       timeout=120, check=True)  # fmt: skip
+    ours, theirs, our_files, their_paths, loaded = json.loads(p.stdout)
+    assert ours == theirs and ours["flashinfer-python"] == "0.6.18" and "torch" in ours
+    assert not loaded
+    assert {k: v for k, v in their_paths.items() if Path(v).exists()} == our_files
