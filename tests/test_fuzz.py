@@ -25,7 +25,7 @@ from fi_cache.doctor.gather import gather
 from fi_cache.doctor.logs import parse_log, read_log
 from fi_cache.errors import FiCacheError
 from fi_cache.maintenance import merge
-from fi_cache.model import v1
+from fi_cache.model import keys, v1
 from fi_cache.model.fingerprint import Fingerprint
 from fi_cache.store import manifest as manifests
 from fi_cache.store.namespace import Namespace
@@ -164,7 +164,7 @@ def _exercise(paths: list[Path], store: Path, target: Target) -> None:
             entry = show._entry_json(raw, key, value)
             json.dumps(entry)
             _printable([entry["op"], entry["runner"], show._compact(entry["tactic"])])
-            _printable(show._shapes(entry["profile"]))
+            _printable(keys.shapes(entry["profile"]))
         _printable(list(cache.metadata.items()) if cache.metadata else None)
         for defect in v1.defects(cache.file):
             _printable(defect.message)
