@@ -21,7 +21,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
 
-from fi_cache.errors import Refused, refuse_special
+from fi_cache.errors import EXIT_REFUSED, CorruptCache, FiCacheError, Refused, refuse_special
 from fi_cache.model import v2
 from fi_cache.versions import (
     FLASHINFER_AUTOTUNE_ROOT_ENV,
@@ -80,6 +80,11 @@ class ScanProblem:
     check: str  # a doctor check id
     message: str
     exit_code: int = 1  # 1: corrupt/problem found, 2: refused (unreadable, too large)
+
+    def error(self) -> FiCacheError:
+        """What a command that needs this cache raises: exit 2 refused, else exit 1 corrupt."""
+        cls = Refused if self.exit_code == EXIT_REFUSED else CorruptCache
+        return cls(self.message, self.path)
 
 
 def is_sglang_name(name: str) -> bool:
@@ -237,3 +242,12 @@ def leftover_mtime(path: Path) -> float:
             except OSError:
                 continue
     return newest
+
+
+def named_rank_files(root: Path) -> list[Found]:
+    """The per-rank files under `root` (vLLM 0.32+'s, SGLang's; not SGLang's write-only runs/
+    copies), by name alone: nothing is parsed."""
+    if not root.is_dir():
+        return []
+    found, _ = discover(root)
+    return [f for f in found if f.format == "v1" and f.rank is not None and f.run is None]

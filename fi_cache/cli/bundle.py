@@ -74,8 +74,8 @@ def echo_node(node: Any) -> None:
             f"kept this node's rank files the bundle lacks: {len(node.filled)} written as the "
             f"union of the bundle's ranks ({names}{more})"
         )
-    for why in node.refused:
-        render.warn(f"this node's rank files were not kept ({why}): every rank tunes again")
+    for line in node.warnings():
+        render.warn(line)
 
 
 @click.command(

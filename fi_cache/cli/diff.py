@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING, Any
 import click
 
 from fi_cache.cli import render
-from fi_cache.errors import EXIT_PROBLEM, EXIT_REFUSED, CorruptCache, Refused
+from fi_cache.errors import EXIT_PROBLEM, Refused
 
 if TYPE_CHECKING:
     from fi_cache.caches.inventory import Cache
@@ -28,8 +28,7 @@ def _one(path: Path) -> Cache:
 
     inv = scan([path])
     if inv.problems:
-        p = inv.problems[0]
-        raise (Refused if p.exit_code == EXIT_REFUSED else CorruptCache)(p.message, p.path)
+        raise inv.problems[0].error()
     caches = [c for c in inv.caches if c.found.format == "v1" and not c.found.run]
     if not caches:
         what = "only a v2 store (diff reads v1 files)" if inv.caches else "no autotune cache"

@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING, Any
 import click
 
 from fi_cache.cli import render
-from fi_cache.errors import EXIT_REFUSED, CorruptCache, FiCacheError, Refused
+from fi_cache.errors import FiCacheError, Refused
 
 if TYPE_CHECKING:  # `fi-cache --help` loads every command module: keep them light
     from fi_cache.caches.inventory import Cache
@@ -58,8 +58,7 @@ def _load(path: Path) -> list[Cache]:
 
     inv = scan([path])
     if inv.problems:
-        p = inv.problems[0]
-        raise (Refused if p.exit_code == EXIT_REFUSED else CorruptCache)(p.message, p.path)
+        raise inv.problems[0].error()
     if inv.empty or not inv.caches:
         raise Refused("no FlashInfer autotune cache here", path)
     ranks = [c for c in inv.caches if not c.found.run]

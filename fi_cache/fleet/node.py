@@ -11,7 +11,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
-from fi_cache.caches.discover import discover
+from fi_cache.caches.discover import named_rank_files
 from fi_cache.caches.inventory import scan
 from fi_cache.errors import FiCacheError
 from fi_cache.ranks.deployment import gather
@@ -24,17 +24,15 @@ class NodeRanks:
     filled: tuple[Path, ...] = ()
     refused: tuple[str, ...] = ()
 
+    def warnings(self) -> list[str]:
+        """What an operator must hear about the files not kept (import's and serve's words)."""
+        return [f"this node's rank files were not kept ({why}): every rank tunes again"
+                for why in self.refused]  # fmt: skip
+
 
 def own_rank_files(ns_dir: Path) -> tuple[Path, ...]:
     """The rank files in a namespace before an import, by name alone (relative to it)."""
-    if not ns_dir.is_dir():
-        return ()
-    found, _ = discover(ns_dir)
-    return tuple(
-        f.path.relative_to(ns_dir)
-        for f in found
-        if f.format == "v1" and f.rank is not None and f.run is None
-    )
+    return tuple(f.path.relative_to(ns_dir) for f in named_rank_files(ns_dir))
 
 
 def keep(store: Path, before: Mapping[str, tuple[Path, ...]]) -> NodeRanks:

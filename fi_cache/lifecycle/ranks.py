@@ -11,7 +11,7 @@ from collections.abc import Collection
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from fi_cache.caches.discover import discover
+from fi_cache.caches.discover import named_rank_files
 from fi_cache.errors import FiCacheError
 
 if TYPE_CHECKING:  # serve imports this on every start: the rest only where rank files are
@@ -33,10 +33,7 @@ def rank_dirs(root: Path) -> list[Path]:
 
 def _names_rank_files(root: Path) -> bool:
     """Whether any file under `root` is named as a per-rank file (nothing is parsed)."""
-    if not root.is_dir():
-        return False
-    found, _ = discover(root)
-    return any(f.format == "v1" and f.rank is not None and f.run is None for f in found)
+    return bool(named_rank_files(root))
 
 
 def _named_missing(told: Expected | None, deployments: list[Deployment]) -> list[Path]:

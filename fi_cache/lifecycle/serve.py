@@ -113,8 +113,8 @@ def pull_first(url: str, store: Path, report: Report) -> None:
     if moved.node.filled:
         names = ", ".join(p.name for p in moved.node.filled)
         report.note(f"this node's rank files kept beside the bundle's: {names}")
-    for why in moved.node.refused:
-        report.warn(f"this node's rank files were not kept ({why}): every rank tunes again")
+    for line in moved.node.warnings():
+        report.warn(line)
 
 
 def hand_over(handover: Handover) -> NoReturn:

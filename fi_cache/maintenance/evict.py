@@ -73,8 +73,8 @@ def select(cf: v1.CacheFile, selector: Selector) -> tuple[str, ...]:
 def _files(paths: Sequence[Path]) -> list[Path]:
     """Every v1 cache under `paths` (SGLang's write-only runs/ copies aside: never read back)."""
     inv = inventory.scan(paths)
-    for p in inv.problems:
-        raise (CorruptCache if p.exit_code == 1 else Refused)(p.message, p.path)
+    if inv.problems:
+        raise inv.problems[0].error()
     files = sorted({c.path for c in inv.caches if c.found.format == "v1" and not c.found.run})
     if not files:
         raise Refused(

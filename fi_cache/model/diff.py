@@ -10,7 +10,7 @@ from typing import Any, Literal
 
 from fi_cache.model import keys as keymod
 from fi_cache.model import moe, v1
-from fi_cache.versions import moe_tactic_lists, sm_of_gpu
+from fi_cache.versions import MoeTacticLists, moe_tactic_lists, sm_of_gpu
 
 Change = Literal["only-a", "only-b", "changed"]
 
@@ -50,15 +50,17 @@ class CacheDiff:
         return sum(e.change == change for e in self.entries)
 
 
-def _family(key: keymod.CacheKey | None, tactic: Any, cf: v1.CacheFile) -> str | None:
-    """The GEMM2 config family a CUTLASS MoE tactic id names, where the tactic lists of the
-    file's FlashInfer are known (versions.MOE_TACTIC_LISTS): in the key's finalize mode
-    (0.6.18rc2+ keys say it), else `fused's|unfused's` where the two lists differ there."""
-    if key is None or moe.gemm_stage(key.op) != 2 or not isinstance(tactic, int):
-        return None
+def _lists(cf: v1.CacheFile) -> MoeTacticLists | None:
+    """The CUTLASS MoE tactic lists of the file's FlashInfer and GPU, where they are known."""
     meta = cf.metadata or {}
-    lists = moe_tactic_lists(meta.get("flashinfer_version"), sm_of_gpu(meta.get("gpu")), "bf16")
-    if lists is None:
+    return moe_tactic_lists(meta.get("flashinfer_version"), sm_of_gpu(meta.get("gpu")), "bf16")
+
+
+def _family(key: keymod.CacheKey | None, tactic: Any, lists: MoeTacticLists | None) -> str | None:
+    """The GEMM2 config family a CUTLASS MoE tactic id names, where the file's tactic lists
+    are known (versions.MOE_TACTIC_LISTS): in the key's finalize mode (0.6.18rc2+ keys say it),
+    else `fused's|unfused's` where the two lists differ there."""
+    if lists is None or key is None or moe.gemm_stage(key.op) != 2 or not isinstance(tactic, int):
         return None
     mode = moe.finalize_mode(key)
     if mode in ("fused", "unfused"):
@@ -70,40 +72,41 @@ def _family(key: keymod.CacheKey | None, tactic: Any, cf: v1.CacheFile) -> str |
 
 
 def _in_list(runs: tuple[tuple[str, int], ...], index: int) -> str:
-    for family, n in runs:
-        if 0 <= index < n:
-            return family
-        index -= n
-    return "none"  # past the list: that mode's kernel crashes on it
+    found = moe.config_at(runs, index) if index >= 0 else None
+    return found[0] if found else "none"  # past the list: that mode's kernel crashes on it
 
 
-def _side(key: keymod.CacheKey | None, value: Any, cf: v1.CacheFile) -> Side:
+def _side(key: keymod.CacheKey | None, value: Any, lists: MoeTacticLists | None) -> Side:
     value = value if isinstance(value, list) else [None, value]
     tactic = value[1] if len(value) > 1 else None
-    return Side(value[0] if value else None, tactic, _family(key, tactic, cf))
+    return Side(value[0] if value else None, tactic, _family(key, tactic, lists))
+
+
+def _entry(
+    change: Change, raw: str, key: keymod.CacheKey | None, a: Side | None, b: Side | None
+) -> EntryDiff:
+    if key is None:
+        return EntryDiff(change, raw, None, None, "", a, b)
+    return EntryDiff(change, raw, key.op, key.runner, keymod.shapes(key.profile), a, b)
 
 
 def diff(a: v1.CacheFile, b: v1.CacheFile) -> CacheDiff:
     """What differs between `a` and `b`, entries ordered by op, runner, bucket."""
+    la, lb = _lists(a), _lists(b)
     theirs = {raw: (key, value) for raw, key, value in v1.iter_entries(b)}
     out: list[EntryDiff] = []
     same = 0
     for raw, key, value in v1.iter_entries(a):
-        bucket = keymod.shapes(key.profile) if key else ""
-        op, runner = (key.op, key.runner) if key else (None, None)
         if raw not in theirs:
-            out.append(EntryDiff("only-a", raw, op, runner, bucket, _side(key, value, a), None))
+            out.append(_entry("only-a", raw, key, _side(key, value, la), None))
             continue
         other = theirs.pop(raw)[1]
         if other == value:
             same += 1
         else:
-            sides = _side(key, value, a), _side(key, other, b)
-            out.append(EntryDiff("changed", raw, op, runner, bucket, *sides))
+            out.append(_entry("changed", raw, key, _side(key, value, la), _side(key, other, lb)))
     for raw, (key, value) in theirs.items():
-        bucket = keymod.shapes(key.profile) if key else ""
-        op, runner = (key.op, key.runner) if key else (None, None)
-        out.append(EntryDiff("only-b", raw, op, runner, bucket, None, _side(key, value, b)))
+        out.append(_entry("only-b", raw, key, None, _side(key, value, lb)))
     ma, mb = a.metadata or {}, b.metadata or {}
     metadata = {f: (ma.get(f), mb.get(f)) for f in sorted({*ma, *mb}) if ma.get(f) != mb.get(f)}
     out.sort(key=lambda e: (e.op or "~", e.runner or "", e.bucket, e.raw_key))

@@ -70,7 +70,7 @@ class Gemm2Split:
     same_kernel: tuple[int, ...]
 
 
-def _config_at(runs: tuple[tuple[str, int], ...], index: int) -> tuple[str, int] | None:
+def config_at(runs: tuple[tuple[str, int], ...], index: int) -> tuple[str, int] | None:
     """(config family, position in it) of the `index`-th GEMM2 tactic; None past the list."""
     for family, count in runs:
         if index < count:
@@ -90,10 +90,10 @@ def split_gemm2(
     config there (the base configs lead both lists; the rest is shifted)."""
     crash, other, same = set(), set(), set()
     for t in ids:
-        theirs = _config_at(target, t - gemm1)
+        theirs = config_at(target, t - gemm1)
         if t < gemm1 or theirs is None:
             crash.add(t)
-        elif theirs == _config_at(tuned, t - gemm1):
+        elif theirs == config_at(tuned, t - gemm1):
             same.add(t)
         else:
             other.add(t)
