@@ -46,13 +46,15 @@ def evict_command(
     """
     from fi_cache.maintenance.evict import Selector, apply, plan
 
+    store = _ctx().store
     selector = Selector(op, bucket, runner, tactic)
-    plans = plan(paths, selector) if dry_run else apply(paths, selector)
+    plans = plan(paths, selector, store) if dry_run else apply(paths, selector, store)
     if _ctx().json:
         render.emit_json({
             "dry_run": dry_run,
-            "files": [{"path": str(p.path), "evicted": list(p.evicted), "kept": p.kept}
-                      for p in plans],
+            "files": [{"path": str(p.path), "evicted": list(p.evicted), "kept": p.kept,
+                       "namespace": str(p.namespace) if p.namespace else None,
+                       "recorded": p.recorded} for p in plans],
         })  # fmt: skip
         return 0
     verb = "would evict" if dry_run else "evicted"
@@ -66,6 +68,8 @@ def evict_command(
                 click.echo(f"  … {len(p.evicted) - 5} more (--format json lists them all)")
     if total == 0:
         click.echo(f"no entry matched in {len(plans)} file(s): nothing written")
+    for ns in sorted({p.namespace for p in plans if p.recorded and p.namespace}):
+        render.warn(f"recorded in {render.display_path(ns / 'manifest.json')}")
     return 0
 
 

@@ -14,6 +14,7 @@ from fi_cache.errors import FiCacheError, Refused
 if TYPE_CHECKING:  # `fi-cache --help` loads every command module: keep them light
     from fi_cache.caches.inventory import Cache
     from fi_cache.model import keys as keymod
+    from fi_cache.store.manifest import Manifest
 
 
 def _ctx() -> Any:
@@ -87,14 +88,60 @@ def show_command(path: Path, op_filter: str | None) -> int:
     cache = caches[0]
     entries = _entries(cache, op_filter)
     key = _sglang_key(caches, ctx.store)
+    ns = _namespace_json(cache, ctx.store)
     if ctx.json:
         doc = {"path": str(cache.path), "format": cache.found.format,
-               "metadata": cache.metadata, "entries": entries}  # fmt: skip
+               "metadata": cache.metadata, "entries": entries, "namespace": ns}  # fmt: skip
         render.emit_json({**doc, "sglang": key} if key else doc)
         return 0
     _say_key(key)
     _show_human(cache, entries)
+    _say_namespace(ns)
     return 0
+
+
+def _manifest(path: Path, store: Path) -> tuple[Path, Manifest | None] | None:
+    """The store namespace holding `path` and its manifest (None when it has none or it is
+    broken: doctor and verify name a broken manifest; show only shows)."""
+    from fi_cache.store import manifest as manifests
+    from fi_cache.store.namespace import namespace_parts
+
+    parts = namespace_parts(path, store)
+    if parts is None:
+        return None
+    try:
+        return Path(parts["dir"]), manifests.load(Path(parts["dir"]))
+    except FiCacheError:
+        return Path(parts["dir"]), None
+
+
+def _namespace_json(cache: Cache, store: Path) -> dict[str, Any] | None:
+    """What the namespace's manifest says about this file: the evicts that took entries."""
+    found = _manifest(cache.path, store)
+    if found is None:
+        return None
+    ns, m = found
+    try:
+        rel = str(cache.path.resolve().relative_to(ns.resolve()))
+    except ValueError:
+        rel = ""
+    evictions = [
+        {"at": render.iso_time(e.at), "selector": e.selector, "evicted": f.evicted,
+         "kept": f.kept}
+        for e, f in (m.evictions_of(rel) if m else [])
+    ]  # fmt: skip
+    return {"dir": str(ns), "evictions": evictions}
+
+
+def _say_namespace(ns: dict[str, Any] | None) -> None:
+    if ns is None:
+        return
+    for e in ns["evictions"]:
+        how = " ".join(f"--{k} {v}" for k, v in e["selector"].items())
+        click.echo(
+            f"\nevicted {len(e['evicted'])} entries at {e['at']} by `fi-cache evict {how}` "
+            f"(kept {e['kept']}; the next start re-tunes them)"
+        )
 
 
 def _sglang_key(caches: list[Cache], store: Path) -> dict[str, Any] | None:
@@ -103,19 +150,12 @@ def _sglang_key(caches: list[Cache], store: Path) -> dict[str, Any] | None:
     found = caches[0].found
     if found.layout != "sglang" or found.key_dir is None:
         return None
-    from fi_cache.store import manifest as manifests
-    from fi_cache.store.namespace import namespace_parts
     from fi_cache.versions import SGLANG_KEY_FIELDS
 
     out: dict[str, Any] = {"key_dir": found.key_dir, "hashes": list(SGLANG_KEY_FIELDS),
                            "warmed_with": None, "sglang_version": None}  # fmt: skip
-    parts = namespace_parts(caches[0].path, store)
-    try:
-        m = manifests.load(Path(parts["dir"])) if parts else None
-    except FiCacheError:
-        m = None  # doctor and verify name a broken manifest; show only shows
+    ns, m = _manifest(caches[0].path, store) or (Path(), None)
     paths = {c.path.resolve() for c in caches}
-    ns = Path(parts["dir"]) if parts else Path()
     for warm in reversed(m.warms if m else ()):
         if warm.engine == "sglang" and any((ns / f.path).resolve() in paths for f in warm.files):
             out["warmed_with"], out["sglang_version"] = warm.argv, warm.engine_version

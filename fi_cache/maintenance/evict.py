@@ -5,13 +5,17 @@ file, plans again on what it reads under the lock, and writes it atomically with
 recomputed, so FlashInfer's own loader reads the result (tests/maintenance/test_evict.py runs
 0.6.17, 0.6.18 and 0.7.2.post1's); namespaced `_records` (MegaMoE's) stay as they are. Give a
 deployment's hash dir, not one rank's file: every rank
-then loses the same entries and vLLM's gate (equal counts) still passes."""
+then loses the same entries and vLLM's gate (equal counts) still passes. A file inside a store
+namespace is rewritten under the namespace's lock (a warm's engine writes there), and the
+namespace's manifest records the evict: when, by which selector, which keys went from which file."""
 
 from __future__ import annotations
 
+import contextlib
 import stat
-from collections.abc import Sequence
-from dataclasses import dataclass
+import time
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import Any
 
@@ -20,7 +24,11 @@ from fi_cache.caches.discover import classify_file
 from fi_cache.errors import CorruptCache, Refused
 from fi_cache.model import keys as keymod
 from fi_cache.model import v1
+from fi_cache.store import locks
+from fi_cache.store import manifest as manifests
 from fi_cache.store.files import DEFAULT_LOCK_TIMEOUT, atomic_write, locked
+from fi_cache.store.manifest import EvictedFile, EvictRecord, Manifest
+from fi_cache.store.namespace import namespace_parts
 
 
 @dataclass(frozen=True)
@@ -34,7 +42,11 @@ class Selector:
 
     @property
     def empty(self) -> bool:
-        return (self.op, self.bucket, self.runner, self.tactic) == (None, None, None, None)
+        return not self.given()
+
+    def given(self) -> dict[str, str | int]:
+        """The options given, by name (what a manifest records)."""
+        return {f.name: v for f in fields(self) if (v := getattr(self, f.name)) is not None}
 
     def matches(self, key: keymod.CacheKey | None, value: Any) -> bool:
         if key is None:
@@ -63,6 +75,8 @@ class FilePlan:
     path: Path
     evicted: tuple[str, ...]  # the raw keys that go
     kept: int
+    namespace: Path | None = None  # the store namespace holding the file
+    recorded: bool = False  # its manifest records the evict (apply, a namespace with a manifest)
 
 
 def select(cf: v1.CacheFile, selector: Selector) -> tuple[str, ...]:
@@ -91,34 +105,83 @@ def _read(path: Path) -> v1.CacheFile:
     return cache.file
 
 
-def plan(paths: Sequence[Path], selector: Selector) -> list[FilePlan]:
-    """What evict would take from each file; nothing is written."""
+def plan(paths: Sequence[Path], selector: Selector, store: Path | None = None) -> list[FilePlan]:
+    """What evict would take from each file; nothing is written. A broken manifest of a
+    namespace it would change is refused here, before anything is written."""
     if selector.empty:
         raise Refused("name what to evict: --op, --bucket, --runner and/or --tactic")
     out = []
     for path in _files(paths):
         cf = _read(path)
         gone = select(cf, selector)
-        out.append(FilePlan(path, gone, len(cf.entries) - len(gone)))
+        ns = _namespace(path, store)
+        out.append(FilePlan(path, gone, len(cf.entries) - len(gone), ns))
+    for ns in {p.namespace for p in out if p.namespace is not None and p.evicted}:
+        manifests.load(ns)  # raises CorruptCache naming it
     return out
 
 
+def _namespace(path: Path, store: Path | None) -> Path | None:
+    parts = namespace_parts(path, store) if store is not None else None
+    return Path(parts["dir"]) if parts else None
+
+
 def apply(
-    paths: Sequence[Path], selector: Selector, timeout: float = DEFAULT_LOCK_TIMEOUT
+    paths: Sequence[Path],
+    selector: Selector,
+    store: Path | None = None,
+    timeout: float = DEFAULT_LOCK_TIMEOUT,
 ) -> list[FilePlan]:
-    """Evict for real: each file that loses entries is locked, read again and replaced."""
-    done = []
-    for first in plan(paths, selector):
-        if not first.evicted:
-            done.append(first)
-            continue
-        with locked(first.path, timeout):
-            cf = _read(first.path)  # what another writer left is what we cut from
-            gone = set(select(cf, selector))
-            kept = {k: v for k, v in cf.entries.items() if k not in gone}
-            out = v1.CacheFile(cf.metadata, kept, cf.records, cf.generation, cf.unknown,
-                               cf.reserved)  # fmt: skip
+    """Evict for real: each file that loses entries is locked, read again and replaced; per
+    store namespace, under its lock, with the evict added to its manifest."""
+    first = plan(paths, selector, store)
+    done: dict[Path, FilePlan] = {p.path: p for p in first if not p.evicted}
+    groups: dict[Path | None, list[FilePlan]] = {}
+    for p in first:
+        if p.evicted:
+            groups.setdefault(p.namespace, []).append(p)
+    for ns, group in groups.items():
+        with _namespace_locked(ns, timeout):
+            m = manifests.load(ns) if ns is not None else None
+            results = [_rewrite(p, selector, timeout) for p in group]
+            record = EvictRecord(time.time(), selector.given(), [
+                EvictedFile(_relative(r.path, ns), list(r.evicted), r.kept)
+                for r in results if r.evicted and ns is not None
+            ])  # fmt: skip
+            if ns is not None and m is not None and record.files:
+                manifests.save(ns, m.with_eviction(record))
+            for r in results:
+                done[r.path] = _recorded(r, m)
+    return [done[p.path] for p in first]
+
+
+def _relative(path: Path, ns: Path) -> str:
+    return str(path.resolve().relative_to(ns.resolve()))
+
+
+def _recorded(p: FilePlan, m: Manifest | None) -> FilePlan:
+    return FilePlan(p.path, p.evicted, p.kept, p.namespace, m is not None and bool(p.evicted))
+
+
+@contextlib.contextmanager
+def _namespace_locked(ns: Path | None, timeout: float) -> Iterator[None]:
+    """A namespace's lock (a warm's engine writes its files while holding it); none outside."""
+    if ns is None:
+        yield
+        return
+    with locks.namespace_lock(ns, "evict", timeout):
+        yield
+
+
+def _rewrite(first: FilePlan, selector: Selector, timeout: float) -> FilePlan:
+    with locked(first.path, timeout):
+        cf = _read(first.path)  # what another writer left is what we cut from
+        gone = set(select(cf, selector))
+        kept = {k: v for k, v in cf.entries.items() if k not in gone}
+        out = v1.CacheFile(cf.metadata, kept, cf.records, cf.generation, cf.unknown,
+                           cf.reserved)  # fmt: skip
+        if gone:
             mode = stat.S_IMODE(first.path.stat().st_mode)
             atomic_write(first.path, v1.dumps(out).encode(), mode=mode, lock=False)
-        done.append(FilePlan(first.path, tuple(k for k in cf.entries if k in gone), len(kept)))
-    return done
+    evicted = tuple(k for k in cf.entries if k in gone)
+    return FilePlan(first.path, evicted, len(kept), first.namespace)

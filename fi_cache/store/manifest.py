@@ -1,4 +1,5 @@
-"""A namespace's manifest: its fingerprint, when it was made and used, and every warm.
+"""A namespace's manifest: its fingerprint, when it was made and used, every warm, and every
+evict that took entries from its files.
 
 Pure data and (de)serialisation; `load`/`save` read and write it through the store package, so a
 reader sees the old or the new manifest, never half of one.
@@ -45,6 +46,23 @@ class WarmRecord:
 
 
 @dataclass(frozen=True)
+class EvictedFile:
+    path: str  # relative to the namespace dir
+    evicted: list[str]  # the raw keys that went
+    kept: int  # entries left in the file
+
+
+@dataclass(frozen=True)
+class EvictRecord:
+    """One `fi-cache evict` run over this namespace's files: when, by which selector (the
+    options given: op, bucket, runner, tactic), and what went from which file."""
+
+    at: float
+    selector: dict[str, str | int]
+    files: list[EvictedFile]
+
+
+@dataclass(frozen=True)
 class Manifest:
     fingerprint: Fingerprint
     finalize: str
@@ -52,6 +70,7 @@ class Manifest:
     last_used: float
     warms: tuple[WarmRecord, ...] = ()
     unknown: dict[str, Any] = field(default_factory=dict)  # newer fields kept on rewrite
+    evictions: tuple[EvictRecord, ...] = ()
 
     @classmethod
     def new(cls, ns: Namespace, now: float | None = None) -> Manifest:
@@ -60,6 +79,13 @@ class Manifest:
 
     def with_warm(self, warm: WarmRecord) -> Manifest:
         return replace(self, warms=(*self.warms, warm), last_used=warm.started + warm.seconds)
+
+    def with_eviction(self, evict: EvictRecord) -> Manifest:
+        return replace(self, evictions=(*self.evictions, evict))
+
+    def evictions_of(self, rel: str) -> list[tuple[EvictRecord, EvictedFile]]:
+        """Every evict that took entries from the file `rel` (relative to the namespace)."""
+        return [(e, f) for e in self.evictions for f in e.files if f.path == rel]
 
     def used(self, now: float | None = None) -> Manifest:
         return replace(self, last_used=time.time() if now is None else now)
@@ -91,6 +117,7 @@ def to_json(m: Manifest) -> dict[str, Any]:
         "created": m.created,
         "last_used": m.last_used,
         "warms": [asdict(w) for w in m.warms],
+        **({"evictions": [asdict(e) for e in m.evictions]} if m.evictions else {}),
     }
 
 
@@ -104,7 +131,8 @@ def from_json(data: Any) -> Manifest:
         fp = {k: v for k, v in dict(data["fingerprint"]).items() if k in FINGERPRINT_FIELDS}
         _check(all(v is None or isinstance(v, str) for v in fp.values()), "fingerprint")
         warms = tuple(_warm(w) for w in _list(data.get("warms", []), "warms"))
-        known = {"schema", "fingerprint", "finalize", "created", "last_used", "warms"}
+        evictions = tuple(_evict(e) for e in _list(data.get("evictions", []), "evictions"))
+        known = {"schema", "fingerprint", "finalize", "created", "last_used", "warms", "evictions"}
         _check(isinstance(data["finalize"], str), "finalize")
         return Manifest(
             Fingerprint(**fp),
@@ -113,6 +141,7 @@ def from_json(data: Any) -> Manifest:
             _number(data["last_used"], "last_used"),
             warms,
             {k: v for k, v in data.items() if k not in known},
+            evictions,
         )
     except (KeyError, TypeError, ValueError) as exc:
         raise ValueError(f"malformed manifest ({exc})") from None
@@ -151,6 +180,22 @@ def _file(f: Any) -> CacheFileRecord:
     for n in (rec.entries, rec.size, rec.seeded):
         _check(isinstance(n, int) and not isinstance(n, bool), "warms: files: entries/size")
     return rec
+
+
+def _evict(e: Any) -> EvictRecord:
+    _check(isinstance(e, dict), "evictions")
+    selector = e.get("selector")
+    _check(isinstance(selector, dict), "evictions: selector")
+    _check(all(isinstance(v, (str, int)) for v in selector.values()), "evictions: selector")
+    files = []
+    for f in _list(e.get("files"), "evictions: files"):
+        _check(isinstance(f, dict) and isinstance(f.get("path"), str), "evictions: files: path")
+        keys = _list(f.get("evicted"), "evictions: files: evicted")
+        _check(all(isinstance(k, str) for k in keys), "evictions: files: evicted")
+        kept = f.get("kept")
+        _check(isinstance(kept, int) and not isinstance(kept, bool), "evictions: files: kept")
+        files.append(EvictedFile(f["path"], keys, kept))
+    return EvictRecord(_number(e.get("at"), "evictions: at"), dict(selector), files)
 
 
 def _list(value: Any, what: str) -> list[Any]:

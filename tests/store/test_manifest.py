@@ -34,6 +34,17 @@ def test_round_trip_keeps_newer_fields(tmp_path: Path) -> None:
     assert json.loads((tmp_path / "manifest.json").read_text())["added_by_fi_cache_0_9"] == {"x": 1}
 
 
+def test_evictions_round_trip_and_a_manifest_without_them_has_none(tmp_path: Path) -> None:
+    gone = m.EvictedFile("vllm/abc/autotune_configs.json", ["('k',)"], 31)
+    man = m.Manifest.new(NS, now=1.0).with_eviction(m.EvictRecord(5.0, {"tactic": 104}, [gone]))
+    m.save(tmp_path, man)
+    again = m.load(tmp_path)
+    assert again is not None and again.evictions == man.evictions
+    assert again.evictions_of("vllm/abc/autotune_configs.json") == [(man.evictions[0], gone)]
+    m.save(tmp_path, m.Manifest.new(NS, now=1.0))
+    assert "evictions" not in json.loads((tmp_path / "manifest.json").read_text())
+
+
 def test_last_warm_filters_by_arguments_time_and_success() -> None:
     man = m.Manifest.new(NS, now=0).with_warm(_warm(100.0, "a")).with_warm(_warm(200.0, "b"))
     man = man.with_warm(_warm(300.0, "a", ok=False))
@@ -76,6 +87,10 @@ _BAD_FILE = '{"path": 5, "entries": 1, "size": 1}'
         "{" + _OK.replace("{}", '{"gpu": ["NVIDIA H200"]}') + "}",
         "{" + _OK.replace("{}", '{"gpu": "NVIDIA H200\\ud800"}') + "}",
         "{" + _OK.replace('"fused"', "5") + "}",
+        "{" + _OK + ', "evictions": [{"at": 1, "selector": {"op": ["x"]}, "files": []}]}',
+        "{" + _OK + ', "evictions": [{"at": 1, "selector": {}, "files": [{"path": "f", '
+        '"evicted": "k", "kept": 1}]}]}',
+        "{" + _OK + ', "evictions": [{"selector": {}, "files": []}]}',
         "[" * 50_000 + "]" * 50_000,
     ],
 )
