@@ -151,6 +151,7 @@ def test_every_command_has_a_module_named_after_it() -> None:
     from fi_cache.cli import load_all
 
     pairs = {"export": "bundle", "import": "bundle", "push": "push_pull", "pull": "push_pull"}
+    pairs["unpin"] = "pin"
     for name, command in load_all().items():
         assert command.callback is not None
         module = command.callback.__module__

@@ -44,6 +44,8 @@ COMMANDS: dict[str, tuple[str, str]] = {
            "stores)."),
     "merge": ("merge", "Union of v1 cache files with equal _metadata into OUT; conflicts are "
               "reported."),
+    "pin": ("pin", "Pin NAMESPACE (a namespace dir, or fused/unfused/here for this machine's): no "
+            "start may change it."),
     "plan": ("plan", "Write a tuning plan from a model's config.json, or check one."),
     "prune": ("prune", "Delete namespaces of the store; temp files of killed writers (older than "
               "10 minutes) always."),
@@ -55,6 +57,8 @@ COMMANDS: dict[str, tuple[str, str]] = {
               "SGLANG_ARGS`) on this machine's namespace, warmed first when cold."),
     "show": ("show", "Decode one cache: metadata, entries by op with shapes and tactics, MoE "
              "extras by name."),
+    "unpin": ("pin", "Unpin NAMESPACE: its files and dirs get their modes back; starts may change "
+              "it again."),
     "verify": ("verify", "Check integrity: valid JSON, every key parses, `_generation` matches, "
                "value shapes."),
     "warm": ("warm", "Fill this machine's namespace: `vllm serve VLLM_SERVE_ARGS` until healthy, "

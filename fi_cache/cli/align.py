@@ -100,6 +100,11 @@ def align_command(paths: tuple[Path, ...], dry_run: bool) -> int:
     ctx = _ctx()
     from fi_cache.maintenance.align import apply, plan
 
+    if not dry_run:
+        from fi_cache.store.pin import refuse_if_pinned
+
+        for path in paths:  # the rank files of a pinned namespace stay as they are
+            refuse_if_pinned(path, ctx.store, "align")
     plans = plan(list(paths)) if dry_run else apply(list(paths))
     failed = any(gp.aligned is None for gp in plans)
     if ctx.json:

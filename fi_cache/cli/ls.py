@@ -85,6 +85,15 @@ def summary(cache: Cache, store: Path) -> dict[str, Any]:
     }
 
 
+def _pinned(namespaces: set[str]) -> set[str]:
+    """The namespace dirs among `namespaces` that `fi-cache pin` pinned."""
+    if not namespaces:
+        return set()
+    from fi_cache.store.pin import pinned
+
+    return {ns for ns in namespaces if pinned(Path(ns)) is not None}
+
+
 def _problem_json(p: ScanProblem) -> dict[str, str]:
     return {"path": str(p.path), "check": p.check, "message": p.message}
 
@@ -111,6 +120,9 @@ def ls_command(paths: tuple[Path, ...], no_store: bool, long_: bool, paths_only:
     ctx = _ctx()
     inv = _scan(paths, include_store=not no_store)
     rows = [summary(c, ctx.store) for c in inv.caches]
+    pinned = _pinned({r["namespace"] for r in rows if r["namespace"]})
+    for r in rows:
+        r["pinned"] = r["namespace"] in pinned
     code = render.report_scan_problems(inv)
     if ctx.json:
         render.emit_json({"caches": rows, "problems": [_problem_json(p) for p in inv.problems]})
@@ -143,6 +155,7 @@ def ls_command(paths: tuple[Path, ...], no_store: bool, long_: bool, paths_only:
     for i, (ns_dir, table_rows) in enumerate(groups.items()):
         if ns_dir is not None or len(groups) > 1:
             title = f"namespace {render.display_path(Path(ns_dir))}" if ns_dir else "other caches"
+            title += "  (pinned: no start may change it)" if ns_dir in pinned else ""
             click.echo(("\n" if i else "") + title)
         click.echo(render.table(headers, table_rows, right=right))
     if long_:

@@ -129,7 +129,7 @@ def merge_command(sources: tuple[Path, ...], output: Path, prefer: str) -> int:
     ctx = _ctx()
     from fi_cache.maintenance.merge import merge_into
 
-    report = merge_into(list(sources), output, cast("Prefer", prefer))
+    report = merge_into(list(sources), output, cast("Prefer", prefer), store=ctx.store)
     if ctx.json:
         render.emit_json(report_json(report))
         return 0

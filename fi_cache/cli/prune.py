@@ -157,6 +157,9 @@ def _document(plan: Plan, outcome: Outcome | None) -> dict[str, Any]:
         "trash": [str(t.path) for t in plan.trash],
         "bytes": plan.bytes,
         "skipped_locked": skipped,
+        "skipped_pinned": [
+            {"path": str(ns.dir), "reasons": reasons} for ns, reasons in plan.skipped_pinned
+        ],
         "applied": outcome is not None,
     }
     if outcome is not None:
@@ -197,7 +200,7 @@ def _render_plan(plan: Plan, store: Path) -> None:
     if plan.selection.max_size is not None and plan.kept_bytes > plan.selection.max_size:
         render.warn(
             f"the store stays over --max-size ({render.human_size(plan.kept_bytes)} kept): "
-            "locked namespaces cannot be pruned"
+            "locked and pinned namespaces cannot be pruned"
         )
 
 
@@ -205,6 +208,8 @@ def _render_locked(plan: Plan, store: Path) -> None:
     for ns, reasons in plan.skipped_locked:
         who = ns.holder.describe() if ns.holder else "another process"
         render.warn(f"skipped {ns.relpath(store)} ({'; '.join(reasons)}): locked for {who}")
+    for ns, reasons in plan.skipped_pinned:
+        render.warn(f"skipped {ns.relpath(store)} ({'; '.join(reasons)}): pinned (fi-cache unpin)")
 
 
 def _render_outcome(outcome: Outcome, store: Path, quiet: bool) -> None:

@@ -130,12 +130,24 @@ def _namespace_json(cache: Cache, store: Path) -> dict[str, Any] | None:
          "kept": f.kept}
         for e, f in (m.evictions_of(rel) if m else [])
     ]  # fmt: skip
-    return {"dir": str(ns), "evictions": evictions}
+    pinned = None
+    if m is not None and m.pin is not None:
+        from fi_cache.store.pin import changed
+
+        pinned = {"since": render.iso_time(m.pin.at), "changed": changed(ns, m.pin)}
+    return {"dir": str(ns), "evictions": evictions, "pinned": pinned}
 
 
 def _say_namespace(ns: dict[str, Any] | None) -> None:
     if ns is None:
         return
+    if (pin := ns["pinned"]) is not None:
+        click.echo(f"\nnamespace pinned since {pin['since']}: no start may change it")
+        if pin["changed"]:
+            render.warn(
+                f"changed since it was pinned (file modes do not stop root): "
+                f"{', '.join(pin['changed'])}"
+            )
     for e in ns["evictions"]:
         how = " ".join(f"--{k} {v}" for k, v in e["selector"].items())
         click.echo(

@@ -35,6 +35,7 @@ from fi_cache.model import jsoncheck, v2
 from fi_cache.model.fingerprint import FINGERPRINT_FIELDS, Fingerprint, compare_metadata
 from fi_cache.store import install, locks
 from fi_cache.store import manifest as manifests
+from fi_cache.store import pin as pins
 from fi_cache.store.files import TMP_PREFIX, atomic_write
 from fi_cache.store.namespace import Namespace
 
@@ -461,6 +462,9 @@ def install_bundle(store: Path, opened: OpenBundle, here: Fingerprint, force: bo
             f"bundle is for another environment ({'; '.join(diff)}); --force to import anyway",
             bundle,
         )
+    for n in bm.namespaces:  # refused before anything is unpacked
+        if pins.pinned(store / n.path) is not None:
+            raise pins.refusal(store / n.path, "an import")
     declared = {f.path: f for f in bm.files}
     staging = install.make_staging_dir(store)
     try:
@@ -474,6 +478,8 @@ def install_bundle(store: Path, opened: OpenBundle, here: Fingerprint, force: bo
                 if digest != declared[m.name].sha256:
                     raise Refused(f"checksum mismatch for {m.name!r}", bundle)
         _check_contents(staging, bm, bundle, None if force else here)
+        for n in bm.namespaces:  # a pin is the store's own decision: it does not travel
+            pins.drop_staged(staging / n.path)
         mine = {n.path: node.own_rank_files(store / n.path) for n in bm.namespaces}
         for n in bm.namespaces:
             install.install_dir(staging / n.path, store / n.path, store)

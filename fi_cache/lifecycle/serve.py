@@ -59,7 +59,11 @@ def serve(
     run = prepare.bind(engine, target, store, report)
     ns_dir = run.ns.path(store)
     m = preflight(engine, run, ns_dir, request.force, report)
-    if options.complete_ranks and not _unwritable(ns_dir):
+    pinned = m is not None and m.pin is not None  # no warm, no rank fill: served read-only
+    if m is not None and m.pin is not None:
+        _check_pinned(engine, run, ns_dir, m)
+        report.note("namespace pinned (`fi-cache pin`): served read-only")
+    if options.complete_ranks and not pinned and not _unwritable(ns_dir):
         from fi_cache.lifecycle.ranks import complete_node
 
         complete_node(engine, run, ns_dir, store, report)
@@ -68,7 +72,7 @@ def serve(
             raise Refused(f"{problem} (or pass --force)", str(ns_dir))
         report.warn(f"{problem} (going on: --force)")
     warmed = None
-    if not engine.is_warm(ns_dir, m, run.args, run.ns.finalize):
+    if not pinned and not engine.is_warm(ns_dir, m, run.args, run.ns.finalize):
         if why := engine.serve_without_warm(run):
             report.warn(why)
         elif options.warm:
@@ -94,6 +98,21 @@ def serve(
     return Handover(
         engine.command(run), environ, engine.display, run.ns.finalize, ns_dir, cache_dir, warmed
     )
+
+
+def _check_pinned(engine: ServerEngine, run: Run, ns_dir: Path, m: Manifest) -> None:
+    """A pinned namespace (`fi-cache pin`) is served as it is, read-only: only where the start
+    writes nothing. Not even --force changes that (unpin does)."""
+    from fi_cache.store import pin as pins
+
+    if engine.serve_without_warm(run):  # a start that certainly tunes nothing writes nothing
+        return
+    if problem := engine.read_only_problem(run):
+        raise pins.refusal(ns_dir, f"this start ({problem})")
+    if not engine.is_warm(ns_dir, m, run.args, run.ns.finalize):
+        raise pins.refusal(
+            ns_dir, f"this start ({engine.display} would tune these arguments and save)"
+        )
 
 
 def pull_first(url: str, store: Path, report: Report) -> None:

@@ -20,6 +20,7 @@ from fi_cache.lifecycle.report import Report
 from fi_cache.lifecycle.seeding import BeforeStart, seeder
 from fi_cache.store import locks
 from fi_cache.store import manifest as manifests
+from fi_cache.store import pin as pins
 from fi_cache.store.files import prune_empty, share_like_store
 from fi_cache.store.manifest import CacheFileRecord, Manifest, WarmRecord
 
@@ -99,6 +100,8 @@ def _locked(
         elif prior is not None:
             result = WarmResult(prior, True, ns_dir, prior.files)
         else:
+            if m.pin is not None:  # `fi-cache pin`: seeding and the engine's save would change it
+                raise pins.refusal(ns_dir, f"a warm ({engine.display} saves its tuning there)")
             if waited:
                 report.note(_overtaken(m.last_warm(since=asked)))
             seeded = before(ns_dir, m) if before else {}

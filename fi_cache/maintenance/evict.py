@@ -26,6 +26,7 @@ from fi_cache.model import keys as keymod
 from fi_cache.model import v1
 from fi_cache.store import locks
 from fi_cache.store import manifest as manifests
+from fi_cache.store import pin as pins
 from fi_cache.store.files import DEFAULT_LOCK_TIMEOUT, atomic_write, locked
 from fi_cache.store.manifest import EvictedFile, EvictRecord, Manifest
 from fi_cache.store.namespace import namespace_parts
@@ -117,8 +118,13 @@ def plan(paths: Sequence[Path], selector: Selector, store: Path | None = None) -
         ns = _namespace(path, store)
         out.append(FilePlan(path, gone, len(cf.entries) - len(gone), ns))
     for ns in {p.namespace for p in out if p.namespace is not None and p.evicted}:
-        manifests.load(ns)  # raises CorruptCache naming it
+        _refuse_pinned(ns, manifests.load(ns))  # a broken manifest: CorruptCache naming it
     return out
+
+
+def _refuse_pinned(ns: Path, m: Manifest | None) -> None:
+    if m is not None and m.pin is not None:
+        raise pins.refusal(ns, "evict")
 
 
 def _namespace(path: Path, store: Path | None) -> Path | None:
@@ -143,6 +149,8 @@ def apply(
     for ns, group in groups.items():
         with _namespace_locked(ns, timeout):
             m = manifests.load(ns) if ns is not None else None
+            if ns is not None:
+                _refuse_pinned(ns, m)  # pinned since the plan: nothing written
             results = [_rewrite(p, selector, timeout) for p in group]
             record = EvictRecord(time.time(), selector.given(), [
                 EvictedFile(_relative(r.path, ns), list(r.evicted), r.kept)

@@ -19,7 +19,7 @@ from pathlib import Path
 
 from fi_cache.caches import inventory
 from fi_cache.caches.discover import classify_file, is_v2_env_dir
-from fi_cache.errors import CorruptCache, Refused, refuse_special
+from fi_cache.errors import CorruptCache, Refused
 from fi_cache.model import v1, v2
 
 # The pure core lives in model/union.py; these names are merge's API too.
@@ -34,7 +34,8 @@ from fi_cache.model.union import (
     merge,
     wants_generation,
 )
-from fi_cache.store.files import DEFAULT_LOCK_TIMEOUT, atomic_write, locked
+from fi_cache.store.files import DEFAULT_LOCK_TIMEOUT, atomic_write, locked, refuse_destination
+from fi_cache.store.pin import refuse_if_pinned
 
 __all__ = [
     "PREFER_CHOICES", "Conflict", "FinalizeConflicts", "MergeReport", "MergeResult", "Prefer",
@@ -122,15 +123,19 @@ def merge_into(
     out: Path,
     prefer: Prefer = "first",
     timeout: float = DEFAULT_LOCK_TIMEOUT,
+    store: Path | None = None,
 ) -> MergeReport:
     """Merge `sources` into `out` (created, or merged with what it holds). Nothing is written
-    when anything is refused; readers of `out` see the old or the new file, never a mix."""
+    when anything is refused (OUT in a pinned namespace of `store` too); readers of `out` see
+    the old or the new file, never a mix."""
     files = [(str(p), read_source(p)) for p in sources]
     check_metadata(files)  # refuse before creating OUT's directory or lock file
-    if out.is_dir():
-        raise Refused("output is a directory; -o takes a file path", out)
-    refuse_special(out, "cache file")  # before its lock file is made: nothing written
+    refuse_destination(out, "cache file")  # before its lock file is made: nothing written
+    if store is not None:
+        refuse_if_pinned(out, store, "merge -o")
     with locked(out, timeout):
+        if store is not None:
+            refuse_if_pinned(out, store, "merge -o")  # pinned while we waited for the lock
         existing = _read_existing(out)
         inputs = files if existing is None else [(str(out), existing[0]), *files]
         result = merge(inputs, prefer)

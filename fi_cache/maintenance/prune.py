@@ -96,6 +96,7 @@ class NamespaceInfo:
     fingerprint: Fingerprint | None = None  # from the manifest, when there is one
     problem: str | None = None  # e.g. an unreadable manifest (the namespace still counts)
     ident: tuple[int, int] | None = None  # (st_dev, st_ino) of the dir as scanned
+    pinned: bool = False  # `fi-cache pin`: never pruned
 
     def relpath(self, store: Path) -> str:
         try:
@@ -215,6 +216,7 @@ def read_namespace(directory: Path, strategy: str) -> NamespaceInfo:
         fingerprint=m.fingerprint if m else None,
         problem=problem,
         ident=ident,
+        pinned=m is not None and m.pin is not None,
     )
 
 
@@ -287,6 +289,7 @@ class Plan:
     tmp: list[Leftover]
     trash: list[Leftover]
     skipped_locked: list[tuple[NamespaceInfo, list[str]]] = field(default_factory=list)
+    skipped_pinned: list[tuple[NamespaceInfo, list[str]]] = field(default_factory=list)
     kept_bytes: int = 0  # what the namespaces left in the store take
     selection: Selection = field(default_factory=Selection)
 
@@ -334,9 +337,9 @@ def plan(
 ) -> Plan:
     """Which namespaces go and why. `here` is needed for `criteria.foreign`.
 
-    --max-size keeps the most recently used namespaces whose sizes fit the budget (locked ones
-    stay whatever happens, so they count first; those chosen by other selectors count as freed)
-    and evicts the rest, least recently used first.
+    --max-size keeps the most recently used namespaces whose sizes fit the budget (locked and
+    pinned ones stay whatever happens, so they count first; those chosen by other selectors
+    count as freed) and evicts the rest, least recently used first.
     """
     if criteria.foreign and (here is None or not here.knows_anything):
         raise Refused("cannot tell what is foreign on a machine without FlashInfer or a GPU")
@@ -351,11 +354,11 @@ def plan(
         if why:
             reasons[ns.dir] = why
     if criteria.max_size is not None:
-        kept = sum(ns.size for ns in namespaces if ns.locked)  # they stay whatever happens
+        kept = sum(ns.size for ns in namespaces if _stays(ns))  # whatever happens
         evicting = False
         rest = [ns for ns in namespaces if ns.dir not in reasons]
         for ns in sorted(rest, key=lambda n: (-n.last_used, str(n.dir))):
-            if ns.locked:
+            if _stays(ns):
                 if evicting:
                     reasons[ns.dir] = ["over --max-size (least recently used)"]
                 continue
@@ -367,11 +370,12 @@ def plan(
     chosen = sorted(
         (ns for ns in namespaces if ns.dir in reasons), key=lambda n: (n.last_used, str(n.dir))
     )
-    planned = [(ns, reasons[ns.dir]) for ns in chosen if not ns.locked]
-    skipped = [(ns, reasons[ns.dir]) for ns in chosen if ns.locked]
-    # Temp files go with their namespace when it goes; a locked namespace is never touched.
+    planned = [(ns, reasons[ns.dir]) for ns in chosen if not _stays(ns)]
+    skipped = [(ns, reasons[ns.dir]) for ns in chosen if ns.locked and not ns.pinned]
+    pinned = [(ns, reasons[ns.dir]) for ns in chosen if ns.pinned]
+    # Temp files go with their namespace when it goes; a locked or pinned one is never touched.
     gone = {ns.dir for ns, _ in planned}
-    hands_off = gone | {ns.dir for ns in namespaces if ns.locked}
+    hands_off = gone | {ns.dir for ns in namespaces if _stays(ns)}
     old_tmp = [
         t for t in tmp if now - t.mtime >= TMP_MAX_AGE_S and hands_off.isdisjoint(t.path.parents)
     ]
@@ -381,9 +385,15 @@ def plan(
         # An install's old dir stays a while: the install puts it back if it fails.
         trash=[t for t in trash if not store_trash.trash_entry_in_use(t.path, now)],
         skipped_locked=skipped,
+        skipped_pinned=pinned,
         kept_bytes=sum(ns.size for ns in namespaces if ns.dir not in gone),
         selection=criteria,
     )
+
+
+def _stays(ns: NamespaceInfo) -> bool:
+    """Locked (in use) or pinned: no selector takes it."""
+    return ns.locked or ns.pinned
 
 
 # --- applying it ----------------------------------------------------------------------------------
@@ -428,15 +438,20 @@ def _replaced(ns: NamespaceInfo) -> bool:
     return ns.ident is not None and (st.st_dev, st.st_ino) != ns.ident
 
 
-def _used_since(ns: NamespaceInfo) -> bool:
-    """Did anyone record a use of `ns` after it was planned? (Checked under its lock.)"""
+def _since_plan(ns: NamespaceInfo) -> str | None:
+    """Why `ns` stays after all: a use recorded, or a pin made, after it was planned.
+    (Checked under its lock.)"""
     try:
         m = manifests.load(ns.dir)
     except CorruptCache:
-        return False
+        return None
     if m is None:
-        return False
-    return ns.last_used_from == "mtime" or m.last_used > ns.last_used
+        return None
+    if m.pin is not None:
+        return "pinned since the plan was made"
+    if ns.last_used_from == "mtime" or m.last_used > ns.last_used:
+        return "used since the plan was made"
+    return None
 
 
 def apply(p: Plan, store: Path, strategy: str | None = None) -> Outcome:
@@ -460,8 +475,8 @@ def apply(p: Plan, store: Path, strategy: str | None = None) -> Outcome:
                 if _replaced(ns):
                     out.skipped.append(Skip(ns, "replaced since the plan was made (an import)"))
                     continue
-                if _used_since(ns):
-                    out.skipped.append(Skip(ns, "used since the plan was made"))
+                if why := _since_plan(ns):
+                    out.skipped.append(Skip(ns, why))
                     continue
                 store_trash.remove_tree(ns.dir, store)
             out.removed.append(ns)

@@ -24,6 +24,7 @@ from fi_cache.store.files import (
     write_failure,
 )
 from fi_cache.store.locks import in_use, namespace_lock
+from fi_cache.store.pin import pinned, refusal
 
 STAGING_PREFIX = ".import-"
 _INSTALL_ATTEMPTS = 20  # each retry waits for a newcomer's lock: only a storm of them exhausts it
@@ -94,6 +95,8 @@ def install_dir(
             raise FiCacheError(
                 "in use by a running `fi-cache serve`: import after it stops", target
             )
+        if pinned(target) is not None:  # pinned while the bundle was checked
+            raise refusal(target, "an import")
         swapped = _exchange(new, target)
         if swapped:
             fsync_dir(target.parent)

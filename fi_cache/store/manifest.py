@@ -1,5 +1,5 @@
-"""A namespace's manifest: its fingerprint, when it was made and used, every warm, and every
-evict that took entries from its files.
+"""A namespace's manifest: its fingerprint, when it was made and used, every warm, every
+evict that took entries from its files, and its pin (`fi-cache pin`: no start may change it).
 
 Pure data and (de)serialisation; `load`/`save` read and write it through the store package, so a
 reader sees the old or the new manifest, never half of one.
@@ -63,6 +63,16 @@ class EvictRecord:
 
 
 @dataclass(frozen=True)
+class PinRecord:
+    """`fi-cache pin`: when, the modes the engines' files and dirs had before (unpin gives them
+    back) and each file's sha256 then (what tells a change made despite the pin)."""
+
+    at: float
+    modes: dict[str, int]  # path relative to the namespace dir -> st_mode & 0o7777
+    sha256: dict[str, str]  # the same paths' files -> hex digest
+
+
+@dataclass(frozen=True)
 class Manifest:
     fingerprint: Fingerprint
     finalize: str
@@ -71,6 +81,7 @@ class Manifest:
     warms: tuple[WarmRecord, ...] = ()
     unknown: dict[str, Any] = field(default_factory=dict)  # newer fields kept on rewrite
     evictions: tuple[EvictRecord, ...] = ()
+    pin: PinRecord | None = None
 
     @classmethod
     def new(cls, ns: Namespace, now: float | None = None) -> Manifest:
@@ -118,6 +129,7 @@ def to_json(m: Manifest) -> dict[str, Any]:
         "last_used": m.last_used,
         "warms": [asdict(w) for w in m.warms],
         **({"evictions": [asdict(e) for e in m.evictions]} if m.evictions else {}),
+        **({"pinned": asdict(m.pin)} if m.pin else {}),
     }
 
 
@@ -132,7 +144,9 @@ def from_json(data: Any) -> Manifest:
         _check(all(v is None or isinstance(v, str) for v in fp.values()), "fingerprint")
         warms = tuple(_warm(w) for w in _list(data.get("warms", []), "warms"))
         evictions = tuple(_evict(e) for e in _list(data.get("evictions", []), "evictions"))
-        known = {"schema", "fingerprint", "finalize", "created", "last_used", "warms", "evictions"}
+        pin = _pin(data["pinned"]) if "pinned" in data else None
+        known = {"schema", "fingerprint", "finalize", "created", "last_used", "warms"}
+        known |= {"evictions", "pinned"}
         _check(isinstance(data["finalize"], str), "finalize")
         return Manifest(
             Fingerprint(**fp),
@@ -142,6 +156,7 @@ def from_json(data: Any) -> Manifest:
             warms,
             {k: v for k, v in data.items() if k not in known},
             evictions,
+            pin,
         )
     except (KeyError, TypeError, ValueError) as exc:
         raise ValueError(f"malformed manifest ({exc})") from None
@@ -196,6 +211,16 @@ def _evict(e: Any) -> EvictRecord:
         _check(isinstance(kept, int) and not isinstance(kept, bool), "evictions: files: kept")
         files.append(EvictedFile(f["path"], keys, kept))
     return EvictRecord(_number(e.get("at"), "evictions: at"), dict(selector), files)
+
+
+def _pin(p: Any) -> PinRecord:
+    _check(isinstance(p, dict), "pinned")
+    modes, digests = p.get("modes"), p.get("sha256")
+    _check(isinstance(modes, dict) and isinstance(digests, dict), "pinned: modes/sha256")
+    for mode in modes.values():
+        _check(isinstance(mode, int) and not isinstance(mode, bool), "pinned: modes")
+    _check(all(isinstance(d, str) for d in digests.values()), "pinned: sha256")
+    return PinRecord(_number(p.get("at"), "pinned: at"), dict(modes), dict(digests))
 
 
 def _list(value: Any, what: str) -> list[Any]:

@@ -29,6 +29,7 @@ from fi_cache.errors import FiCacheError, Refused
 from fi_cache.model.fingerprint import compare_metadata
 from fi_cache.store import locks
 from fi_cache.store import manifest as manifests
+from fi_cache.store import pin as pins
 from fi_cache.store.files import ensure_dir, share_like_store
 from fi_cache.store.manifest import CacheFileRecord, Manifest, WarmRecord
 from fi_cache.store.namespace import FinalizeMode, Namespace, slug
@@ -219,6 +220,8 @@ def _one_mode(
         with locks.namespace_lock(ns_dir, "warm", options.lock_timeout, progress.waiting), \
                 child.stopped_on_error():  # fmt: skip
             child.arm()
+            if pins.pinned(ns_dir) is not None:
+                raise pins.refusal(ns_dir, "a warm (FlashInfer saves its tuning there)")
             target = cache_file(ns_dir)
             ensure_dir(target.parent)
             _refuse_foreign(target, fp)

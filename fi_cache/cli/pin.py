@@ -1,0 +1,99 @@
+"""pin / unpin: a known-good namespace that no start may change (fi_cache/store/pin.py)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import click
+
+from fi_cache.cli import render
+from fi_cache.errors import Refused
+
+
+def _ctx() -> Any:
+    return click.get_current_context().obj
+
+
+_NAMESPACE = click.argument("namespace")
+
+
+def _namespaces(which: str) -> list[Path]:
+    from fi_cache.cli.bundle import resolve_namespaces
+
+    store = _ctx().store
+    found = resolve_namespaces(store, which)
+    if not found:
+        raise Refused(f"no namespace {which!r} of this machine in the store (see `fi-cache ls`)")
+    return found
+
+
+def _row(ns: Path, m: Any, changed: bool) -> dict[str, Any]:
+    pin = m.pin
+    return {
+        "path": str(ns),
+        "pinned": pin is not None,
+        "changed": changed,
+        "since": render.iso_time(pin.at) if pin else None,
+        "files": len(pin.sha256) if pin else None,
+    }
+
+
+@click.command(
+    "pin",
+    epilog=render.examples(
+        "fi-cache pin here",
+        "fi-cache pin namespaces/0.6.18/90a/nvidia-h200/fused-0123456789ab",
+        "fi-cache --format json pin unfused",
+    ),
+)
+@_NAMESPACE
+def pin_command(namespace: str) -> int:
+    """Pin NAMESPACE (a namespace dir, or fused/unfused/here for this machine's): no start may
+    change it.
+
+    Its cache files and dirs lose their write bits. warm, evict, merge -o, align and import
+    refuse it and prune skips it; serve runs it only where a fully warm start writes nothing
+    (vLLM 0.32+, SGLang before 0.5.21) and refuses it where the engine rewrites its file at
+    every start (vLLM 0.25-0.31, SGLang 0.5.21+). `fi-cache unpin` undoes it.
+    """
+    from fi_cache.store import pin
+
+    rows = []
+    for ns in _namespaces(namespace):
+        m, done = pin.pin(ns)
+        row = _row(ns, m, done)
+        rows.append(row)
+        if not _ctx().json:
+            shown = render.display_path(ns)
+            if done:
+                click.echo(f"pinned {shown}: {row['files']} file(s) made read-only")
+            else:
+                click.echo(f"{shown}: pinned already, since {row['since']}")
+    if _ctx().json:
+        render.emit_json({"namespaces": rows})
+    return 0
+
+
+@click.command(
+    "unpin",
+    epilog=render.examples("fi-cache unpin here", "fi-cache --format json unpin fused"),
+)
+@_NAMESPACE
+def unpin_command(namespace: str) -> int:
+    """Unpin NAMESPACE: its files and dirs get their modes back; starts may change it again."""
+    from fi_cache.store import pin
+
+    rows = []
+    for ns in _namespaces(namespace):
+        m, done = pin.unpin(ns)
+        rows.append(_row(ns, m, done))
+        if not _ctx().json:
+            shown = render.display_path(ns)
+            click.echo(f"unpinned {shown}" if done else f"{shown}: not pinned")
+    if _ctx().json:
+        render.emit_json({"namespaces": rows})
+    return 0
+
+
+COMMANDS = [pin_command, unpin_command]

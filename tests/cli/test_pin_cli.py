@@ -1,0 +1,121 @@
+"""pin / unpin through the CLI: what every command that writes into a namespace does with a
+pinned one (evict, merge -o, align, import refuse; prune skips), what ls and show say, and that
+unpin gives it back. The namespace holds FlashInfer 0.6.18's real MoE tune (H200 metadata)."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import pytest
+
+from fi_cache import environment
+from fi_cache.environment import Environment, VllmInfo
+from fi_cache.model.fingerprint import Fingerprint
+from fi_cache.store import manifest as manifests
+from fi_cache.store.namespace import Namespace
+from tests.conftest import GEMM_618, HASH_A, MOE_618_FUSED
+
+FP = Fingerprint.from_metadata(json.loads(MOE_618_FUSED.read_text())["_metadata"], "90a")
+REL = f"vllm/{HASH_A}/autotune_configs.json"
+
+
+def _namespace(store: Path, used: float = 1.0) -> Path:
+    ns = Namespace(FP, "fused")
+    d = ns.path(store)
+    (d / REL).parent.mkdir(parents=True)
+    shutil.copy(MOE_618_FUSED, d / REL)
+    manifests.save(d, manifests.Manifest.new(ns, now=used))
+    return d
+
+
+@pytest.fixture
+def here(monkeypatch: pytest.MonkeyPatch) -> Fingerprint:
+    env = Environment(FP, (), VllmInfo(None, None, None), None)
+    monkeypatch.setattr(environment, "detect", lambda *a, **k: env)
+    return FP
+
+
+def _one_line(r) -> bool:  # type: ignore[no-untyped-def]
+    return len(r.err.strip().splitlines()) == 1 and "Traceback" not in r.err
+
+
+def test_pin_refuses_evict_merge_and_align_till_unpinned(run, store: Path, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+    ns = _namespace(store)
+    before = (ns / REL).read_bytes()
+    r = run("pin", ns)
+    assert r.code == 0 and "pinned" in r.out and "1 file(s) made read-only" in r.out
+    assert (ns / REL).stat().st_mode & 0o222 == 0
+    assert "pinned already" in run("pin", ns).out
+    evict = run("evict", ns, "--op", "gemm2")
+    assert evict.code == 2 and _one_line(evict) and "fi-cache unpin" in evict.err
+    other = tmp_path / "extra.json"
+    shutil.copy(MOE_618_FUSED, other)
+    merge = run("merge", other, "-o", ns / REL)
+    assert merge.code == 2 and _one_line(merge) and "pinned" in merge.err
+    align = run("align", ns / "vllm" / HASH_A)
+    assert align.code == 2 and _one_line(align) and "pinned" in align.err
+    assert (ns / REL).read_bytes() == before  # nothing of it changed
+    doc = run("--format", "json", "unpin", ns).json()
+    assert doc["namespaces"] == [
+        {"path": str(ns), "pinned": False, "changed": True, "since": None, "files": None}
+    ]
+    assert (ns / REL).stat().st_mode & 0o200
+    assert run("evict", ns, "--op", "gemm2").code == 0
+    assert run("unpin", ns).out.strip().endswith("not pinned")
+
+
+def test_ls_and_show_say_pinned_and_show_names_a_change_made_anyway(run, store: Path) -> None:  # type: ignore[no-untyped-def]
+    ns = _namespace(store)
+    assert run("--format", "json", "ls").json()["caches"][0]["pinned"] is False
+    run("pin", ns)
+    [row] = run("--format", "json", "ls").json()["caches"]
+    assert row["pinned"] is True and row["namespace"] == str(ns)
+    assert "(pinned: no start may change it)" in run("ls").out
+    shown = run("show", ns / REL)
+    assert "namespace pinned since" in shown.out and "changed since" not in shown.err
+    (ns / REL).chmod(0o644)
+    (ns / REL).write_bytes(GEMM_618.read_bytes())  # root, or whoever restores the write bit
+    doc = run("--format", "json", "show", ns / REL).json()
+    assert doc["namespace"]["pinned"]["changed"] == [REL]
+    assert REL in run("show", ns / REL).err
+
+
+def test_prune_skips_a_pinned_namespace_whatever_the_selector(run, store: Path) -> None:  # type: ignore[no-untyped-def]
+    ns = _namespace(store, used=1.0)  # last used in 1970
+    run("pin", ns)
+    doc = run("--format", "json", "prune", "--older-than", "1d", "--max-size", "0", "--yes").json()
+    assert doc["plan"] == []  # nothing to delete
+    [skipped] = doc["skipped_pinned"]
+    assert skipped["path"] == str(ns) and any("unused for" in r for r in skipped["reasons"])
+    assert (ns / REL).is_file()
+    human = run("prune", "--older-than", "1d", "--dry-run")
+    assert "pinned (fi-cache unpin)" in human.err
+    run("unpin", ns)
+    assert run("--format", "json", "prune", "--older-than", "1d", "--yes").json()["removed"]
+
+
+def test_import_refuses_to_replace_a_pinned_namespace_and_a_pin_does_not_travel(  # type: ignore[no-untyped-def]
+    run, store: Path, tmp_path: Path, here: Fingerprint
+) -> None:
+    ns = _namespace(store)
+    run("pin", ns)
+    bundle = tmp_path / "b.tar.gz"
+    assert run("export", ns, "-o", bundle).code == 0
+    r = run("import", bundle)
+    assert r.code == 2 and _one_line(r) and "pinned" in r.err
+    assert not list(store.glob(".import-*")) and not (store / ".trash").exists()
+    assert manifests.load(ns).pin is not None  # type: ignore[union-attr]
+    other = tmp_path / "other-store"
+    assert run("--store", other, "import", bundle).code == 0
+    there = other / ns.relative_to(store)
+    assert manifests.load(there).pin is None  # type: ignore[union-attr]
+    assert (there / REL).stat().st_mode & 0o200
+    assert "pinned" not in run("--store", other, "ls").out
+
+
+def test_pin_refuses_what_is_not_a_namespace_of_the_store(run, store: Path, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+    _namespace(store)
+    r = run("pin", tmp_path / "nowhere")
+    assert r.code == 2 and _one_line(r) and "no namespace" in r.err

@@ -1,0 +1,89 @@
+"""store/pin.py: what a pin changes on disk (write bits off the engines' files and dirs, the
+manifest and locks left writable), what unpin gives back, and a change made anyway (root)."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import stat
+from pathlib import Path
+
+import pytest
+
+from fi_cache.errors import Refused
+from fi_cache.model.fingerprint import Fingerprint
+from fi_cache.store import locks, pin
+from fi_cache.store import manifest as manifests
+from fi_cache.store.namespace import Namespace
+from tests.conftest import FIXTURES, HASH_A
+
+FUSED = FIXTURES / "h200-vllm" / "vllm-0.26-fused-autotune_configs.json"
+REL = f"vllm/{HASH_A}/autotune_configs.json"
+
+
+def _namespace(store: Path) -> Path:
+    meta = json.loads(FUSED.read_text())["_metadata"]
+    ns = Namespace(Fingerprint.from_metadata(meta, arch="90a"), "fused")
+    directory = ns.path(store)
+    (directory / REL).parent.mkdir(parents=True)
+    shutil.copy(FUSED, directory / REL)
+    os.chmod(directory / REL, 0o600)  # as FlashInfer writes it
+    manifests.save(directory, manifests.Manifest.new(ns, now=1.0))
+    with locks.namespace_lock(directory, "warm"):
+        pass  # the lock file a warm leaves
+    return directory
+
+
+def _mode(path: Path) -> int:
+    return stat.S_IMODE(path.lstat().st_mode)
+
+
+def test_pin_takes_the_write_bits_and_unpin_gives_the_modes_back(tmp_path: Path) -> None:
+    ns = _namespace(tmp_path / "store")
+    before = {p: _mode(p) for p in pin.engine_paths(ns)}
+    assert set(before) == {ns / "vllm", ns / "vllm" / HASH_A, ns / REL}
+    m, done = pin.pin(ns)
+    assert done and m.pin is not None and set(m.pin.sha256) == {REL}
+    assert all(_mode(p) & 0o222 == 0 for p in before)  # nothing an engine writes is writable
+    assert _mode(ns / "manifest.json") & 0o200 and _mode(ns / locks.LOCK_NAME) & 0o200
+    again, done = pin.pin(ns)
+    assert not done and again.pin == m.pin  # pinned already: nothing changes
+    assert pin.changed(ns, m.pin) == []
+    unpinned, done = pin.unpin(ns)
+    assert done and unpinned.pin is None and manifests.load(ns).pin is None  # type: ignore[union-attr]
+    assert {p: _mode(p) for p in before} == before  # 0600 file, 0755 dirs: as they were
+    assert pin.unpin(ns)[1] is False
+
+
+def test_a_change_made_despite_the_pin_is_told(tmp_path: Path) -> None:
+    ns = _namespace(tmp_path / "store")
+    m, _ = pin.pin(ns)
+    assert m.pin is not None
+    if os.geteuid() != 0:  # the modes stop anyone else; root writes through them
+        with pytest.raises(PermissionError):
+            (ns / REL).write_text("{}")
+        os.chmod(ns / REL, 0o600)
+    (ns / REL).write_text("{}")
+    (ns / "vllm" / HASH_A).chmod(0o755)
+    (ns / "vllm" / HASH_A / "autotune_configs_dp0_rank0.json").write_text("{}")
+    assert pin.changed(ns, m.pin) == [REL, f"vllm/{HASH_A}/autotune_configs_dp0_rank0.json"]
+
+
+def test_a_namespace_without_a_manifest_cannot_be_pinned(tmp_path: Path) -> None:
+    ns = _namespace(tmp_path / "store")
+    (ns / "manifest.json").unlink()
+    with pytest.raises(Refused, match="no manifest"):
+        pin.pin(ns)
+    assert _mode(ns / REL) == 0o600
+
+
+def test_refusal_names_the_namespace_and_how_to_unpin(tmp_path: Path) -> None:
+    store = tmp_path / "store"
+    ns = _namespace(store)
+    pin.refuse_if_pinned(ns / REL, store, "evict")  # not pinned: nothing said
+    pin.pin(ns)
+    with pytest.raises(Refused) as info:
+        pin.refuse_if_pinned(ns / REL, store, "evict")
+    assert info.value.path == str(ns) and f"fi-cache unpin {ns}" in info.value.message
+    pin.refuse_if_pinned(tmp_path / "elsewhere.json", store, "evict")  # outside the store
