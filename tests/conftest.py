@@ -385,3 +385,38 @@ def with_surrogate(source: Path, spot: str) -> str:
     }[spot]
     assert old in text
     return text.replace(old, new, 1)
+
+
+SPECIAL_KINDS = ("fifo", "chardev", "socket", "dir", "link-to-fifo")
+
+
+def make_special(path: Path, kind: str) -> Callable[[], bool]:
+    """Put a non-regular file of `kind` at `path` (a character device needs root: skipped
+    elsewhere); returns a check that it is still that kind (a writer must not replace it)."""
+    import socket
+    import stat
+
+    if kind == "fifo":
+        os.mkfifo(path)
+    elif kind == "chardev":  # /dev/null's numbers, in tmp: the real one is never risked
+        try:
+            os.mknod(path, stat.S_IFCHR | 0o666, os.makedev(1, 3))
+        except PermissionError:
+            pytest.skip("mknod needs root")
+    elif kind == "socket":
+        sock = socket.socket(socket.AF_UNIX)
+        cwd = os.getcwd()
+        os.chdir(path.parent)  # AF_UNIX paths are limited to 108 bytes: bind the short name
+        try:
+            sock.bind(path.name)
+        finally:
+            os.chdir(cwd)
+        sock.close()
+    elif kind == "dir":
+        path.mkdir()
+    elif kind == "link-to-fifo":
+        os.mkfifo(path.with_name(path.name + ".fifo"))
+        path.symlink_to(path.name + ".fifo")
+    test = {"fifo": stat.S_ISFIFO, "chardev": stat.S_ISCHR, "socket": stat.S_ISSOCK}
+    check = test.get(kind.removeprefix("link-to-"), stat.S_ISDIR)
+    return lambda: check(os.stat(path).st_mode) and os.path.islink(path) == (kind[:4] == "link")

@@ -96,12 +96,10 @@ def echo_node(node: Any) -> None:
 def export_command(namespace: str | None, output: Path) -> int:
     """Bundle NAMESPACE (a dir, or fused/unfused/here for this machine's; default: all)."""
     from fi_cache.fleet import bundle
+    from fi_cache.store import files
 
     ctx = _ctx()
-    if output.is_dir():
-        raise Refused("is a directory; name the bundle file to write", output)
-    if not output.parent.is_dir():  # a typo should not grow a directory tree
-        raise Refused("no such directory", output.parent)
+    files.refuse_destination(output, "bundle file", parent_must_exist=True)
     dirs = resolve_namespaces(ctx.store, namespace)
     bm = bundle.export(ctx.store, dirs, output)
     if ctx.json:

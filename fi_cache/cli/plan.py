@@ -123,10 +123,7 @@ def plan_command(
     if output is not None:
         from fi_cache.store import files
 
-        if output.is_dir():
-            raise Refused("is a directory; name the plan file to write", output)
-        if not output.parent.is_dir():
-            raise Refused("no such directory", output.parent)
+        files.refuse_destination(output, "plan file", parent_must_exist=True)
         files.atomic_write(output, text.encode(), lock=False)
         render.warn(f"wrote {output} ({len(plan.ops)} op{'s' if len(plan.ops) > 1 else ''})")
     if ctx.json:  # one document: the plan's TOML is a field of it, not the output

@@ -9,11 +9,12 @@ from __future__ import annotations
 
 import contextlib
 import os
+import stat
 import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 
-from fi_cache.errors import FiCacheError, Refused
+from fi_cache.errors import FiCacheError, Refused, special_kind
 
 # Our temp files; doctor's tmp-leftover check knows this prefix.
 TMP_PREFIX = ".fi-cache-"
@@ -95,12 +96,29 @@ def atomic_write(
     lock: bool = True,
     timeout: float = DEFAULT_LOCK_TIMEOUT,
 ) -> None:
-    """Replace `path` with `data` so that readers see the old or the new file, never a mix."""
+    """Replace `path` with `data` so that readers see the old or the new file, never a mix.
+    What is at `path` must be a regular file (or nothing): see `refuse_destination`."""
+    refuse_destination(path, "file")  # before the lock file is made: nothing written
     if lock:
         with locked(path, timeout):
             _replace(path, data, mode)
     else:
         _replace(path, data, mode)
+
+
+def refuse_destination(path: Path, what: str, *, parent_must_exist: bool = False) -> None:
+    """Refused (exit 2) when `path` (through links) is a directory, FIFO, device, socket or any
+    other non-regular file: a writer replaces only files, never the /dev/null or pipe a user
+    named by mistake. `parent_must_exist`: a typo should not grow a directory tree either."""
+    try:
+        mode: int | None = os.stat(path).st_mode
+    except OSError:  # missing, a dangling link, a loop: the write creates or replaces the name
+        mode = None
+    if mode is not None and not stat.S_ISREG(mode):
+        kind = "a directory" if stat.S_ISDIR(mode) else special_kind(mode) or "no regular file"
+        raise Refused(f"is {kind}, not a {what}: refusing to replace it", path)
+    if parent_must_exist and not path.parent.is_dir():
+        raise Refused("no such directory", path.parent)
 
 
 def unwritable_reason(directory: Path) -> str | None:
@@ -148,6 +166,7 @@ def _replace(path: Path, data: bytes, mode: int) -> None:
             f.flush()
             os.fsync(f.fileno())
         os.chmod(tmp, mode)
+        refuse_destination(path, "file")  # again: a node made while we waited or wrote
         os.replace(tmp, path)
     except BaseException as exc:
         with contextlib.suppress(OSError):

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import FIXTURES, TuneRig, one_line
+from tests.conftest import FIXTURES, SPECIAL_KINDS, TuneRig, make_special, no_hang, one_line
 
 HF = FIXTURES / "hf"
 
@@ -54,3 +54,13 @@ def test_plan_needs_exactly_one_of_from_hf_config_and_check(tmp_path: Path, both
     p = rig.run("plan", *(args if both else []))
     assert p.returncode == 2
     assert "give one of --from-hf-config CONFIG or --check PLAN" in one_line(p)
+
+
+@pytest.mark.parametrize("kind", SPECIAL_KINDS)
+def test_plan_o_never_replaces_a_device_fifo_socket_or_dir(run, tmp_path: Path, kind: str) -> None:  # type: ignore[no-untyped-def]
+    out = tmp_path / "null"
+    still = make_special(out, kind)
+    with no_hang():
+        r = run("plan", "--from-hf-config", HF / "qwen3-30b-a3b.json", "-o", out)
+    assert r.code == 2 and r.err.startswith(f"fi-cache: {out}: is "), r.err
+    assert r.err.count("\n") == 1 and still()

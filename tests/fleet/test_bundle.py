@@ -20,7 +20,7 @@ from fi_cache.fleet import bundle
 from fi_cache.model.fingerprint import Fingerprint
 from fi_cache.store import manifest as m
 from fi_cache.store.namespace import Namespace
-from tests.conftest import HASH_A, MOE_618_FUSED, ROOT
+from tests.conftest import HASH_A, MOE_618_FUSED, ROOT, SPECIAL_KINDS, make_special, no_hang
 
 FP = Fingerprint.from_metadata(json.loads(MOE_618_FUSED.read_text())["_metadata"], "90a")
 
@@ -611,3 +611,16 @@ def test_a_bundle_limit_that_is_not_a_number_is_refused(monkeypatch) -> None:  #
     monkeypatch.setenv("FI_CACHE_MAX_BUNDLE_MB", "4G")
     with pytest.raises(Refused, match="FI_CACHE_MAX_BUNDLE_MB='4G': give a whole number of MB"):
         bundle.max_bundle_bytes()
+
+
+@pytest.mark.parametrize("kind", SPECIAL_KINDS)
+def test_export_o_never_replaces_a_device_fifo_socket_or_dir(  # type: ignore[no-untyped-def]
+    run, store: Path, tmp_path: Path, kind: str
+) -> None:
+    _make_namespace(store)
+    out = tmp_path / "null"
+    still = make_special(out, kind)
+    with no_hang():
+        r = run("export", "-o", out)
+    assert r.code == 2 and r.err.startswith(f"fi-cache: {out}: is "), r.err
+    assert r.err.count("\n") == 1 and still()

@@ -7,8 +7,9 @@ from pathlib import Path
 
 import pytest
 
-from fi_cache.errors import EXIT_PROBLEM, FiCacheError
+from fi_cache.errors import EXIT_PROBLEM, EXIT_REFUSED, FiCacheError, Refused
 from fi_cache.store import files
+from tests.conftest import SPECIAL_KINDS, make_special
 
 
 def test_atomic_write_replaces_and_leaves_no_temp(tmp_path: Path) -> None:
@@ -50,3 +51,14 @@ def test_prune_empty_removes_links_and_empty_dirs_only(tmp_path: Path) -> None:
     (root / "flashinfer" / "rank_tp0_pp0_dp0.json").write_text("{}")
     prune_empty(root)
     assert (root / "flashinfer" / "rank_tp0_pp0_dp0.json").exists()  # a file: all of it stays
+
+
+@pytest.mark.parametrize("kind", SPECIAL_KINDS)
+def test_atomic_write_refuses_to_replace_what_is_no_regular_file(tmp_path: Path, kind: str) -> None:
+    target = tmp_path / "out.json"
+    still = make_special(target, kind)
+    before = sorted(p.name for p in tmp_path.iterdir())
+    with pytest.raises(Refused) as info:  # exit 2, one line naming the path
+        files.atomic_write(target, b"data")
+    assert info.value.path == str(target) and info.value.exit_code == EXIT_REFUSED
+    assert still() and sorted(p.name for p in tmp_path.iterdir()) == before  # no lock, no temp
