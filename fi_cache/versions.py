@@ -242,6 +242,25 @@ VLLM_CACHE_SUBDIR = "flashinfer_autotune_cache"  # under $VLLM_CACHE_ROOT (defau
 VLLM_CACHE_FILE = "autotune_configs.json"
 VLLM_RANK_FILE = re.compile(r"^autotune_configs_dp(\d+)_rank(\d+)\.json$")
 VLLM_CACHE_FILE_RE = re.compile(r"^autotune_configs(?:_dp\d+_rank\d+)?\.json$")
+# From 0.32 the MoE/GEMM tune reads only the per-rank files (kernel_warmup.py 0.32:453-458); a
+# plain `<hash>/autotune_configs.json` beside them is the SM120-family sparse-MLA decode warmup's
+# own v1 file: `autotune(True, cache=<hash>/autotune_configs.json)` around a mixed dummy run, then
+# rank 0's copy written for every rank (warmup/flashinfer_sparse_mla_warmup.py 0.32:131,147,178,
+# 211; 0.33:134,164,187,220). Any op that runs then is tuned into it; FlashInfer 0.6.17/0.6.18
+# key the sparse-MLA decode itself as `sparse_mla_sm120_decode_dsv3_2` / `_dsv4`
+# (mla/_sparse_mla_sm120.py 0.6.18:1191,1337); 0.7.2.post1 calibrates it elsewhere
+# (sparse_mla_sm120_cpb.json under FLASHINFER_AUTOTUNE_DIR, mla/_sparse_mla_sm120/_calibration.py
+# :1128-1140), so its file holds only the other ops of that run.
+VLLM_SPARSE_MLA_FROM = V("0.32.0")
+SPARSE_MLA_OP_PREFIX = "sparse_mla_sm120"
+# FlashInfer writes a v1 file only where it is told: `autotune(tune_mode, cache=None)` and
+# `save_configs(path)` have no default name (autotuner/autotuner.py 0.6.17:644-646,2115;
+# 0.6.18:783-785,2459; 0.7.2.post1:835-837,3471). `autotune_config.json` is the name FlashInfer's
+# own config-caching example dumps to (flashinfer PR #2554) and what vllm PR #57579 (open) calls
+# FlashInfer's dump; no vLLM release reads it (0.32.0 and 0.33.0 name only autotune_configs.json
+# and _dp{d}_rank{r}: warmup/flashinfer_autotune_cache.py 0.33:57-65, kernel_warmup.py
+# 0.32:453-458).
+FLASHINFER_DUMP_FILE = "autotune_config.json"
 # vLLM 0.33 keeps FlashInfer's v2 store instead of a v1 file when it runs one rank on one node:
 # no elastic EP, pp <= 1, FlashInfer with autotune_v2 (0.7.0+), one node, world size 1
 # (model_executor/warmup/flashinfer_autotune_cache.py 0.33:79-111; utils/flashinfer.py:362-371).

@@ -7,7 +7,11 @@
   rank_tp{t}_pp{p}_dp{d}[_gpu<uuid>].json`, and with `SGLANG_FLASHINFER_AUTOTUNE_CACHE=0`
   write-only `<16-hex>/runs/rank_…<stamp>[.<uuid4>].json` (versions.py, SGLang section).
 - FlashInfer v2 store: `<root>/v2/<env_hash16>/{manifest.json, entries/}`.
-- Plain v1 files anywhere (`autotune(cache="my.json")`), recognised by their first bytes.
+- Plain v1 files anywhere (`autotune(cache="my.json")`), recognised by their first bytes, and
+  `autotune_config.json` (what FlashInfer dumps are named; no vLLM reads it) by its name.
+Two v1 files are told apart from the engine's own (`Found.role`): that FlashInfer dump, and the
+sparse-MLA decode warmup's `autotune_configs.json` in a vLLM 0.32+ hash dir beside the per-rank
+files (versions.py, VLLM_SPARSE_MLA_FROM).
 Walking never follows directory symlinks and never stops at an unreadable directory.
 """
 
@@ -25,6 +29,7 @@ from fi_cache.errors import EXIT_REFUSED, CorruptCache, FiCacheError, Refused, r
 from fi_cache.model import v2
 from fi_cache.versions import (
     FLASHINFER_AUTOTUNE_ROOT_ENV,
+    FLASHINFER_DUMP_FILE,
     SGLANG_ARCH_DIR,
     SGLANG_KEY_DIR,
     SGLANG_RANK_FILE,
@@ -35,6 +40,19 @@ from fi_cache.versions import (
 )
 
 Layout = Literal["vllm", "vllm-override", "file", "v2", "sglang"]
+# What a v1 file is for, where that is not its engine's own tune (None): FlashInfer's dump named
+# autotune_config.json, or vLLM 0.32+'s sparse-MLA decode file.
+Role = Literal["flashinfer-dump", "sparse-mla"]
+ROLE_NOTES: dict[str, str] = {
+    "flashinfer-dump": (
+        "FlashInfer's own dump (autotune_config.json): no vLLM release reads it; vLLM reads "
+        "autotune_configs.json (0.25-0.31) or autotune_configs_dp*_rank*.json (0.32+)"
+    ),
+    "sparse-mla": (
+        "vLLM 0.32+'s sparse-MLA decode file (SM120 GPUs): read by that warmup only; the "
+        "MoE/GEMM tune reads the per-rank files beside it"
+    ),
+}
 
 _HASH_DIR = re.compile(r"^[0-9a-f]{64}$")
 _ARCH_DIR = re.compile(r"^\d+a?(?:_\d+a?)*$")
@@ -65,6 +83,7 @@ class Found:
     key_dir: str | None = None  # SGLang: the 16-hex dir its deployment key hashes to
     gpu_uuid: str | None = None  # SGLang 0.5.22+ flashinfer_megamoe: `_gpu<uuid>`
     run: str | None = None  # SGLang runs/ file: its timestamp (write-only, never read back)
+    role: Role | None = None  # a side file, not the engine's own tune (ROLE_NOTES)
 
     @property
     def group(self) -> Path | None:
@@ -118,11 +137,22 @@ def classify_file(path: Path) -> Found:
     is_vllm_name = path.name == VLLM_CACHE_FILE or rank is not None
     parent = path.parent
     if is_vllm_name and _HASH_DIR.match(parent.name):
+        role: Role | None = "sparse-mla" if rank is None and _beside_ranks(parent) else None
         arch_dir = parent.parent
         if _ARCH_DIR.match(arch_dir.name):
-            return Found(path, "v1", "vllm", arch_dir.name, arch_dir.parent.name, rank)
-        return Found(path, "v1", "vllm-override", rank=rank)
-    return Found(path, "v1", "file", rank=rank)
+            return Found(path, "v1", "vllm", arch_dir.name, arch_dir.parent.name, rank,
+                         role=role)  # fmt: skip
+        return Found(path, "v1", "vllm-override", rank=rank, role=role)
+    role = "flashinfer-dump" if path.name == FLASHINFER_DUMP_FILE else None
+    return Found(path, "v1", "file", rank=rank, role=role)
+
+
+def _beside_ranks(hash_dir: Path) -> bool:
+    """vLLM 0.32+'s hash dir: per-rank files (the tune's) beside the plain name (sparse MLA's)."""
+    try:
+        return any(VLLM_RANK_FILE.match(n) for n in os.listdir(hash_dir))
+    except OSError:
+        return False
 
 
 def flashinfer_default_root(environ: Mapping[str, str], home: Path | None = None) -> Path:
@@ -195,7 +225,8 @@ def discover(path: Path) -> tuple[list[Found], list[ScanProblem]]:
             file = here / name
             if not _regular(file):
                 continue  # a FIFO or device named *.json would block the read forever
-            if name == VLLM_CACHE_FILE or VLLM_RANK_FILE.match(name) or _classify_sglang(file):
+            named = name in (VLLM_CACHE_FILE, FLASHINFER_DUMP_FILE) or VLLM_RANK_FILE.match(name)
+            if named or _classify_sglang(file):
                 found.append(classify_file(file))
             else:
                 try:

@@ -23,6 +23,7 @@ from fi_cache.errors import (
 )
 from fi_cache.model import jsoncheck, moe, v1, v2
 from fi_cache.model.fingerprint import Fingerprint
+from fi_cache.versions import SPARSE_MLA_OP_PREFIX, VLLM_CACHE_FILE
 
 # Real caches are kilobytes to tens of MB (100,000 entries is about 25 MB). Refuse far
 # bigger files instead of reading gigabytes into memory; FI_CACHE_MAX_FILE_MB raises the cap.
@@ -90,6 +91,18 @@ class Cache:
 
     def finalize(self) -> moe.FileFinalize | None:
         return self.file.finalize()
+
+    @property
+    def role(self) -> str | None:
+        """What the file is for where it is not its engine's own tune (discover.ROLE_NOTES): by
+        its place, or, for vLLM's plain name alone in a hash dir, by FlashInfer's sparse-MLA
+        decode ops in it (0.6.17/0.6.18 keys: that dir is vLLM 0.32+'s)."""
+        if self.found.role is not None:
+            return self.found.role
+        plain = self.found.path.name == VLLM_CACHE_FILE and self.found.layout != "file"
+        if plain and any(op.startswith(SPARSE_MLA_OP_PREFIX) for op in self.file.ops()):
+            return "sparse-mla"
+        return None
 
 
 def _read_bytes(path: Path) -> bytes:

@@ -34,7 +34,9 @@ def _one(path: Path) -> Cache:
         what = "only a v2 store (diff reads v1 files)" if inv.caches else "no autotune cache"
         raise Refused(f"{what} here", path)
     if len(caches) > 1:
-        raise Refused(f"holds {len(caches)} caches; name one file (see `fi-cache ls`)", path)
+        from fi_cache.cli.show import one_of
+
+        return one_of(caches, path)
     return caches[0]
 
 
@@ -95,7 +97,8 @@ def diff_command(a: Path, b: Path, op_filter: str | None) -> int:
     code = EXIT_PROBLEM if d.differs else 0
     if _ctx().json:
         render.emit_json({
-            "a": str(ca.path), "b": str(cb.path), "differs": d.differs, "same": d.same,
+            "a": str(ca.path), "b": str(cb.path), "a_role": ca.role, "b_role": cb.role,
+            "differs": d.differs, "same": d.same,
             "only_a": d.count("only-a"), "only_b": d.count("only-b"),
             "changed": d.count("changed"),
             "metadata": {f: {"a": x, "b": y} for f, (x, y) in d.metadata.items()},
@@ -103,6 +106,11 @@ def diff_command(a: Path, b: Path, op_filter: str | None) -> int:
         })  # fmt: skip
         return code
     click.echo(summary_line(d, render.display_path(ca.path), render.display_path(cb.path)))
+    for side, cache in (("A", ca), ("B", cb)):
+        if cache.role is not None:
+            from fi_cache.caches.discover import ROLE_NOTES
+
+            click.echo(f"  {side} is {ROLE_NOTES[cache.role]}")
     for field, (x, y) in d.metadata.items():
         click.echo(f"  _metadata {field}: A {x!r}, B {y!r}")
     groups: dict[tuple[str, str], list[EntryDiff]] = {}

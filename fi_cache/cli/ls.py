@@ -82,6 +82,8 @@ def summary(cache: Cache, store: Path) -> dict[str, Any]:
         "key_dir": cache.found.key_dir,
         "gpu_uuid": cache.found.gpu_uuid,
         "run": cache.found.run,
+        # a side file, not the engine's own tune: FlashInfer's dump, vLLM 0.32+'s sparse MLA
+        "role": cache.role,
     }
 
 
@@ -162,7 +164,19 @@ def ls_command(paths: tuple[Path, ...], no_store: bool, long_: bool, paths_only:
         click.echo()
         for r in rows:
             click.echo(f"{render.display_path(Path(r['path']))}: {', '.join(r['ops']) or '-'}")
+    _say_roles(rows)
     return code
+
+
+def _say_roles(rows: list[dict[str, Any]]) -> None:
+    """One line under the table for each side file: what it is, and who reads it."""
+    from fi_cache.caches.discover import ROLE_NOTES
+
+    side = [r for r in rows if r["role"]]
+    if side:
+        click.echo()
+    for r in side:
+        click.echo(f"{render.display_path(Path(r['path']))}: {ROLE_NOTES[r['role']]}")
 
 
 COMMANDS = [ls_command]

@@ -65,8 +65,28 @@ def _load(path: Path) -> list[Cache]:
     ranks = [c for c in inv.caches if not c.found.run]
     groups = {c.found.group for c in ranks}
     if len(inv.caches) > 1 and not (len(groups) == 1 and None not in groups):
-        raise Refused(f"holds {len(inv.caches)} caches; name one file (see `fi-cache ls`)", path)
+        return [one_of(inv.caches, path)]
     return sorted(ranks, key=lambda c: c.found.rank or ()) if len(inv.caches) > 1 else inv.caches
+
+
+def one_of(caches: list[Cache], path: Path) -> Cache:
+    """The engine's own file among a dir's caches when the others are side files (a vLLM 0.32
+    hash dir: one rank's file and the sparse-MLA decode file; a FlashInfer dump beside it),
+    said on stderr; else refused."""
+    own = [c for c in caches if c.role is None]
+    if len(own) != 1:
+        raise Refused(f"holds {len(caches)} caches; name one file (see `fi-cache ls`)", path)
+    for c in caches:
+        if c.role is not None:
+            render.warn(f"left out {render.display_path(c.path)} (name it to read it): "
+                        f"{_role_note(c.role)}")  # fmt: skip
+    return own[0]
+
+
+def _role_note(role: str) -> str:
+    from fi_cache.caches.discover import ROLE_NOTES
+
+    return ROLE_NOTES[role]
 
 
 @click.command(
@@ -90,7 +110,7 @@ def show_command(path: Path, op_filter: str | None) -> int:
     key = _sglang_key(caches, ctx.store)
     ns = _namespace_json(cache, ctx.store)
     if ctx.json:
-        doc = {"path": str(cache.path), "format": cache.found.format,
+        doc = {"path": str(cache.path), "format": cache.found.format, "role": cache.role,
                "metadata": cache.metadata, "entries": entries, "namespace": ns}  # fmt: skip
         render.emit_json({**doc, "sglang": key} if key else doc)
         return 0
@@ -230,6 +250,10 @@ def _show_human(cache: Cache, entries: list[dict[str, Any]]) -> None:
         f"{render.display_path(cache.path)}  ({cache.found.format}, {len(entries)} entries, "
         f"{render.human_size(cache.size)})"
     )
+    if cache.role is not None:
+        from fi_cache.caches.discover import ROLE_NOTES
+
+        click.echo(f"  {ROLE_NOTES[cache.role]}")
     meta = cache.metadata
     if meta is None:
         click.echo("metadata: none (FlashInfer accepts the file in any environment)")
