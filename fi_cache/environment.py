@@ -27,6 +27,7 @@ _CUBLAS_DISTS = ("nvidia-cublas", "nvidia-cublas-cu13", "nvidia-cublas-cu12")
 _CUDNN_DISTS = ("nvidia-cudnn-cu13", "nvidia-cudnn-cu12", "nvidia-cudnn")
 _FRONTEND_DISTS = ("nvidia-cudnn-frontend",)
 _PROBE_TIMEOUT_S = 120
+_MAX_PROBE_RECORD = 1 << 20  # FlashInfer's _metadata is under 1 KB of JSON
 
 
 @dataclass(frozen=True)
@@ -422,12 +423,18 @@ def detect(
         return env
     cache = state_dir / f"env-{probe_key(env)}.json" if state_dir else None
     if cache is not None and not refresh:
-        try:
-            cached = json.loads(cache.read_text())
+        from fi_cache.errors import Refused, read_regular
+
+        try:  # a FIFO or device planted there is refused at once, never waited on
+            cached = json.loads(read_regular(cache, "probe record", _MAX_PROBE_RECORD))
             if isinstance(cached, dict):
                 return with_flashinfer_metadata(env, {k: str(v) for k, v in cached.items()})
-        except (OSError, ValueError):
-            pass  # unreadable or not ours: ask FlashInfer again
+        except Refused as exc:
+            if os.path.lexists(cache):  # there but no file to read: say so, ask FlashInfer again
+                note = f"{exc}; asked FlashInfer again (remove it to keep the answer)"
+                env = replace(env, notes=(*env.notes, note))
+        except (ValueError, RecursionError):
+            pass  # not ours: ask FlashInfer again
     try:
         meta = run_flashinfer_probe(python=env.python)
     except RuntimeError as exc:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import stat
+from typing import BinaryIO
 
 # Exit codes from ../shared/cli.md: 1 = a problem was found / operation failed, 2 = refused input.
 EXIT_PROBLEM = 1
@@ -75,3 +76,42 @@ def refuse_special(path: str | os.PathLike[str], what: str) -> None:
         return
     if (kind := special_kind(mode)) is not None:
         raise Refused(special_message(kind, what), path)
+
+
+def open_regular(path: str | os.PathLike[str], what: str) -> BinaryIO:
+    """`path` open for reading when it is a regular file (through links); Refused (exit 2)
+    otherwise. Judged from its stat before the open, and from the open file after it: the open
+    is O_NONBLOCK, so a FIFO or device swapped in between never makes it wait."""
+    refuse_special(path, what)
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_NOCTTY", 0))
+    except OSError as exc:
+        raise read_refusal(exc, path, what) from None
+    try:
+        mode = os.fstat(fd).st_mode
+        if stat.S_ISDIR(mode):
+            raise Refused(f"is a directory, not a {what}", path)
+        if not stat.S_ISREG(mode):
+            raise Refused(special_message(special_kind(mode) or "no regular file", what), path)
+        return os.fdopen(fd, "rb")  # O_NONBLOCK changes nothing for a regular file's reads
+    except BaseException:
+        os.close(fd)
+        raise
+
+
+def read_regular(path: str | os.PathLike[str], what: str, limit: int) -> bytes:
+    """All of the regular file `path`, Refused (exit 2) when it holds more than `limit` bytes:
+    at most limit + 1 are read, so a file that grows while read (or lies about its size, as
+    /proc's do) costs no more."""
+    with open_regular(path, what) as f:
+        try:
+            data = f.read(limit + 1)
+        except OSError as exc:
+            raise read_refusal(exc, path, what) from None
+    if len(data) > limit:
+        raise Refused(f"over {_size(limit)}: too large for a {what}", path)
+    return data
+
+
+def _size(n: int) -> str:
+    return f"{n >> 20} MB" if n >= 1 << 20 else f"{n >> 10} KB" if n >= 1 << 10 else f"{n} bytes"

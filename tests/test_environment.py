@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import stat
 import sys
 from pathlib import Path
 
@@ -11,7 +12,7 @@ import pytest
 
 from fi_cache import environment as envmod
 from fi_cache.environment import Gpu
-from tests.conftest import VLLM_PYTHON, fake_gpu_bin, needs_vllm
+from tests.conftest import VLLM_PYTHON, fake_gpu_bin, needs_vllm, no_hang
 
 SMI = """0, GPU-11111111-aaaa, NVIDIA H200, 9.0
 1, GPU-22222222-bbbb, NVIDIA H200, 9.0
@@ -46,9 +47,8 @@ def test_nvidia_dist_versions_map_to_flashinfer_values() -> None:
     assert envmod.cudnn_from_dist("8.9.7.29") == "8907"
 
 
-def test_detect_uses_flashinfer_answer_once_then_the_cache(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
+def _probing(monkeypatch: pytest.MonkeyPatch) -> tuple[list[int], dict[str, str]]:
+    """An H200 host whose FlashInfer answers `answer`, each time noted in `calls`."""
     base = envmod.Environment(
         envmod.Fingerprint(flashinfer_version="0.6.17", arch="90a"),
         (Gpu(0, "NVIDIA H200", "9.0"),),
@@ -67,6 +67,13 @@ def test_detect_uses_flashinfer_answer_once_then_the_cache(
     }
     monkeypatch.setattr(envmod, "probe", lambda dists=None: base)
     monkeypatch.setattr(envmod, "run_flashinfer_probe", lambda **k: calls.append(1) or answer)
+    return calls, answer
+
+
+def test_detect_uses_flashinfer_answer_once_then_the_cache(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    calls, answer = _probing(monkeypatch)
     first = envmod.detect(tmp_path)
     second = envmod.detect(tmp_path)
     assert len(calls) == 1
@@ -77,6 +84,21 @@ def test_detect_uses_flashinfer_answer_once_then_the_cache(
     assert json.loads(next(tmp_path.glob("env-*.json")).read_text()) == answer
     envmod.detect(tmp_path, refresh=True)
     assert len(calls) == 2
+
+
+def test_a_fifo_as_the_cached_answer_is_named_and_flashinfer_asked_again(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    calls, answer = _probing(monkeypatch)
+    envmod.detect(tmp_path)
+    record = next(tmp_path.glob("env-*.json"))
+    record.unlink()
+    os.mkfifo(record)  # planted: a read of it would wait for a writer forever
+    with no_hang():
+        env = envmod.detect(tmp_path)
+    assert len(calls) == 2 and env.fingerprint.cublas_version == answer["cublas_version"]
+    assert [n for n in env.notes if n.startswith(f"{record}: is a FIFO")], env.notes
+    assert stat.S_ISFIFO(record.stat().st_mode)  # never replaced: the user's to remove
 
 
 def test_detect_without_gpu_does_not_start_flashinfer(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -308,12 +308,26 @@ def _parse_sidecar(raw: bytes, key: str, where: str) -> Sidecar:
     return sidecar
 
 
+def _remote_size(remote: Remote, path: str, where: str) -> int | None:
+    """The size of the file at `path`; Refused when it is none (file:// can hold a FIFO or a
+    link to /dev/zero, which a read would wait on, or read forever)."""
+    info = remote.fs.info(path)
+    if info.get("type", "file") != "file":
+        kind = info.get("type")
+        raise Refused(
+            f"is not a regular file ({kind!r}); a bundle and its sidecar are files", where
+        )
+    size = info.get("size")
+    return None if size is None else int(size)
+
+
 def _read_sidecar(remote: Remote, key: str) -> Sidecar | None:
     """The sidecar under `key`, None when there is none."""
     path = remote.path(key + SIDECAR_SUFFIX)
     where = remote.display(key + SIDECAR_SUFFIX)
     with _remote_errors("reading the sidecar", where):
         try:
+            _remote_size(remote, path, where)
             raw = remote.fs.cat_file(path, start=0, end=_MAX_SIDECAR + 1)
         except FileNotFoundError:
             return None
@@ -426,8 +440,8 @@ def _download(remote: Remote, key: str, sidecar: Sidecar, dest: Path, pr: Progre
     """Stream the bundle into `dest` (through install.write_member), checked against `sidecar`."""
     where = remote.display(key)
     with _remote_errors("download", where):
-        size = remote.fs.size(remote.path(key))
-        if size is not None and int(size) != sidecar.size:
+        size = _remote_size(remote, remote.path(key), where)
+        if size is not None and size != sidecar.size:
             raise _Mismatch(
                 f"bundle is {size} bytes, its sidecar says {sidecar.size}", where, sidecar
             )

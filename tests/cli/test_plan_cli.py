@@ -4,6 +4,7 @@ a HF config is one `plan --check` accepts, quantised models and bad usage are re
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 
 import pytest
@@ -64,3 +65,31 @@ def test_plan_o_never_replaces_a_device_fifo_socket_or_dir(run, tmp_path: Path, 
         r = run("plan", "--from-hf-config", HF / "qwen3-30b-a3b.json", "-o", out)
     assert r.code == 2 and r.err.startswith(f"fi-cache: {out}: is "), r.err
     assert r.err.count("\n") == 1 and still()
+
+
+ENDLESS = ("fifo", "/dev/zero", "too-big")
+
+
+def _endless(tmp_path: Path, kind: str) -> Path:
+    """A plan or config.json that a read would never finish (or finish gigabytes later)."""
+    if kind == "/dev/zero":
+        return Path(kind)
+    path = tmp_path / "config.json"
+    if kind == "fifo":
+        os.mkfifo(path)
+    else:  # regular, over any cap: must be refused, not read whole
+        with open(path, "wb") as f:
+            f.truncate(64 << 20)
+    return path
+
+
+@pytest.mark.parametrize("kind", ENDLESS)
+@pytest.mark.parametrize("flag", ["--check", "--from-hf-config"])
+def test_plan_refuses_a_fifo_or_endless_file_at_once(  # type: ignore[no-untyped-def]
+    run, tmp_path: Path, flag: str, kind: str
+) -> None:
+    path = _endless(tmp_path, kind)
+    with no_hang():
+        r = run("plan", flag, path)
+    assert r.code == 2 and r.err.startswith(f"fi-cache: {path}: "), r.err
+    assert r.err.count("\n") == 1 and ("is a " in r.err or "too large" in r.err), r.err

@@ -22,8 +22,9 @@ from fi_cache.cli import prune as prune_cli
 from fi_cache.environment import Environment, Gpu, VllmInfo
 from fi_cache.model.fingerprint import Fingerprint
 from fi_cache.store import locks, trash
+from fi_cache.store.locks.in_use import IN_USE_NAME
 from fi_cache.store.namespace import NAMESPACES_DIR
-from tests.conftest import MOE_617_FUSED, MOE_617_UNFUSED, Result
+from tests.conftest import MOE_617_FUSED, MOE_617_UNFUSED, Result, no_hang
 from tests.maintenance.test_prune import DAY, killed_import, make_namespace
 
 cli.add_command(prune_cli.prune_command)  # the lead registers it in fi_cache/cli/__init__.py
@@ -256,6 +257,21 @@ def test_lock_files_the_flock_strategy_left_are_not_locks_to_a_lockfile_prune(
     assert doc["skipped_locked"] == [] and doc["failed"] == []
     assert doc["removed"] == [str(spaces["ancient"]), str(spaces["month"])]
     assert spaces["fresh"].is_dir() and not spaces["ancient"].exists()
+
+
+@pytest.mark.parametrize("name", [locks.LOCK_NAME, locks.HOLDER_NAME, IN_USE_NAME])
+def test_a_fifo_planted_as_a_lock_file_neither_hangs_a_dry_run_nor_the_prune(
+    run: Run, spaces: dict[str, Path], name: str
+) -> None:
+    for ns in spaces.values():
+        (ns / name).unlink(missing_ok=True)
+        os.mkfifo(ns / name)  # an open() for reading would wait for a writer forever
+    with no_hang():
+        dry = run("--format", "json", "prune", "--older-than", "30d", "--dry-run")
+        done = run("--format", "json", "prune", "--older-than", "30d", "--yes")
+    assert dry.code == 0 and done.code == 0, dry.err + done.err
+    old = [str(spaces["ancient"]), str(spaces["month"])]
+    assert done.json()["removed"] == paths(dry.json()) == old
 
 
 def test_a_read_only_store_says_once_that_it_cannot_be_pruned(

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import itertools
 import json
+import os
 import shutil
 import subprocess
 import sys
@@ -36,6 +37,7 @@ from tests.conftest import (
     TuneRig,
     flashinfer_dir,
     h200_metadata,
+    no_hang,
     one_line,
     run_parallel,
     seed_flashinfer_probe,
@@ -651,3 +653,16 @@ def test_a_log_shows_the_bucket_of_a_call_that_has_been_quiet(
     assert _status_lines(timed, capsys) == [
         f"{LINE} bucket 2 (2/3) …", f"{LINE} 61.50s",
     ]  # fmt: skip
+
+
+@pytest.mark.parametrize("kind", ["fifo", "/dev/zero"])
+def test_a_fifo_or_device_as_the_plan_is_refused_at_once(  # type: ignore[no-untyped-def]
+    run, tmp_path: Path, kind: str
+) -> None:
+    plan = Path(kind) if kind.startswith("/") else tmp_path / "plan.toml"
+    if kind == "fifo":
+        os.mkfifo(plan)
+    with no_hang():
+        r = run("warm", "--engine", "flashinfer", "--plan", plan)
+    assert r.code == 2 and r.err.startswith(f"fi-cache: {plan}: is a "), r.err
+    assert r.err.count("\n") == 1

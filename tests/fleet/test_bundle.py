@@ -6,6 +6,7 @@ import gzip
 import hashlib
 import io
 import json
+import os
 import shutil
 import tarfile
 import zlib
@@ -19,6 +20,7 @@ from fi_cache.errors import Refused
 from fi_cache.fleet import bundle
 from fi_cache.model.fingerprint import Fingerprint
 from fi_cache.store import manifest as m
+from fi_cache.store.locks.in_use import IN_USE_NAME
 from fi_cache.store.namespace import Namespace
 from tests.conftest import HASH_A, MOE_618_FUSED, ROOT, SPECIAL_KINDS, make_special, no_hang
 
@@ -624,3 +626,16 @@ def test_export_o_never_replaces_a_device_fifo_socket_or_dir(  # type: ignore[no
         r = run("export", "-o", out)
     assert r.code == 2 and r.err.startswith(f"fi-cache: {out}: is "), r.err
     assert r.err.count("\n") == 1 and still()
+
+
+def test_a_fifo_planted_as_the_in_use_file_does_not_hang_an_import(  # type: ignore[no-untyped-def]
+    run, store: Path, tmp_path: Path, here: Fingerprint
+) -> None:
+    ns = _make_namespace(store)
+    out = tmp_path / "b.tar.gz"
+    assert run("export", "-o", out).code == 0
+    os.mkfifo(ns / IN_USE_NAME)  # import asks whether a server holds it: an open() would wait
+    with no_hang():
+        r = run("import", out)
+    assert r.code == 0, r.err
+    assert "imported 1 namespace(s)" in r.out and (ns / "manifest.json").is_file()

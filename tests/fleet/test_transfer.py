@@ -38,7 +38,7 @@ from fi_cache.store.files import TMP_PREFIX
 from fi_cache.store.manifest import Manifest
 from fi_cache.store.namespace import Namespace
 from fi_cache.store.paths import state_dir
-from tests.conftest import GEMM_618, MOE_618_FUSED, MOE_618_UNFUSED, ROOT, Result
+from tests.conftest import GEMM_618, MOE_618_FUSED, MOE_618_UNFUSED, ROOT, Result, no_hang
 
 for _command in COMMANDS:
     cli.add_command(_command)
@@ -286,6 +286,27 @@ def test_a_sidecar_that_is_not_json_or_missing_is_refused(
     fs.rm_file(f"{base}/{remote_key(H200)}.json")
     result = run("--store", str(store_b), "pull", url)
     assert result.code == 2 and "has no .json sidecar" in result.err
+    assert _files(store_b) == []
+
+
+@pytest.mark.parametrize("what", ["sidecar", "bundle"])
+@pytest.mark.parametrize("kind", ["fifo", "link-to-/dev/zero"])
+def test_a_fifo_or_endless_device_on_a_file_remote_is_refused_at_once(
+    run: Run, monkeypatch: pytest.MonkeyPatch, store: Path, store_b: Path, tmp_path: Path,
+    what: str, kind: str,
+) -> None:  # fmt: skip
+    url = (tmp_path / "remote").as_uri()
+    _pushed(run, monkeypatch, store, url)
+    path = tmp_path / "remote" / (remote_key(H200) + (".json" if what == "sidecar" else ""))
+    path.unlink()
+    if kind == "fifo":
+        os.mkfifo(path)
+    else:
+        path.symlink_to("/dev/zero")
+    with no_hang():
+        result = run("--store", str(store_b), "pull", url)
+    assert result.code == 2 and result.err.count("\n") == 1, result.err
+    assert "is not a regular file" in result.err and str(path.name) in result.err
     assert _files(store_b) == []
 
 

@@ -15,7 +15,9 @@ import pytest
 
 from fi_cache.errors import FiCacheError
 from fi_cache.store import files, locks
-from tests.conftest import ROOT
+from fi_cache.store.locks.api import read_holder
+from fi_cache.store.locks.in_use import IN_USE_NAME, in_use
+from tests.conftest import ROOT, no_hang
 
 
 @pytest.mark.parametrize("strategy", ["flock", "lockfile"])
@@ -299,3 +301,17 @@ def test_a_live_flock_holder_blocks_the_lockfile_strategy(tmp_path: Path) -> Non
         holder.wait(10)
     with locks.namespace_lock(tmp_path, "warm", timeout=0.5, strategy="lockfile"):
         pass  # its holder is gone: the empty file is a leftover now
+
+
+@pytest.mark.parametrize("strategy", ["flock", "lockfile"])
+@pytest.mark.parametrize("name", [locks.LOCK_NAME, locks.HOLDER_NAME, IN_USE_NAME])
+def test_a_fifo_planted_as_a_lock_file_never_makes_a_look_wait(
+    tmp_path: Path, strategy: str, name: str
+) -> None:
+    """prune --dry-run probes, prune and import ask whether a server holds the namespace:
+    neither may block in an open() of a FIFO put there (it would wait for a writer forever)."""
+    os.mkfifo(tmp_path / name)
+    with no_hang():
+        assert locks.probe_namespace_lock(tmp_path, strategy)[1] is None
+        assert not in_use(tmp_path)
+        assert read_holder(tmp_path / name) is None

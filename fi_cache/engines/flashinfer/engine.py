@@ -12,7 +12,7 @@ from pathlib import Path
 
 from fi_cache.engines.api import Engine
 from fi_cache.engines.flashinfer.plan import Plan
-from fi_cache.errors import Refused, read_refusal
+from fi_cache.errors import Refused, read_regular
 
 PYTHON_ENV = "FI_CACHE_PYTHON"
 
@@ -40,12 +40,10 @@ class FlashInfer(Engine):
 
         [name] = argv
         path = Path(name)
-        try:
-            text = path.read_text(encoding="utf-8")
+        try:  # a FIFO or /dev/zero named as the plan is refused, never waited on or read whole
+            text = read_regular(path, "plan file", plans.MAX_PLAN_BYTES).decode("utf-8")
         except UnicodeDecodeError:
             raise Refused("not a text file (a TOML plan is UTF-8 text)", path) from None
-        except OSError as exc:
-            raise read_refusal(exc, path, "plan file") from None
         return PlanArgs(path, plans.loads(text, str(path)), text)
 
     def warm_key(self, a: PlanArgs, finalize: str) -> str:

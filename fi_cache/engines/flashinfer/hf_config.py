@@ -24,6 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from fi_cache.engines.flashinfer.plan import DEFAULT_TOKENS, MOE_OP, Plan, PlanError, from_mapping
+from fi_cache.errors import Refused, read_regular
 from fi_cache.versions import MOE_DTYPES
 
 CONFIG_FILE = "config.json"
@@ -46,21 +47,10 @@ def load_config(path: Path) -> dict[str, Any]:
         if not (path / CONFIG_FILE).is_file():
             raise PlanError(f"no {CONFIG_FILE} in this directory (not a model directory)", path)
         path = path / CONFIG_FILE
-    try:
-        size = path.stat().st_size
-        if size > MAX_CONFIG_BYTES:
-            raise PlanError(
-                f"{size} bytes: too large for a {CONFIG_FILE} (limit {MAX_CONFIG_BYTES})", path
-            )
-        raw = path.read_bytes()
-    except FileNotFoundError:
-        raise PlanError("no such file", path) from None
-    except PermissionError:
-        raise PlanError("permission denied", path) from None
-    except IsADirectoryError:
-        raise PlanError(f"is a directory, not a {CONFIG_FILE}", path) from None
-    except OSError as exc:
-        raise PlanError(f"cannot read: {exc.strerror or exc}", path) from None
+    try:  # a FIFO or /dev/zero is refused, never waited on or read whole
+        raw = read_regular(path, CONFIG_FILE, MAX_CONFIG_BYTES)
+    except Refused as exc:
+        raise PlanError(exc.message, path) from None  # the one error type of plans
     try:
         text = raw.decode("utf-8-sig")
     except UnicodeDecodeError:

@@ -43,6 +43,7 @@ GEMM_OPS = tuple(GEMM_BACKENDS)  # mm_bf16, bmm_fp8, mm_fp8
 KNOWN_OPS = (*GEMM_OPS, MOE_OP)
 MAX_TOKENS = 1 << 20  # beyond any engine's max_num_batched_tokens; a typo, not a plan
 MAX_DIM = 1 << 20
+MAX_PLAN_BYTES = 1 << 20  # a plan is a few KB of TOML; more is the wrong file
 DEFAULT_TOKENS = (1, 16, 128, 1024)
 # FlashInfer's own default backend for each GEMM (the `backend=` default of the function).
 DEFAULT_BACKEND = {"mm_bf16": "cudnn", "bmm_fp8": "cublas", "mm_fp8": "trtllm_low_latency"}

@@ -17,10 +17,11 @@ from contextlib import AbstractContextManager
 from dataclasses import dataclass
 from pathlib import Path
 
-from fi_cache.errors import FiCacheError
+from fi_cache.errors import FiCacheError, read_regular
 
 LOCK_NAME = ".fi-cache.lock"
 HOLDER_NAME = ".fi-cache.lock.holder"
+_MAX_HOLDER_BYTES = 64 << 10  # a holder record is ~100 bytes of JSON
 
 
 @dataclass(frozen=True)
@@ -83,14 +84,14 @@ def this_holder(purpose: str) -> Holder:
 
 
 def read_holder(path: Path) -> Holder | None:
-    try:
-        data = json.loads(path.read_text())
+    try:  # a FIFO planted as the lock or holder file is refused at once, not waited on
+        data = json.loads(read_regular(path, "lock holder record", _MAX_HOLDER_BYTES))
         guard = data.get("guard")
         return Holder(
             int(data["pid"]), str(data["host"]), float(data["since"]), str(data["purpose"]),
             int(guard) if guard is not None else None,
         )  # fmt: skip
-    except (OSError, ValueError, KeyError, TypeError):
+    except (FiCacheError, OSError, ValueError, KeyError, TypeError, AttributeError, RecursionError):
         return None
 
 

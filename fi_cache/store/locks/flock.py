@@ -25,7 +25,7 @@ from fi_cache.store.locks.api import (
     timeout_error,
     unlink_if_same,
 )
-from fi_cache.store.locks.in_use import flock_refused, in_use
+from fi_cache.store.locks.in_use import PROBE_FLAGS, flock_refused, in_use
 
 # Descriptors of the namespace locks this process holds, by dir: a guard process inherits them,
 # so the lock stays held (one open file description) until the guard has stopped the engine.
@@ -93,7 +93,7 @@ class Flock(LockStrategy):
         if in_use(directory):
             return True, None  # a running server (serve) holds it
         try:
-            fd = os.open(directory / LOCK_NAME, os.O_RDONLY)
+            fd = os.open(directory / LOCK_NAME, PROBE_FLAGS)
         except FileNotFoundError:
             return False, None
         except OSError:

@@ -10,6 +10,8 @@ import os
 from pathlib import Path
 
 IN_USE_NAME = ".fi-cache.inuse"
+# Opening only to flock: O_NONBLOCK, so a FIFO planted at the path never makes the open wait.
+PROBE_FLAGS = os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_NOCTTY", 0)
 
 
 def mark(directory: Path) -> int | None:
@@ -44,7 +46,7 @@ def flock_refused(path: Path, mode: int) -> bool:
     import fcntl
 
     try:
-        fd = os.open(path, os.O_RDONLY)
+        fd = os.open(path, PROBE_FLAGS)
     except OSError:
         return False
     try:
