@@ -77,6 +77,11 @@ class Cache:
     def path(self) -> Path:
         return self.found.path
 
+    def defects(self) -> tuple[v1.Defect, ...]:
+        """Every problem `verify` reports (exit 1): what reading found, then the content's own
+        (v1.defects: unparsable keys, malformed values, `_records`, a stale `_generation`)."""
+        return (*self.read_defects, *v1.defects(self.file))
+
     @property
     def metadata(self) -> dict[str, Any] | None:
         return self.file.metadata

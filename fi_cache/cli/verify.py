@@ -32,7 +32,6 @@ def verify_command(paths: tuple[Path, ...]) -> int:
     """Check integrity: valid JSON, every key parses, `_generation` matches, value shapes.
     Without PATHS, every cache in the store."""
     from fi_cache.caches.inventory import scan
-    from fi_cache.model import v1
     from fi_cache.store.namespace import NAMESPACES_DIR
 
     ctx = _ctx()
@@ -47,7 +46,7 @@ def verify_command(paths: tuple[Path, ...]) -> int:
     results: list[dict[str, Any]] = []
     code = render.report_scan_problems(inv)
     for cache in inv.caches:
-        defects = [*cache.read_defects, *v1.defects(cache.file)]
+        defects = list(cache.defects())
         results.append(
             {
                 "path": str(cache.path),

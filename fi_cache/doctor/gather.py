@@ -23,7 +23,7 @@ from fi_cache.engines.vllm.args import ServeArgs, parse_serve_args
 from fi_cache.engines.vllm.predict import CacheLocation
 from fi_cache.environment import Environment
 from fi_cache.errors import CorruptCache, Refused
-from fi_cache.model import v1, v2
+from fi_cache.model import v2
 from fi_cache.model.fingerprint import Fingerprint
 from fi_cache.store import manifest as manifests
 from fi_cache.store.namespace import NAMESPACES_DIR, FinalizeMode, Namespace, namespace_parts
@@ -215,7 +215,7 @@ def gather(
                     modes[p] = p.stat().st_mode
                 if p == ns_dir:
                     break
-        defects = (*cache.read_defects, *v1.defects(cache.file))
+        defects = cache.defects()
         finalize = parts["finalize"] if parts else None
         why_not = _applies(cache, ns_dir, ours, target)
         views.append(

@@ -9,7 +9,6 @@ from fi_cache import doctor
 from fi_cache.caches.inventory import scan
 from fi_cache.doctor.findings import Finding
 from fi_cache.doctor.inputs import CacheView, Inputs, Target
-from fi_cache.model import v1
 from fi_cache.store.manifest import Manifest
 from fi_cache.store.namespace import Namespace
 
@@ -38,7 +37,7 @@ def check_namespace(
         return []
     inv = scan([cache_dir], explicit=False)
     views = tuple(
-        CacheView(c, ns_dir, ns.finalize, m, (*c.read_defects, *v1.defects(c.file)))
+        CacheView(c, ns_dir, ns.finalize, m, c.defects())
         for c in inv.caches
     )
     from fi_cache.doctor import cache_checks

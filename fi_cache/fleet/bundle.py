@@ -512,9 +512,9 @@ def _check_contents(
             member = _member(cache.path, staging)
             if cache.found.format == "v2":
                 member = f"{member}/{v2.MANIFEST}"  # where a v2 store records its environment
-            for d in cache.read_defects:
-                if d.check == "corrupt-file":
-                    raise Refused(f"bundled cache {member}: {d.message}", bundle)
+            # verify's rules, the loaders' own: one such file on a bucket fails a fleet's starts
+            if defects := cache.defects():
+                raise Refused(f"bundled cache {member}: {defects[0].message}", bundle)
             foreign = [x for x in compare_metadata(cache.metadata, here) if x.hard] if here else []
             if foreign:
                 fields = "; ".join(

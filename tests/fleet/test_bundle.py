@@ -18,6 +18,7 @@ from fi_cache import environment
 from fi_cache.environment import Environment, VllmInfo
 from fi_cache.errors import Refused
 from fi_cache.fleet import bundle
+from fi_cache.model import v1
 from fi_cache.model.fingerprint import Fingerprint
 from fi_cache.store import manifest as m
 from fi_cache.store.locks.in_use import IN_USE_NAME
@@ -482,6 +483,7 @@ def test_caches_written_elsewhere_are_refused_though_the_manifest_matches(
     cache = d / "vllm" / HASH_A / "autotune_configs.json"
     data = json.loads(cache.read_text())
     data["_metadata"]["gpu"] = "NVIDIA B200"
+    data["_generation"] = v1.compute_generation(v1.loads(json.dumps(data).encode()))  # sound
     cache.write_text(json.dumps(data))
     out = tmp_path / "b.tar.gz"
     bundle.export(src, [d], out)
@@ -639,3 +641,72 @@ def test_a_fifo_planted_as_the_in_use_file_does_not_hang_an_import(  # type: ign
         r = run("import", out)
     assert r.code == 0, r.err
     assert "imported 1 namespace(s)" in r.out and (ns / "manifest.json").is_file()
+
+
+# --- every cache member is judged by verify's rules (what FlashInfer's loader can use) -----------
+
+
+def corrupt_cache(how: str) -> bytes:
+    """MOE_618_FUSED with one defect `fi-cache verify` reports (exit 1) and FlashInfer trips on."""
+    d = json.loads(MOE_618_FUSED.read_text())
+    first = next(k for k in d if not k.startswith("_"))
+    if how == "unparsable-key":
+        d["("] = d[first]
+    elif how == "value-not-a-list":
+        d[first] = 1
+    elif how == "records-not-an-object":
+        d["_records"] = [1]
+    if how == "generation-mismatch":
+        d["_generation"] = "0" * 64
+    else:  # a _generation that fits: the one defect is the one named
+        d["_generation"] = v1.compute_generation(v1.loads(json.dumps(d).encode()))
+    return json.dumps(d).encode()
+
+
+def _bundle_of(tmp_path: Path, caches: dict[str, bytes]) -> Path:
+    """A bundle of one namespace per finalize mode in `caches`, each holding that cache, listed
+    and checksummed as export lists them (so only the cache content can be wrong)."""
+    src = tmp_path / "src"
+    namespaces, files = [], []
+    for finalize, data in caches.items():
+        d = _make_namespace(src, finalize)
+        rel = d.relative_to(src).as_posix()
+        namespaces.append({"path": rel, "fingerprint": dict(FP.__dict__), "finalize": finalize})
+        files += [
+            (f"{rel}/manifest.json", (d / "manifest.json").read_bytes()),
+            (f"{rel}/vllm/{HASH_A}/autotune_configs.json", data),
+        ]
+    man = {
+        "format": "fi-cache-bundle", "schema": 1, "fi_cache_version": "0", "created": 1.0,
+        "namespaces": namespaces,
+        "files": [{"path": n, "size": len(b), "sha256": _sha(b)} for n, b in files],
+    }  # fmt: skip
+    members = _with_manifest(man, [_file(n, b) for n, b in files])
+    return _tar(tmp_path / "b.tar.gz", members)
+
+
+CORRUPTIONS = ["unparsable-key", "value-not-a-list", "records-not-an-object", "generation-mismatch"]
+
+
+@pytest.mark.parametrize("how", CORRUPTIONS)
+@pytest.mark.parametrize("where", ["only", "second"])
+def test_a_cache_member_verify_calls_corrupt_is_refused_before_anything_lands(  # type: ignore[no-untyped-def]
+    run, store: Path, tmp_path: Path, here: Fingerprint, how: str, where: str
+) -> None:
+    good, bad = MOE_618_FUSED.read_bytes(), corrupt_cache(how)
+    caches = {"fused": bad} if where == "only" else {"fused": good, "unfused": bad}
+    path = _bundle_of(tmp_path, caches)
+    for force in ([], ["--force"]):  # --force is for another environment, never for corrupt
+        r = run("import", path, *force)
+        assert r.code == 2 and r.err.count("\n") == 1, r.err
+        assert "bundled cache " in r.err and "autotune_configs.json" in r.err, r.err
+        assert not (store / "namespaces").exists(), "nothing may land, not even the good one"
+
+
+def test_the_same_bundle_with_sound_caches_imports(  # type: ignore[no-untyped-def]
+    run, store: Path, tmp_path: Path, here: Fingerprint
+) -> None:
+    good = MOE_618_FUSED.read_bytes()
+    r = run("import", _bundle_of(tmp_path, {"fused": good, "unfused": good}))
+    assert r.code == 0, r.err
+    assert len(list((store / "namespaces").rglob("autotune_configs.json"))) == 2

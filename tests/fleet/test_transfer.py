@@ -39,6 +39,7 @@ from fi_cache.store.manifest import Manifest
 from fi_cache.store.namespace import Namespace
 from fi_cache.store.paths import state_dir
 from tests.conftest import GEMM_618, MOE_618_FUSED, MOE_618_UNFUSED, ROOT, Result, no_hang
+from tests.fleet.test_bundle import CORRUPTIONS, corrupt_cache
 
 for _command in COMMANDS:
     cli.add_command(_command)
@@ -307,6 +308,22 @@ def test_a_fifo_or_endless_device_on_a_file_remote_is_refused_at_once(
         result = run("--store", str(store_b), "pull", url)
     assert result.code == 2 and result.err.count("\n") == 1, result.err
     assert "is not a regular file" in result.err and str(path.name) in result.err
+    assert _files(store_b) == []
+
+
+@pytest.mark.parametrize("how", CORRUPTIONS)
+def test_a_pushed_cache_flashinfer_cannot_load_is_refused_by_pull(
+    run: Run, monkeypatch: pytest.MonkeyPatch, store: Path, store_b: Path, url: str, how: str
+) -> None:
+    """Another fleet member's bad file on the bucket never lands here (verify's rules)."""
+    _as_machine(monkeypatch, H200)
+    fused = _warm(store, H200)[0]
+    bad = fused / "vllm" / "autotune_configs_dp0_rank0.json"
+    bad.write_bytes(corrupt_cache(how))
+    assert run("push", url).code == 0
+    result = run("--store", str(store_b), "pull", url)
+    assert result.code == 2 and result.err.count("\n") == 1, result.err
+    assert f"bundled cache {bad.relative_to(store).as_posix()}: " in result.err
     assert _files(store_b) == []
 
 
