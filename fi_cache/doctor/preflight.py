@@ -36,10 +36,7 @@ def check_namespace(
     if not cache_dir.is_dir():
         return []
     inv = scan([cache_dir], explicit=False)
-    views = tuple(
-        CacheView(c, ns_dir, ns.finalize, m, c.defects())
-        for c in inv.caches
-    )
+    views = tuple(CacheView(c, ns_dir, ns.finalize, m, c.defects()) for c in inv.caches)
     from fi_cache.doctor import cache_checks
 
     target = Target(ns.fingerprint, vllm_version, supports_finalize, ns.finalize, sglang_version)
