@@ -62,7 +62,7 @@ def one_run(plan: plans.Plan, mode: str, tmp: Path) -> dict[str, dict[str, Any]]
                       [CacheFileRecord(str(file_a.relative_to(ns_dir)), 0, 0)], None)  # fmt: skip
     m = Manifest.new(Namespace(Fingerprint(), "fused")).with_warm(warm)
     target = ns_dir / "vllm" / ("c" * 64) / RANK0
-    seeds, notes = seed.plan(ns_dir, m, lambda argv: argv[:1] == ["m"], [target])
+    seeds, notes = seed.plan(ns_dir, m, lambda w: w.argv[:1] == ["m"], [target])
     assert seeds and not notes, notes
     seed.write(seeds[0])
     out["seeded"] = {**start(plan, mode, target), "seeded_entries": seeds[0].entries}

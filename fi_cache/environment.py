@@ -195,11 +195,14 @@ def _installed(names: tuple[str, ...]) -> dict[str, tuple[str, Path]]:
     return found
 
 
-def dists_here() -> Dists:
+Wanted = tuple[tuple[str, str], ...]  # (dist, path relative to where it is installed)
+
+
+def dists_here(wanted: Wanted = _WANTED_FILES) -> Dists:
     installed = _installed(_WANTED_DISTS)
     versions = {name: version for name, (version, _) in installed.items()}
     files: dict[str, tuple[str, str]] = {}
-    for dist, rel in _WANTED_FILES:
+    for dist, rel in wanted:
         if dist not in installed:
             continue
         path = str(installed[dist][1] / rel)
@@ -209,13 +212,13 @@ def dists_here() -> Dists:
     return Dists(sys.executable, versions, files)
 
 
-def dists_of(python: str, timeout: float = 30.0) -> Dists:
-    """What `python` (another interpreter, e.g. a vLLM venv's) has installed. Raises
-    RuntimeError with one line when it cannot be asked."""
+def dists_of(python: str, timeout: float = 30.0, wanted: Wanted = _WANTED_FILES) -> Dists:
+    """What `python` (another interpreter, e.g. a vLLM venv's) has installed, with the text of
+    the `wanted` files. Raises RuntimeError with one line when it cannot be asked."""
     # Not realpath: a venv's python is a symlink to the base interpreter, yet another environment.
     if os.path.abspath(python) == os.path.abspath(sys.executable):
-        return dists_here()
-    request = json.dumps([list(_WANTED_DISTS), [list(f) for f in _WANTED_FILES]])
+        return dists_here(wanted)
+    request = json.dumps([list(_WANTED_DISTS), [list(f) for f in wanted]])
     try:
         out = subprocess.run(
             [python, "-I", "-c", _DISTS_CHILD, request],

@@ -19,10 +19,11 @@ for v in $FLASHINFER_VERSIONS; do
   fi
 done
 
-# SGLang's own code, read from its wheels by the tests (tests/sglang_layout.py; 0.5.21 and 0.5.23:
+# SGLang's own code, read from its wheels by the tests (tests/sglang_layout.py; 0.5.17-0.5.23 key code:
+# tests/engines/sglang/test_sglang_keydir.py; 0.5.21 and 0.5.23:
 # the rank digest run in gloo, tests/ranks/gloo_sglang.py): the
 # wheels only, no install (SGLang has no CPU build to run).
-for v in 0.5.18 0.5.21 0.5.23; do
+for v in 0.5.17 0.5.18 0.5.21 0.5.23; do
   if ! ls .cache/sglang-wheels/sglang-$v-*.whl >/dev/null 2>&1; then
     .venv/bin/python -m pip download --quiet --disable-pip-version-check --no-deps \
       -d .cache/sglang-wheels "sglang==$v"

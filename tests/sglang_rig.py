@@ -1,7 +1,8 @@
 """A test "SGLang install": a venv whose sglang dist-info names a release and whose `sglang`
 console script is the STAND-IN server tests/engines/sglang/standin_sglang.py (SGLang has no CPU
-build). fi-cache reads the release and FlashInfer's version from that venv's packages, as it
-would from a real SGLang venv; the venv sees fi-cache's test venv (torch) and one real FlashInfer
+build), with the release's real flashinfer_autotune.py (its key code) installed beside. fi-cache
+reads the release and FlashInfer's version from that venv's packages, as it would from a real
+SGLang venv; the venv sees fi-cache's test venv (torch) and one real FlashInfer
 through a .pth file."""
 
 from __future__ import annotations
@@ -28,6 +29,14 @@ def sglang_venv(where: Path, version: str, flashinfer: Path | None) -> Path:
     dist = site / f"sglang-{version}.dist-info"
     dist.mkdir(exist_ok=True)
     (dist / "METADATA").write_text(f"Metadata-Version: 2.1\nName: sglang\nVersion: {version}\n")
+    # The release's own key module where an install has it: fi-cache's seeding reads it there.
+    from tests.sglang_layout import MODULE, NoWheel, sglang_module
+
+    try:
+        (site / MODULE).parent.mkdir(parents=True, exist_ok=True)
+        (site / MODULE).write_text(sglang_module(version))
+    except NoWheel:
+        pass  # a release without its wheel here: no key code, so fi-cache does not seed
     script = where / "bin" / "sglang"
     script.write_text(
         f"#!{where / 'bin' / 'python'}\n"

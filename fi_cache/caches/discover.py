@@ -5,13 +5,13 @@
   and arch levels are gone: `D/<64-hex>/autotune_configs*.json`.
 - SGLang 0.5.12+: `$SGLANG_CACHE_DIR/flashinfer/autotune/<fi-version>/sm<NN>/<16-hex>/
   rank_tp{t}_pp{p}_dp{d}[_gpu<uuid>].json`, and with `SGLANG_FLASHINFER_AUTOTUNE_CACHE=0`
-  write-only `<16-hex>/runs/rank_…<stamp>[.<uuid4>].json` (versions.py, SGLang section).
+  write-only `<16-hex>/runs/rank_…<stamp>[.<uuid4>].json` (versions/sglang.py).
 - FlashInfer v2 store: `<root>/v2/<env_hash16>/{manifest.json, entries/}`.
 - Plain v1 files anywhere (`autotune(cache="my.json")`), recognised by their first bytes, and
   `autotune_config.json` (what FlashInfer dumps are named; no vLLM reads it) by its name.
 Two v1 files are told apart from the engine's own (`Found.role`): that FlashInfer dump, and the
 sparse-MLA decode warmup's `autotune_configs.json` in a vLLM 0.32+ hash dir beside the per-rank
-files (versions.py, VLLM_SPARSE_MLA_FROM).
+files (fi_cache.versions, VLLM_SPARSE_MLA_FROM).
 Walking never follows directory symlinks and never stops at an unreadable directory.
 """
 

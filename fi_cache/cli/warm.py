@@ -245,8 +245,6 @@ def _doc(engine: str, run: Run, result: WarmResult) -> dict[str, Any]:
         }  # fmt: skip
     from fi_cache.engines import serving
 
-    for f in files:
-        del f["seeded"]  # SGLang is never seeded
     return {
         "namespace": str(ns_dir), "engine": "sglang", "finalize": run.ns.finalize, **common,
         "sglang_version": run.target.version,

@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Any, ClassVar
 
 from fi_cache.caches.discover import is_v2_env_dir
 from fi_cache.errors import FiCacheError
-from fi_cache.store.manifest import Manifest
+from fi_cache.store.manifest import Manifest, WarmRecord
 
 if TYPE_CHECKING:
     from fi_cache.environment import Environment
@@ -222,6 +222,10 @@ class ServerEngine(Engine):
     def same_model(self, run: Run, argv: Sequence[str]) -> bool:
         """Does an earlier warm's argv serve this run's model (seeding's sources)?"""
         return False
+
+    def seed_source(self, run: Run, warm: WarmRecord) -> bool:
+        """May an earlier warm's files seed this start's (seeding's sources)?"""
+        return self.same_model(run, warm.argv)
 
     def seed_targets(self, run: Run, ns_dir: Path, store: Path) -> tuple[list[Path], str | None]:
         """(The files this start will read, inside `ns_dir`; why there is nothing to seed)."""

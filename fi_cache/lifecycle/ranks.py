@@ -92,8 +92,8 @@ def complete_node(
     root = engine.autotune_dir(ns_dir)
     if not _names_rank_files(root):
         return []  # the common case, decided from names alone: serve's overhead stays small
-    targets, _ = engine.seed_targets(run, ns_dir, store)
-    told = engine.rank_names(run)
+    told = engine.rank_names(run)  # by name (SGLang): then the deployment's dir says the rest
+    targets = engine.seed_targets(run, ns_dir, store)[0] if told is None else []
     if told is None and all(t.exists() for t in targets):
         return []  # this node's own files are there (one GPU on 0.32+): nothing to read
     from fi_cache.caches.inventory import scan

@@ -2,20 +2,21 @@
 namespace's earlier files for the same model (maintenance/seed.py says why that is safe).
 
 Which files the engine will read comes from the engine (vLLM asks its own code: engines/vllm/
-predict.py), asked only when there is something to seed; the sources are what earlier warms of
-the same model recorded, less whatever doctor's pre-flight checks flag. Nothing here may stop a
-start: any failure is one note, and the engine then tunes as it would have.
+predict.py; SGLang's own key code is run: engines/sglang/keydir.py), asked only when there is
+something to seed; the sources are what earlier warms of the same model recorded (as far as the
+engine would reuse them: seed_source), less whatever doctor's pre-flight checks flag. Nothing
+here may stop a start: any failure is one note, and the engine then tunes as it would have.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from pathlib import Path
 
 from fi_cache.engines.api import Run, ServerEngine
 from fi_cache.errors import FiCacheError
 from fi_cache.lifecycle.report import Report
-from fi_cache.store.manifest import Manifest
+from fi_cache.store.manifest import Manifest, WarmRecord
 
 # Called under the namespace lock just before the engine starts: the entries it put into each
 # file, by path relative to the namespace.
@@ -46,11 +47,12 @@ def _seed(
     from fi_cache.lifecycle.checks import namespace_findings
     from fi_cache.maintenance import seed
 
-    def same_model(other: Sequence[str]) -> bool:
-        return engine.same_model(run, other)
+    def usable(warm: WarmRecord) -> bool:
+        return engine.seed_source(run, warm)
 
     warms = manifest.warms if manifest else ()
-    earlier = [w for w in warms if w.engine == engine.name and w.files and same_model(w.argv)]
+    earlier = [w for w in warms if w.engine == engine.name and w.files
+               and engine.same_model(run, w.argv)]  # fmt: skip
     if not earlier or run.args.model is None:
         return {}  # nothing to carry: asking the engine is not worth its seconds
     targets, why = engine.seed_targets(run, ns_dir, store)
@@ -59,7 +61,7 @@ def _seed(
         return {}
     findings = namespace_findings(engine, run, ns_dir, manifest)
     flagged = [Path(f.path) for f in findings if f.path and f.severity != "info"]
-    seeds, notes = seed.plan(ns_dir, manifest, same_model, targets, flagged, engine.name)
+    seeds, notes = seed.plan(ns_dir, manifest, usable, targets, flagged, engine.name)
     for line in notes:
         report.note(line)
     done: dict[str, int] = {}

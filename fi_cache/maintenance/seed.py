@@ -1,5 +1,6 @@
-"""Seed the file vLLM's next start will read from the namespace's earlier files for the same
-model, so a changed vLLM config hash (an upgrade, another flag) does not mean tuning again.
+"""Seed the files an engine's next start will read (vLLM's config-hash dir, SGLang's key dir)
+from the namespace's earlier files for the same model, so a changed hash (an upgrade, another
+flag, the model given by another path) does not mean tuning again.
 
 Why it is safe: a namespace is one FlashInfer version, GPU, CUDA stack and finalize mode, so
 every entry in it is valid for every start on it; FlashInfer's entries depend on the op and its
@@ -22,12 +23,13 @@ from fi_cache.errors import FiCacheError
 from fi_cache.maintenance.merge import merge, read_source
 from fi_cache.model import v1
 from fi_cache.store.files import atomic_write
-from fi_cache.store.manifest import Manifest
+from fi_cache.store.manifest import Manifest, WarmRecord
 
 
 @dataclass(frozen=True)
 class Seed:
-    """One file to write before vLLM starts: `target` (inside the namespace) from `sources`."""
+    """One file to write before the engine starts: `target` (inside the namespace) from
+    `sources`."""
 
     target: Path
     file: v1.CacheFile
@@ -38,13 +40,14 @@ class Seed:
         return len(self.file.entries)
 
 
-SameModel = Callable[[Sequence[str]], bool]  # does an earlier warm's argv serve this model?
+# May this earlier warm's files seed this start (the same model, tactics the engine would reuse)?
+Usable = Callable[[WarmRecord], bool]
 
 
 def sources_for(
     ns_dir: Path,
     manifest: Manifest | None,
-    same_model: SameModel,
+    usable: Usable,
     name: str,
     exclude: Iterable[Path] = (),
     engine: str = "vllm",
@@ -57,12 +60,12 @@ def sources_for(
     skip = {p.resolve() for p in exclude}
     found: list[Path] = []
     for warm in sorted(manifest.warms, key=lambda w: w.started, reverse=True):
-        if not warm.ok or warm.engine != engine or not same_model(warm.argv):
+        if not warm.ok or warm.engine != engine or not usable(warm):
             continue
         for f in warm.files:
             path = ns_dir / f.path
-            usable = path.name == name and path.is_file() and path.resolve() not in skip
-            if usable and path not in found:
+            fits = path.name == name and path.is_file() and path.resolve() not in skip
+            if fits and path not in found:
                 found.append(path)
     return found
 
@@ -70,7 +73,7 @@ def sources_for(
 def plan(
     ns_dir: Path,
     manifest: Manifest | None,
-    same_model: SameModel,
+    usable: Usable,
     targets: Sequence[Path],
     exclude: Iterable[Path] = (),
     engine: str = "vllm",
@@ -84,7 +87,7 @@ def plan(
         if target.exists():
             continue  # vLLM reads what is there; never overwrite a file it wrote
         readable: list[tuple[str, v1.CacheFile]] = []
-        for src in sources_for(ns_dir, manifest, same_model, target.name, excluded, engine):
+        for src in sources_for(ns_dir, manifest, usable, target.name, excluded, engine):
             if src.parent == target.parent:
                 continue
             try:

@@ -50,7 +50,7 @@ def _put(ns_dir: Path, rel: str, source: Path) -> Path:
 
 
 def _model(name: str):  # type: ignore[no-untyped-def]
-    return lambda argv: bool(argv) and argv[0] == name
+    return lambda warm: bool(warm.argv) and warm.argv[0] == name
 
 
 def test_the_new_file_gets_the_same_models_entries_in_flashinfers_format(tmp_path: Path) -> None:

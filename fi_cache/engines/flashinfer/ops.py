@@ -57,7 +57,7 @@ def _randn(*shape: int, dtype: torch.dtype, device: torch.device) -> torch.Tenso
 
 
 def _flashinfer_problems(fn: Any, op: GemmOp, cc: int) -> list[str]:
-    """FlashInfer's own `is_backend_supported`, else the table in versions.py."""
+    """FlashInfer's own `is_backend_supported`, else the table in fi_cache.versions."""
     out = []
     for backend in op.backends:
         if backend == "auto":

@@ -4,7 +4,9 @@ server_args.py 0.5.19:937-944 (--tp-size, alias --tensor-parallel-size), :2358-2
 aliases --expert-parallel-size, --ep); --pp-size, --dp-size, --attn-dp-size (0.5.22+), --nnodes,
 --node-rank (arg_groups/fields/parallel.py 0.5.23:43-90, with their --pipeline-parallel-size,
 --data-parallel-size, --attention-data-parallel-size aliases); --model-path (alias --model),
---host, --port."""
+--host, --port; --dtype, --quantization (fields/model.py 0.5.23:160-184) and
+--flashinfer-autotune-skip-ops (nargs="+", fields/exec_.py 0.5.23:398-407), which SGLang's
+autotune key hashes."""
 
 from __future__ import annotations
 
@@ -28,7 +30,8 @@ _SIZES = {"--tp-size": "tp", "--tensor-parallel-size": "tp", "--ep-size": "ep",
           "--attn-dp-size": "attn_dp", "--attention-data-parallel-size": "attn_dp",
           "--nnodes": "nnodes"}  # fmt: skip
 _VALUED = (*_SIZES, "--model-path", "--model", "--moe-runner-backend", "--moe-a2a-backend",
-           "--host", "--port", "--node-rank")  # fmt: skip
+           "--host", "--port", "--node-rank", "--dtype", "--quantization")  # fmt: skip
+_SKIP_OPS = "--flashinfer-autotune-skip-ops"  # one or more values (argparse nargs="+")
 _SWITCHES = (SGLANG_DETERMINISTIC_FLAG, SGLANG_DISABLE_AUTOTUNE_FLAG, "--enable-dp-attention")
 _CONFIG = "--config"  # a YAML file of more arguments (server_args.py 0.5.23:402-405, 683-686)
 
@@ -37,9 +40,9 @@ def _spelled(flag: str) -> str:
     """The flag `flag` stands for: itself, or the one of fi-cache's it is a prefix of (SGLang's
     argparse takes unique prefixes, e.g. `--tp 8`, as its docs write it). A prefix that is
     ambiguous in SGLang's parser is rejected there, so taking it here is never wrong."""
-    if flag in _VALUED or flag in _SWITCHES or len(flag) < 4:
+    if flag in _VALUED or flag in _SWITCHES or flag == _SKIP_OPS or len(flag) < 4:
         return flag
-    matches = {f for f in (*_VALUED, *_SWITCHES) if f.startswith(flag)}
+    matches = {f for f in (*_VALUED, *_SWITCHES, _SKIP_OPS) if f.startswith(flag)}
     return matches.pop() if len(matches) == 1 else flag
 _ADDRESS_FLAGS = ("--host", "--port")  # where the server listens: not part of a warm's identity
 
@@ -66,6 +69,9 @@ class SglangArgs:
     # Settings from the environment that change what a start keeps (not arguments, but part of
     # a warm's identity): e.g. SGLANG_FLASHINFER_AUTOTUNE_CACHE=0.
     environment: tuple[str, ...] = ()
+    dtype: str = "auto"  # --dtype as given
+    quantization: str | None = None  # --quantization as given (SGLang may resolve one)
+    skip_ops: tuple[str, ...] = ()  # --flashinfer-autotune-skip-ops
 
     @property
     def key(self) -> str:
@@ -97,6 +103,7 @@ def parse_sglang_args(argv: Sequence[str]) -> SglangArgs:
     whose YAML can set any of these where fi-cache does not look."""
     values: dict[str, str] = {}
     switches: set[str] = set()
+    skip_ops: list[str] = []
     model, model_at = None, None
     args = list(argv)
     i = 0
@@ -112,6 +119,14 @@ def parse_sglang_args(argv: Sequence[str]) -> SglangArgs:
             value = inline if eq else (args[i + 1] if i + 1 < len(args) else "")
             values[_SIZES.get(flag, flag)] = value
             i += 1 if eq else 2
+            continue
+        if flag == _SKIP_OPS:  # nargs="+": the words up to the next flag (or the one after =)
+            i += 1
+            if eq:
+                skip_ops.append(inline)
+            while not eq and i < len(args) and not args[i].startswith("-"):
+                skip_ops.append(args[i])
+                i += 1
             continue
         if flag in _SWITCHES:
             switches.add(flag)
@@ -150,6 +165,9 @@ def parse_sglang_args(argv: Sequence[str]) -> SglangArgs:
         dp=sizes["dp"],
         attn_dp=sizes["attn_dp"],
         node_rank=int(node_rank),
+        dtype=values.get("--dtype", "auto"),
+        quantization=values.get("--quantization"),
+        skip_ops=tuple(skip_ops),
     )
 
 

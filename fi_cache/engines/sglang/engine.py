@@ -31,6 +31,7 @@ from fi_cache.versions import (
 
 if TYPE_CHECKING:
     from fi_cache.ranks.deployment import Expected
+    from fi_cache.store.manifest import WarmRecord
 
 # SGLang's own gate decides, from the model and GPU too (flashinfer_autotune.py 0.5.23:91-157):
 # a start that tuned nothing is a start with nothing to tune, not a failed warm.
@@ -63,6 +64,7 @@ class Sglang(ServerEngine):
     display = "SGLang"
     path_flag = "--sglang"
     nothing_tuned = NOTHING_TUNED
+    seeds = True  # its key dir by SGLang's own key code: seeds.py
 
     def find_executable(self, explicit: str | None) -> str:
         return launch.find_launcher(explicit).executable
@@ -190,6 +192,29 @@ class Sglang(ServerEngine):
         extra = [] if port is None else ["--host", "127.0.0.1", "--port", str(port)]
         cmd: list[str] = run.launcher.command(run.args, extra)
         return cmd
+
+    def same_model(self, run: Run, argv: Sequence[str]) -> bool:
+        from fi_cache.engines.sglang import seeds
+
+        try:
+            return seeds.same_model(args.parse_sglang_args(argv), run.args)
+        except Refused:
+            return False
+
+    def seed_source(self, run: Run, warm: WarmRecord) -> bool:
+        from fi_cache.engines.sglang import seeds
+
+        return seeds.usable(run, warm)
+
+    def seed_targets(self, run: Run, ns_dir: Path, store: Path) -> tuple[list[Path], str | None]:
+        """This node's rank files in the key dir SGLang's own key code names for this start,
+        its worker's values solved from an earlier warm's dir (seeds.py)."""
+        from fi_cache.engines.sglang import seeds
+        from fi_cache.store import manifest
+
+        found = manifest.load(ns_dir)
+        earlier = [w for w in (found.warms if found else ()) if w.engine == self.name and w.ok]
+        return seeds.targets(run, earlier, self.autotune_dir(ns_dir))
 
     def rank_names(self, run: Run) -> Expected | None:
         """SGLang's own launch rule (layout.py): the key dir hashes the model's HF config on

@@ -23,7 +23,8 @@ or a non-FlashInfer MoE backend, skips autotune (flashinfer_autotune.py:91); one
 --tp-size, in one process; the port stays closed until tuning and the save are done, then
 /health answers 200 (http_server.py:721); SIGTERM or SIGINT ends it (no requests to drain).
 
-$FI_CACHE_STANDIN_REPORT: a JSON file it writes what it saw to (one object per start, appended).
+$FI_CACHE_STANDIN_REPORT: a JSON file it writes what it saw to (one object per start, appended;
+"profiled": the tactic timings FlashInfer took for a file, 0 when it had every key).
 $FI_CACHE_STANDIN_EXIT=1: exit 0 once the arguments are read (the serve-overhead benchmark).
 $FI_CACHE_STANDIN_HANG=1: never open the port (SGLang stuck in start-up, where node 0 installs no
 SIGTERM handler: entrypoints/engine.py 0.5.23:1969-1982).
@@ -93,6 +94,9 @@ def parse(argv: list[str], version: str) -> argparse.Namespace:
     return args
 
 
+PROFILED = [0]  # tactic timings FlashInfer's autotuner took: 0 when the file had every key
+
+
 def tune(rank_file: Path, fused: bool) -> int:
     """FlashInfer's autotune context around its real cutlass_fused_moe; returns the entries."""
     import torch
@@ -107,6 +111,13 @@ def tune(rank_file: Path, fused: bool) -> int:
 
     cpu_tune_child._install()
     fi_at.AutoTuner._instance = None  # one process per rank in SGLang: a fresh tuner each
+    timed = fi_at.AutoTuner._profile_single_kernel
+
+    def counted(*args: object, **kwargs: object) -> float:
+        PROFILED[0] += 1
+        return timed(*args, **kwargs)  # type: ignore[no-any-return, arg-type]
+
+    fi_at.AutoTuner._profile_single_kernel = counted
     op = MoeOp("bf16", 256, 128, 8, 2, (1, 16), ("fused" if fused else "unfused",))
     mode = "fused" if fused else "unfused"
     with flashinfer.autotune(True, cache=str(rank_file)):
@@ -171,8 +182,10 @@ def main() -> int:
         )  # fmt: skip
         target = rank_file if envs.SGLANG_FLASHINFER_AUTOTUNE_CACHE.get() else runs_file
         existed = target.exists()
+        PROFILED[0] = 0
         entries = tune(target, fused)
-        report["files"].append({"path": str(target), "existed": existed, "entries": entries})  # type: ignore[attr-defined]
+        report["files"].append({"path": str(target), "existed": existed, "entries": entries,  # type: ignore[attr-defined]
+                                "profiled": PROFILED[0]})  # fmt: skip
         print(f"[Autotuner]: saved {entries} configs to {target}", flush=True)
     # Triton writes into its cache dir while kernels compile: where it went is what users notice.
     triton = Path(os.environ.get("TRITON_CACHE_DIR") or Path.home() / ".triton" / "cache")

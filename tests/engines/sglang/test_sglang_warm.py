@@ -385,3 +385,60 @@ def test_serve_refuses_a_read_only_store_where_sglang_saves_at_every_start(
     p = rig.run("serve", "--engine", "sglang", "--sglang", str(rig.sglang), *MODEL)
     assert p.returncode == 2 and len(rig.starts()) == 1  # the warm's start only
     assert "SGLang 0.5.23 saves its rank file at every start" in p.stderr
+
+
+def _hf_copy(rig: Rig, model: str, config: dict[str, Any]) -> Path:
+    """The model's config.json in the rig's Hugging Face cache, as SGLang's first start leaves
+    it (huggingface_hub's layout), and a local copy of it; returns the local dir."""
+    repo = rig.home / ".cache" / "huggingface" / "hub" / ("models--" + model.replace("/", "--"))
+    (repo / "refs").mkdir(parents=True, exist_ok=True)
+    (repo / "refs" / "main").write_text("abc123")
+    snap = repo / "snapshots" / "abc123"
+    snap.mkdir(parents=True, exist_ok=True)
+    text = json.dumps(config, indent=2)
+    (snap / "config.json").write_text(text)
+    local = rig.root / "models" / model.split("/")[1]
+    local.mkdir(parents=True, exist_ok=True)
+    (local / "config.json").write_text(text)
+    return local
+
+
+QWEN3_MOE = {"architectures": ["Qwen3MoeForCausalLM"], "model_type": "qwen3_moe",
+             "torch_dtype": "bfloat16", "num_experts": 128}  # fmt: skip
+
+
+def test_the_same_model_by_its_local_path_starts_on_a_seeded_key_dir_and_tunes_nothing(
+    rig: Rig,
+) -> None:
+    """SGLang hashes the model argument as given: the HF id and a local copy get two key dirs
+    (SGLang's own key code, in the stand-in); fi-cache seeds the second from the first."""
+    local = _hf_copy(rig, "Qwen/Qwen3-30B-A3B", QWEN3_MOE)
+    assert rig.warm(*MODEL).returncode == 0
+    p = rig.warm("--model-path", str(local), "--moe-runner-backend", "flashinfer_cutlass")
+    assert p.returncode == 0, p.stderr
+    first, second = rig.starts()
+    [a], [b] = first["files"], second["files"]
+    assert Path(a["path"]).parent != Path(b["path"]).parent  # SGLang's own key code: 2 dirs
+    assert a["profiled"] > 0 and b["existed"] is True and b["profiled"] == 0
+    assert b["entries"] == a["entries"]
+    assert f"seeded {a['entries']} entries from 1 earlier file(s): {b['path']}" in p.stderr
+    [f] = json.loads(p.stdout)["files"]
+    assert f["path"] == b["path"] and f["seeded"] == a["entries"]
+
+
+def test_a_tp_change_seeds_the_rank_files_the_earlier_warm_has(rig: Rig) -> None:
+    _hf_copy(rig, "Qwen/Qwen3-30B-A3B", QWEN3_MOE)
+    assert rig.warm(*MODEL).returncode == 0
+    p = rig.warm(*MODEL, "--tp-size", "2")
+    assert p.returncode == 0, p.stderr
+    rank0, rank1 = rig.starts()[1]["files"]
+    assert rank0["existed"] is True and rank1["existed"] is False  # tp1's name had no source
+    assert "seeded" in p.stderr and rank1["profiled"] > 0
+
+
+def test_without_the_models_config_here_it_says_why_it_does_not_seed(rig: Rig) -> None:
+    assert rig.warm(*MODEL).returncode == 0
+    p = rig.warm(*MODEL, "--tp-size", "2")
+    assert p.returncode == 0, p.stderr
+    assert "not seeding: no config.json of Qwen/Qwen3-30B-A3B here" in p.stderr
+    assert all(f["existed"] is False for f in rig.starts()[1]["files"])
