@@ -29,6 +29,8 @@ class Context:
 COMMANDS: dict[str, tuple[str, str]] = {
     "align": ("align", "Give every rank of a deployment the same file: the union of its ranks' "
               "entries."),
+    "coverage": ("coverage", "Say which (op, bucket) pairs of a plan or a start's log CACHE has "
+                 "tuned, and why not."),
     "diff": ("diff", "Compare two caches: keys only in one, keys with another runner or tactic, "
              "_metadata."),
     "doctor": ("doctor", "Check the store, PATHS and logs against the target environment [-- "

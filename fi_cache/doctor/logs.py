@@ -55,6 +55,7 @@ class Fallback:
     op: str
     tactic: int
     line_no: int
+    shapes: str | None = None  # the call's input shapes as the line prints them
 
 
 @dataclass(frozen=True)
@@ -103,7 +104,10 @@ _IGNORED = re.compile(
 _SKIPPED = re.compile(_TAG + r"Skipped (\d+) legacy cuDNN config")
 _TUNING = re.compile(_TAG + r"Autotuning process (starts|ends)")
 # FlashInfer 0.6.18: "No tuned config covers OP input_shapes=...; falling back to ... tactic=-1"
-_FALLBACK = re.compile(r"No tuned config covers (\S+) .*?falling back to runner=\S+ tactic=(-?\d+)")
+_FALLBACK = re.compile(
+    r"No tuned config covers (\S+)(?: input_shapes=(.*?);)?.*?falling back to runner=\S+ "
+    r"tactic=(-?\d+)"
+)
 PROFILE_ID = re.compile(r"Invalid gemm([12]) profile id: (-?\d+)")
 # An exception as Python prints it, at the start of the message: bare (a traceback's last
 # line) or after vLLM's prefix at level ERROR or CRITICAL (a WARNING that quotes one is not).
@@ -265,7 +269,8 @@ class _Parser:
             error = ProfileIdError(gemm, tactic, line_no, self.last_loaded, process, logged)
             self.errors.append(error)
         elif match := _FALLBACK.search(text):
-            self.fallbacks.append(Fallback(match.group(1), int(match.group(2)), line_no))
+            op, shapes, fallback = match.groups()
+            self.fallbacks.append(Fallback(op, int(fallback), line_no, shapes))
         elif match := _TUNING.search(text):
             self._tuning(text[: match.start()], match.group(1) == "starts")
         elif event := _event(text, line_no):

@@ -1,6 +1,7 @@
 """Every version-dependent fact fi-cache relies on, in one place, each with its source: this
-module (FlashInfer, vLLM) and versions/sglang.py (SGLang), whose names it re-exports with the
-types of versions/release.py, so every fact is imported from `fi_cache.versions`.
+module (FlashInfer, vLLM), versions/sglang.py (SGLang) and versions/tuning.py (what FlashInfer's
+autotuner looks up for a plan's ops), whose names it re-exports with the types of
+versions/release.py, so every fact is imported from `fi_cache.versions`.
 
 Sources are FlashInfer, vLLM and SGLang release wheels (`pip download --no-deps NAME==VER`,
 unzip) and the public issue threads named beside each fact. When a new release changes one,
@@ -388,3 +389,4 @@ MOE_KEY_HAS_RANKS = VersionRange(
 
 
 from fi_cache.versions.sglang import *  # noqa: E402, F403  (one import path for every fact)
+from fi_cache.versions.tuning import *  # noqa: E402, F403  (what FlashInfer's tuner looks up)

@@ -58,6 +58,7 @@ def test_python_m_entry_point_and_no_traceback(tmp_path: Path) -> None:
             str(_ROOT / "tests" / "fixtures" / "hf" / "qwen3-30b-a3b.json"),
         ],
         ["warm", "--engine", "flashinfer", "--plan", str(_ROOT / "no-such-plan.toml")],
+        ["coverage", str(GEMM_618), "--plan", str(_ROOT / "examples" / "plans" / "h200-gemm.toml")],
     ],
 )
 def test_read_only_commands_import_no_heavy_package(command: list[str], tmp_path: Path) -> None:
