@@ -294,6 +294,42 @@ os.environ["SGLANG_CACHE_DIR"] = os.path.join(
     os.environ.get("TMPDIR", "/tmp"), f"fi-cache-tests-{os.getpid()}-sglang-cache"
 )
 
+
+def hand_v2_store(root: Path, metadata: dict[str, Any], source: Path = MOE_618_FUSED) -> Path:
+    """A v2 store under `root` for `metadata`, written the way FlashInfer lays one out (UTF-8
+    JSON, the dir named by the manifest's hash) with 3 of `source`'s entries; its env dir."""
+    from fi_cache.model import v2
+
+    manifest = {**metadata, "cache_schema": "v2"}
+    env_dir = root / "v2" / v2.env_hash(manifest)
+    (env_dir / "entries").mkdir(parents=True)
+    (env_dir / "manifest.json").write_text(json.dumps(manifest, sort_keys=True))
+    data = json.loads(source.read_text())
+    for key in [k for k in data if k.startswith("(")][:3]:
+        entry = {"key": key, "runner": data[key][0], "tactic": data[key][1]}
+        (env_dir / "entries" / v2.entry_file_name(key)).write_text(json.dumps(entry))
+    return env_dir
+
+
+def undecodable(path: Path, how: str) -> dict[str, Any]:
+    """Rewrite the JSON at `path` in an encoding FlashInfer's `open(..., encoding="utf-8")` then
+    `json.load` cannot read, though `json.loads(bytes)` takes it (it sniffs UTF-16/32, skips a
+    BOM and lets raw surrogate bytes through)."""
+    data = json.loads(path.read_text())
+    if how == "utf-16":
+        raw = json.dumps(data).encode("utf-16")
+    elif how == "bom":
+        raw = b"\xef\xbb\xbf" + json.dumps(data).encode()
+    else:  # a lone surrogate as raw (CESU-8) bytes, not as a \\ud800 escape
+        data = {**data, "note": "x\ud800"}
+        raw = json.dumps(data, ensure_ascii=False).encode("utf-8", "surrogatepass")
+    path.write_bytes(raw)
+    return data  # type: ignore[no-any-return]
+
+
+ENCODINGS = ["utf-16", "bom", "raw-surrogate"]
+
+
 def write_v2_store(root: Path, source: Path = GEMM_618, version: str = "0.7.2.post1") -> Path:
     """A v2 store under `root`, written by the real FlashInfer `version` (its own code path from
     `autotune_v2`: _collect_metadata, then ManagedAutotuneCache.publish) with `source`'s entries;

@@ -144,7 +144,9 @@ def _read_v2(found: Found) -> Cache:
     manifest_path = found.path / v2.MANIFEST
     raw_manifest = _read_bytes(manifest_path)
     try:
-        manifest = json.loads(raw_manifest)
+        manifest = json.loads(jsoncheck.text(raw_manifest))  # as FlashInfer reads: UTF-8 only
+    except jsoncheck.NotUtf8 as exc:
+        raise CorruptCache(f"manifest is {exc}", manifest_path) from None
     except RecursionError:
         raise CorruptCache("manifest is JSON nested too deeply", manifest_path) from None
     except ValueError as exc:
@@ -168,7 +170,7 @@ def _read_v2(found: Found) -> Cache:
         path = entries_dir / name
         try:
             raw = _read_bytes(path)
-            data = json.loads(raw)
+            data = json.loads(jsoncheck.text(raw))  # FlashInfer's open(encoding="utf-8")
             if (why := jsoncheck.problem(data, raw)) is not None:
                 raise ValueError(why)
             entry = v2.parse_entry(name, data)

@@ -8,7 +8,9 @@
   encoding one fails (UnicodeEncodeError), so one such file would break `ls` for a whole store.
 
 Every reader of cache files, v2 manifests and entries, namespace manifests and bundle manifests
-calls `problem` once on what it parsed and treats an answer as a corrupt file.
+calls `problem` once on what it parsed and treats an answer as a corrupt file. Cache files are
+decoded by `text` first: FlashInfer opens them as UTF-8 text, while `json.loads(bytes)` also
+takes UTF-16/32, a BOM, and raw surrogate bytes (which `problem`'s escape scan cannot see).
 """
 
 from __future__ import annotations
@@ -22,6 +24,21 @@ _ESCAPED_SURROGATE = re.compile(r"\\u[dD][89a-fA-F]")
 _ESCAPED_SURROGATE_BYTES = re.compile(rb"\\u[dD][89a-fA-F]")
 _SURROGATE = re.compile("[\ud800-\udfff]")
 _SHOWN = 40  # characters of a key or string quoted in a message
+
+
+class NotUtf8(ValueError):
+    """Bytes FlashInfer's `open(path, encoding="utf-8")` cannot decode."""
+
+
+def text(raw: str | bytes) -> str:
+    """`raw` decoded as FlashInfer decodes a cache file: strict UTF-8. Raises NotUtf8 naming
+    the first bad byte (UTF-16, raw surrogate bytes); a BOM is left for json to refuse."""
+    if isinstance(raw, str):
+        return raw
+    try:
+        return raw.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise NotUtf8(f"not UTF-8 text ({exc.reason} at byte {exc.start})") from None
 
 
 def problem(data: Any, raw: str | bytes | None = None) -> str | None:

@@ -117,11 +117,10 @@ def loads(text: str | bytes) -> CacheFile:
     """Parse a v1 file's bytes. Raises FormatError for anything FlashInfer could not load, and for
     JSON no FlashInfer writes (nested too deeply, lone surrogates: model/jsoncheck.py)."""
     try:
-        if isinstance(text, bytes):
-            text = text.decode("utf-8")  # FlashInfer reads text; json's UTF-16/32 sniffing is not
+        text = jsoncheck.text(text)  # FlashInfer reads text; json's UTF-16/32 sniffing is not
         data = json.loads(text)
-    except UnicodeDecodeError as exc:
-        raise FormatError(f"not UTF-8 text ({exc.reason} at byte {exc.start})") from None
+    except jsoncheck.NotUtf8 as exc:
+        raise FormatError(str(exc)) from None
     except json.JSONDecodeError as exc:
         # Ending inside a string or at the last byte means the writer stopped early.
         truncated = exc.msg.startswith("Unterminated string") or exc.pos >= len(text.rstrip()) - 1

@@ -9,7 +9,17 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import GEMM_617, GEMM_618, HASH_A, MOE_618_FUSED, cli_main_exit
+from fi_cache.model import v2
+from tests.conftest import (
+    ENCODINGS,
+    GEMM_617,
+    GEMM_618,
+    HASH_A,
+    MOE_618_FUSED,
+    cli_main_exit,
+    hand_v2_store,
+    undecodable,
+)
 from tests.maintenance.test_prune import killed_import, make_namespace
 
 
@@ -174,3 +184,22 @@ def test_verify_checks_every_rank_file_of_an_sglang_dir(run, tmp_path) -> None: 
     r = run("--format", "json", "verify", good.parent)
     assert r.code == 1
     assert {x["path"]: x["ok"] for x in r.json()["results"]} == {str(good): True, str(bad): False}
+
+
+META_618 = json.loads(MOE_618_FUSED.read_text())["_metadata"]
+
+
+@pytest.mark.parametrize("how", ENCODINGS)
+@pytest.mark.parametrize("which", ["entry", "manifest"])
+def test_v2_json_flashinfer_cannot_decode_is_corrupt(  # type: ignore[no-untyped-def]
+    run, tmp_path: Path, how: str, which: str
+) -> None:
+    env_dir = hand_v2_store(tmp_path / "root", META_618)
+    entries = sorted((env_dir / "entries").iterdir())
+    target = env_dir / "manifest.json" if which == "manifest" else entries[0]
+    written = undecodable(target, how)
+    if target.name == "manifest.json":  # its dir named by its hash, as FlashInfer names them
+        env_dir = env_dir.rename(env_dir.with_name(v2.env_hash(written)))
+        target = env_dir / target.name
+    r = run("verify", env_dir)
+    assert r.code == 1 and target.name in r.err and "Traceback" not in r.err, r.err

@@ -23,7 +23,17 @@ from fi_cache.model.fingerprint import Fingerprint
 from fi_cache.store import manifest as m
 from fi_cache.store.locks.in_use import IN_USE_NAME
 from fi_cache.store.namespace import Namespace
-from tests.conftest import HASH_A, MOE_618_FUSED, ROOT, SPECIAL_KINDS, make_special, no_hang
+from tests.conftest import (
+    ENCODINGS,
+    HASH_A,
+    MOE_618_FUSED,
+    ROOT,
+    SPECIAL_KINDS,
+    hand_v2_store,
+    make_special,
+    no_hang,
+    undecodable,
+)
 
 FP = Fingerprint.from_metadata(json.loads(MOE_618_FUSED.read_text())["_metadata"], "90a")
 
@@ -458,20 +468,6 @@ def test_export_bundles_the_manifest_and_caches_only(
 # --- the environment check trusts the caches ----------------------------------------------------
 
 
-def _v2_store(root: Path, metadata: dict) -> Path:  # type: ignore[type-arg]
-    from fi_cache.model import v2
-
-    manifest = {**metadata, "cache_schema": "v2"}
-    env_dir = root / "v2" / v2.env_hash(manifest)
-    (env_dir / "entries").mkdir(parents=True)
-    (env_dir / "manifest.json").write_text(json.dumps(manifest, sort_keys=True))
-    data = json.loads(MOE_618_FUSED.read_text())
-    for key in [k for k in data if k.startswith("(")][:3]:
-        entry = {"key": key, "runner": data[key][0], "tactic": data[key][1]}
-        (env_dir / "entries" / v2.entry_file_name(key)).write_text(json.dumps(entry))
-    return env_dir
-
-
 def test_caches_written_elsewhere_are_refused_though_the_manifest_matches(
     run,  # type: ignore[no-untyped-def]
     store: Path,
@@ -506,19 +502,36 @@ def test_a_v2_store_written_elsewhere_is_refused(
     meta = json.loads(MOE_618_FUSED.read_text())["_metadata"]
     src = tmp_path / "src"
     d = _make_namespace(src)
-    ours = _v2_store(d / "vllm", meta)  # the v2 store of this environment travels and imports
+    ours = hand_v2_store(d / "vllm", meta)  # the v2 store of this environment travels and imports
     out = tmp_path / "ours.tar.gz"
     bundle.export(src, [d], out)
     assert run("import", out).code == 0
     assert sorted(p.name for p in (store / ours.relative_to(src)).rglob("*.json"))
     shutil.rmtree(ours)
-    theirs = _v2_store(d / "vllm", {**meta, "flashinfer_version": "0.7.2.post1"})
+    theirs = hand_v2_store(d / "vllm", {**meta, "flashinfer_version": "0.7.2.post1"})
     bundle.export(src, [d], out)
     r = run("import", out)
     member = (theirs / "manifest.json").relative_to(src).as_posix()
     assert r.code == 2 and f"bundle member {member!r} was written in another environment" in r.err
     assert "flashinfer_version: cache '0.7.2.post1', here '0.6.18'" in r.err
     assert not (store / theirs.relative_to(src)).exists()
+
+
+@pytest.mark.parametrize("how", ENCODINGS)
+def test_a_v2_entry_flashinfer_cannot_decode_is_refused(  # type: ignore[no-untyped-def]
+    run, store: Path, tmp_path: Path, here: Fingerprint, how: str
+) -> None:
+    src = tmp_path / "src"
+    d = _make_namespace(src)
+    env_dir = hand_v2_store(d / "vllm", json.loads(MOE_618_FUSED.read_text())["_metadata"])
+    entry = sorted((env_dir / "entries").iterdir())[0]
+    undecodable(entry, how)  # json.loads(bytes) takes it; FlashInfer's UTF-8 read misses it
+    out = tmp_path / "b.tar.gz"
+    bundle.export(src, [d], out)
+    r = run("import", out)
+    assert r.code == 2 and r.err.count("\n") == 1, r.err
+    assert "bundled cache " in r.err and entry.name in r.err
+    assert not (store / "namespaces").exists()
 
 
 # --- nothing hangs, nothing is decompressed for nothing -----------------------------------------
