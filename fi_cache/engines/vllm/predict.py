@@ -2,8 +2,9 @@
 
 The answer comes from predict_child.py, run by the interpreter that runs vLLM (it imports vLLM
 and builds the model on the meta device: seconds), and is cached under fi-cache's state dir,
-keyed by everything that changes it: the interpreter, its vLLM, the argv and the environment
-variables vLLM and FlashInfer read for the path.
+keyed by everything that changes it: the interpreter, its vLLM, the argv, the content of the
+files it names (a --config YAML, the model's config.json), and the environment variables vLLM,
+FlashInfer, huggingface_hub and transformers read for the path and the hash.
 """
 
 from __future__ import annotations
@@ -47,13 +48,41 @@ class CacheLocation:
         return [Path(self.dir) / f for f in self.files] if self.dir else []
 
 
+# Variables outside VLLM_* that change vLLM's config hash: torch.compile off (compilation config)
+# and where and how the HF config is read (huggingface_hub, transformers).
+_HASH_ENV = ("TORCH_COMPILE_DISABLE",)
+_HASH_ENV_PREFIXES = ("VLLM_", "HF_", "TRANSFORMERS_", "HUGGINGFACE_")
+
+
 def cache_key(python: str, vllm_version: str, argv: Sequence[str], env: Mapping[str, str]) -> str:
     parts = [os.path.abspath(python), vllm_version, json.dumps(list(argv)), os.getcwd()]
-    parts += [f"{k}={env.get(k, '')}" for k in _PATH_ENV]
+    parts += [f"{k}={env.get(k, '')}" for k in (*_PATH_ENV, *_HASH_ENV)]
     # vLLM 0.25-0.29 hash every registered VLLM_* variable into the dir (envs.py compute_hash):
     # an answer for VLLM_FLASHINFER_MOE_FUSED_FINALIZE=1 is not one for =0.
-    parts += sorted(f"{k}={v}" for k, v in env.items() if k.startswith("VLLM_"))
+    parts += sorted(f"{k}={v}" for k, v in env.items() if k.startswith(_HASH_ENV_PREFIXES))
+    parts += named_contents(argv, env)
     return hashlib.sha256("\0".join(parts).encode()).hexdigest()[:24]
+
+
+def named_contents(argv: Sequence[str], env: Mapping[str, str]) -> list[str]:
+    """A digest of what the arguments name and vLLM hashes by content: a file (`--config
+    x.yaml`, a local config), a model dir's or an HF id's config.json (engines/hf.py)."""
+    from fi_cache.engines import hf
+
+    out = []
+    for word in argv:
+        value = word.partition("=")[2] if word.startswith("--") else word
+        if not value or value.startswith("-"):
+            continue
+        data = None
+        with contextlib.suppress(OSError):
+            if os.path.isfile(value) and os.path.getsize(value) <= hf.MAX_CONFIG_BYTES:
+                data = Path(value).read_bytes()
+        if data is None:
+            data = hf.config_bytes(value, env)
+        if data is not None:
+            out.append(f"{value}:{hashlib.sha256(data).hexdigest()}")
+    return out
 
 
 def predict(

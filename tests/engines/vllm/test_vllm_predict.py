@@ -139,3 +139,31 @@ def test_a_saved_answer_is_not_reused_under_other_vllm_variables(tmp_path: Path)
     for env in ({}, {"VLLM_FLASHINFER_MOE_FUSED_FINALIZE": "0"}, {}):
         predict(str(child), "0.26.0", ["m"], env, state)
     assert len(asks.read_text().splitlines()) == 2  # the third is the first's saved answer
+
+
+def test_a_saved_answer_is_not_reused_when_what_vllm_hashes_changed(tmp_path: Path) -> None:
+    """vLLM hashes the HF config it reads, a --config YAML's settings and torch.compile off: a
+    change to any of them is another dir (a STAND-IN child: it counts the asks)."""
+    asks, child = tmp_path / "asks", tmp_path / "python"
+    answer = {"vllm_version": "0.32.0", "hash": "a" * 64, "dir": str(tmp_path), "files": [],
+              "root_from": "VLLM_CACHE_ROOT"}  # fmt: skip
+    child.write_text(f"#!/bin/sh\necho x >> {asks}\necho '{json.dumps(answer)}'\n")
+    child.chmod(0o755)
+    state, model, yaml = tmp_path / "state", tmp_path / "model", tmp_path / "serve.yaml"
+    state.mkdir()
+    model.mkdir()
+    (model / "config.json").write_text('{"max_position_embeddings": 4096}')
+    yaml.write_text("max-model-len: 1024\n")
+    argv = [str(model), "--config", str(yaml)]
+
+    def ask(env: dict[str, str]) -> int:
+        predict(str(child), "0.32.0", argv, env, state)
+        return len(asks.read_text().splitlines())
+
+    assert ask({}) == 1 and ask({}) == 1  # the saved answer
+    (model / "config.json").write_text('{"max_position_embeddings": 8192}')
+    assert ask({}) == 2
+    yaml.write_text("max-model-len: 2048\n")
+    assert ask({}) == 3
+    assert ask({"TORCH_COMPILE_DISABLE": "1"}) == 4
+    assert ask({"HF_HUB_OFFLINE": "1"}) == 5
