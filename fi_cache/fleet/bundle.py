@@ -49,6 +49,8 @@ _MAX_MANIFEST_BYTES = 16 * 1024 * 1024
 # tarfile reads a PAX or GNU long-name header whole into memory before anyone sees the member;
 # an export's are a few hundred bytes (one long path).
 _MAX_EXTENDED_HEADER = 4096
+# After the end-of-archive block a tar is zero-padded to its record (tarfile and GNU tar: 10 KB).
+_MAX_TAR_PADDING = 2 * tarfile.RECORDSIZE
 _EXTENDED = (tarfile.XHDTYPE, tarfile.XGLTYPE, tarfile.SOLARIS_XHDTYPE, tarfile.GNUTYPE_LONGNAME,
              tarfile.GNUTYPE_LONGLINK)  # fmt: skip
 _LOCK_NAMES = {locks.LOCK_NAME, locks.HOLDER_NAME, locks.IN_USE_NAME}
@@ -332,7 +334,9 @@ def _read_headers(f: IO[bytes], bundle: Path) -> tuple[BundleManifest, list[tarf
             raw = tar.extractfile(first)
             bm = _parse(raw.read() if raw else b"", bundle)
             _vet_manifest(bm, bundle)
-            return bm, _vet_members(tar, bm, bundle)
+            members = _vet_members(tar, bm, bundle)
+            _check_gzip_end(tar, bundle)
+            return bm, members
     except Refused as exc:
         raise Refused(exc.message, exc.path or bundle) from None
     except (tarfile.TarError, EOFError, OSError, ValueError, RecursionError) as exc:
@@ -422,6 +426,15 @@ def _vet_members(tar: tarfile.TarFile, bm: BundleManifest, bundle: Path) -> list
     if missing := set(declared) - seen:
         raise Refused(f"bundle is missing {sorted(missing)[0]!r}", bundle)
     return members
+
+
+def _check_gzip_end(tar: tarfile.TarFile, bundle: Path) -> None:
+    """Read the gzip stream to its end, where gzip checks its CRC32 and length: tarfile stops
+    at the tar's end-of-archive blocks and never gets there, so a damaged or cut trailer went
+    unseen. Raises BadGzipFile/EOFError there; more than a tar record of padding is refused."""
+    stream = tar.fileobj
+    if stream is not None and len(stream.read(_MAX_TAR_PADDING + 1)) > _MAX_TAR_PADDING:
+        raise Refused("bundle holds data after its last member (no export writes that)", bundle)
 
 
 def foreign_fields(bm: BundleManifest, here: Fingerprint) -> list[str]:

@@ -214,6 +214,42 @@ def test_truncated_gzip_is_refused(tmp_path: Path) -> None:
     _refused(store, path, "not a readable tar.gz bundle")
 
 
+def _damaged(data: bytes, damage: str) -> bytes:
+    """A gzip stream (... deflate data, CRC32: 4 bytes, ISIZE: 4 bytes) damaged at its end."""
+    out = bytearray(data)
+    if damage == "crc":
+        out[-8] ^= 0xFF
+    elif damage == "size":
+        out[-1] ^= 0xFF
+    elif damage == "trailer-cut":
+        del out[-8:]
+    elif damage == "trailer-half":
+        del out[-4:]
+    elif damage == "padding":  # a second gzip member: a megabyte of zeros after the tar's end
+        out += gzip.compress(bytes(1 << 20))
+    return bytes(out)
+
+
+@pytest.mark.parametrize(
+    ("damage", "words"),
+    [
+        ("crc", "CRC check failed"),
+        ("size", "Incorrect length"),
+        ("trailer-cut", "not a readable tar.gz bundle"),
+        ("trailer-half", "not a readable tar.gz bundle"),
+        ("padding", "data after its last member"),
+    ],
+)
+def test_a_gzip_end_that_does_not_check_is_refused(tmp_path: Path, damage: str, words: str) -> None:
+    """Every member's sha256 still holds, but the bundle is not what export wrote (damaged in
+    transit or by hand): refused, as a truncated one is, before anything is written."""
+    store = tmp_path / "s"
+    man, members = _good_parts(store)
+    path = _tar(tmp_path / "b.tar.gz", _with_manifest(man, members))
+    path.write_bytes(_damaged(path.read_bytes(), damage))
+    _refused(store, path, words)
+
+
 def test_ten_gigabytes_declared_are_refused_unread(tmp_path: Path) -> None:
     store = tmp_path / "s"
     man, members = _good_parts(store)
