@@ -151,7 +151,7 @@ MOE_ARCH_MODULES: dict[int, str] = {
 # Unquantised MoE dtypes fi-cache builds inputs for (the CUTLASS module's x/weight dtype).
 MOE_DTYPES: tuple[str, ...] = ("bf16", "fp16")
 # The compiled runner's `init(x_dtype, weight_dtype, output_dtype, *flags)`: the flags after the
-# dtypes, in order (fused_moe/core.py `module.init(`: 0.6.17:389 has 5; 0.6.18:693, 0.7.0:756 and
+# dtypes, in order (fused_moe/core.py `module.init(`: 0.6.17:393 has 5; 0.6.18:693, 0.7.0:756 and
 # 0.7.4:994 add use_wfp4afp8_humming). Used to read GEMM tactic counts for both finalize modes.
 MOE_INIT_FLAGS_HUMMING = V("0.6.18rc1")  # 0.6.17 lacks it, 0.6.18 has it; rcs not checked
 _MOE_INIT_FLAGS = (
@@ -221,9 +221,10 @@ class ArchUnknown(ValueError):
 
 def _arch_name(major: int, minor: str, cuda: Version | None) -> tuple[int, str]:
     """compilation_context._normalize_cuda_arch (FlashInfer 0.7.2.post1 :81-109; 0.6.16-0.6.18
-    :61): SM9x "a"; SM120 "f" from CUDA 12.9, "a" on 12.8 (0.7.2rc3+; 0.6.x and 0.7.0 raise
-    below 12.9, not modelled), raise below; SM121+ "a" from CUDA 12.9, raise below; SM10+ "a";
-    below SM90 none. `cuda` is nvcc's version, else torch's (jit/cpp_ext.py:68-87)."""
+    :61): SM9x "a"; SM120 "f" from CUDA 12.9, "a" on 12.8 (0.7.1rc1+: compilation_context.py
+    0.7.1rc1:99-103; 0.6.x and 0.7.0 raise below 12.9, not modelled), raise below; SM121+ "a"
+    from CUDA 12.9, raise below; SM10+ "a"; below SM90 none. `cuda` is nvcc's version, else
+    torch's (jit/cpp_ext.py:68-87)."""
     if major == 9 or (major >= 10 and major != 12):
         return major, f"{minor}a"
     if major == 12:

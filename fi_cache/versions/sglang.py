@@ -29,6 +29,9 @@ SGLANG_GPU_SUFFIX = V("0.5.22")
 # context entry in `<hash dir>/runs/`, never read back nor pruned: `{stem}.{%Y%m%d_%H%M%S}.json`
 # (FA 0.5.18:181-190), `{stem}.{stamp}.{uuid4 hex}.json` from 0.5.22 (FA 0.5.22:280-284).
 SGLANG_AUTOTUNE_CACHE_ENV = "SGLANG_FLASHINFER_AUTOTUNE_CACHE"
+# An extra full-model EXTEND autotune pass when true (EnvBool(False): env 0.5.18:919, 0.5.21:1108,
+# 0.5.23:1282; FA 0.5.23:443-444): a start with it tunes shapes a start without it never does.
+SGLANG_AUTOTUNE_EXTEND_ENV = "SGLANG_FLASHINFER_AUTOTUNE_EXTEND"
 SGLANG_RUNS_DIR = "runs"
 SGLANG_RUNS_FROM = V("0.5.13")
 SGLANG_RUN_FILE = re.compile(
@@ -84,10 +87,11 @@ SGLANG_RANK_DIGEST = VersionRange(V("0.5.19"), None, "FA 0.5.19:209-246, sglang 
 # FlashInfer each release pins (wheel METADATA Requires-Dist flashinfer_python==).
 # FlashInfer's CuTe-DSL NVFP4 (w4a4) MoE runner, the one SGLang's flashinfer_cutedsl backend
 # tunes: its key extras lack use_fused_finalize in 0.6.17 (fused_moe/cute_dsl/tuner.py :409-416)
-# and 0.6.18 (:624-633, CuteDslFusedMoENvfp4Runner); 0.7.1 renames it CuteDslFusedMoERunner and
-# adds the mode (:666-681, at :677). SGLang's path never has it, so both modes share entries.
+# and 0.6.18 (:624-633, CuteDslFusedMoENvfp4Runner); 0.7.0 renames it CuteDslFusedMoERunner and
+# adds the mode (tuner.py 0.7.0:451, :666-681, at :677; the same in 0.7.1). SGLang's path never
+# has it, so both modes share entries.
 CUTEDSL_NVFP4_RUNNER = "CuteDslFusedMoENvfp4Runner"
-CUTEDSL_KEY_HAS_FINALIZE = V("0.7.1")
+CUTEDSL_KEY_HAS_FINALIZE = V("0.7.0")
 SGLANG_FLASHINFER_PIN: dict[str, str] = {
     "0.5.9": "0.6.3", "0.5.10.post1": "0.6.7.post3", "0.5.11": "0.6.8.post1",
     "0.5.12": "0.6.11.post1", "0.5.13": "0.6.12", "0.5.14": "0.6.12", "0.5.15.post1": "0.6.12",

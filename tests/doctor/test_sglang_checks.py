@@ -46,11 +46,12 @@ def test_cutedsl_nvfp4_entries_are_shared_by_both_modes_on_0_6_18(run, tmp_path:
     assert "do not carry the finalize mode" in f["message"] and "unfused start" in f["message"]
 
 
-def test_cutedsl_entries_in_a_0_7_flashinfer_dir_are_not_flagged(run, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
-    """The version gate: the file is 0.6.18's, placed where SGLang keeps FlashInfer 0.7.2's."""
-    rank, _ = sglang_paths("0.5.23", tmp_path, flashinfer="0.7.2", backend="flashinfer_cutedsl")
+@pytest.mark.parametrize("fi", ["0.7.0", "0.7.2"])  # the mode is in the key from 0.7.0
+def test_cutedsl_entries_in_a_0_7_flashinfer_dir_are_not_flagged(run, tmp_path: Path, fi) -> None:  # type: ignore[no-untyped-def]
+    """The version gate: the file is 0.6.18's, placed where SGLang keeps FlashInfer 0.7.x's."""
+    rank, _ = sglang_paths("0.5.23", tmp_path, flashinfer=fi, backend="flashinfer_cutedsl")
     _cutedsl_file(rank, "fused")
-    r = run("--format", "json", "doctor", "--flashinfer-version", "0.7.2",
+    r = run("--format", "json", "doctor", "--flashinfer-version", fi,
             "--sglang-version", "0.5.23", tmp_path)  # fmt: skip
     assert _findings(r.json(), "sglang-cutedsl-mode-blind") == []
 

@@ -117,7 +117,8 @@ def parse_sglang_args(argv: Sequence[str]) -> SglangArgs:
         flag = _spelled(given)
         if flag in _VALUED:
             value = inline if eq else (args[i + 1] if i + 1 < len(args) else "")
-            values[_SIZES.get(flag, flag)] = value
+            # --model is --model-path's alias (one argparse dest): the last one given wins.
+            values[_SIZES.get(flag, "--model-path" if flag == "--model" else flag)] = value
             i += 1 if eq else 2
             continue
         if flag == _SKIP_OPS:  # nargs="+": the words up to the next flag (or the one after =)
@@ -148,7 +149,7 @@ def parse_sglang_args(argv: Sequence[str]) -> SglangArgs:
         )
     if values.get("--moe-a2a-backend") in SGLANG_A2A_EP_SPANNING:
         sizes["ep"] = sizes["tp"]  # SGLang sets it so (arg_groups/overrides.py 0.5.23:1610-1620)
-    flagged = values.get("--model-path") or values.get("--model")
+    flagged = values.get("--model-path")
     return SglangArgs(
         model=flagged or model,
         tp=sizes["tp"],
@@ -195,6 +196,7 @@ _TRUE, _FALSE = {"true", "1", "yes", "y"}, {"false", "0", "no", "n"}
 
 
 def env_bool(value: str | None) -> bool | None:
-    """SGLang's EnvBool (environ.py 0.5.23:77-85, 143-150): anything else means the default."""
-    text = (value or "").strip().lower()
+    """SGLang's EnvBool (environ.py 0.5.23:77-85, 143-150): anything else means the default,
+    " 0" and "0 " too (it lowers the value, never strips it)."""
+    text = (value or "").lower()
     return True if text in _TRUE else False if text in _FALSE else None

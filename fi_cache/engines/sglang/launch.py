@@ -21,6 +21,7 @@ from fi_cache.engines.sglang.layout import effective, legacy_name, user_cache_di
 from fi_cache.errors import Refused
 from fi_cache.versions import (
     SGLANG_AUTOTUNE_CACHE_ENV,
+    SGLANG_AUTOTUNE_EXTEND_ENV,
     SGLANG_CACHE_DIR_ENV,
     SGLANG_DETERMINISTIC_SKIPS_TUNE,
     SGLANG_DIRECT_CACHES,
@@ -155,12 +156,15 @@ def choose_finalize(
 
 
 def with_environment(args: SglangArgs, environ: Mapping[str, str]) -> SglangArgs:
-    """`args` with the environment settings that change what a start keeps, so that a warm
-    under them is not taken for one without (SGLANG_FLASHINFER_AUTOTUNE_CACHE=0)."""
-    raw = effective(environ, SGLANG_AUTOTUNE_CACHE_ENV)
-    if env_bool(raw) is False:
-        return replace(args, environment=(f"{SGLANG_AUTOTUNE_CACHE_ENV}=0",))
-    return args
+    """`args` with the environment settings that change what a start keeps or tunes, so that a
+    warm under them is not taken for one without (SGLANG_FLASHINFER_AUTOTUNE_CACHE=0,
+    SGLANG_FLASHINFER_AUTOTUNE_EXTEND=1)."""
+    settings = []
+    if env_bool(effective(environ, SGLANG_AUTOTUNE_CACHE_ENV)) is False:
+        settings.append(f"{SGLANG_AUTOTUNE_CACHE_ENV}=0")
+    if env_bool(effective(environ, SGLANG_AUTOTUNE_EXTEND_ENV)) is True:
+        settings.append(f"{SGLANG_AUTOTUNE_EXTEND_ENV}=1")
+    return replace(args, environment=tuple(settings)) if settings else args
 
 
 def nothing_to_tune(environ: Mapping[str, str], version: str, args: SglangArgs) -> str | None:

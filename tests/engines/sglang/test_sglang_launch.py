@@ -269,3 +269,28 @@ def test_an_unbalanced_quote_in_the_launcher_is_refused(monkeypatch: pytest.Monk
     monkeypatch.setenv("FI_CACHE_SGLANG", "python -m 'sglang.launch_server")
     with pytest.raises(Refused, match="No closing quotation"):
         launch.find_launcher(None)
+
+
+def test_a_value_with_spaces_is_what_sglang_reads_it_as_not_the_word_inside() -> None:
+    """EnvBool lowers the value and never strips it (environ.py 0.5.23:143-150): "0 " is no
+    boolean to SGLang, which then runs its default."""
+    with pytest.raises(Refused, match="SGLANG_FLASHINFER_MOE_FUSED_FINALIZE='0 '"):
+        launch.choose_finalize(
+            {"SGLANG_FLASHINFER_MOE_FUSED_FINALIZE": "0 "}, None, "x", "0.5.23", ARGS
+        )
+    spaced = launch.with_environment(ARGS, {"SGLANG_FLASHINFER_AUTOTUNE_CACHE": " 0"})
+    assert spaced.key == ARGS.key  # the cache stays on for SGLang: the same warm
+
+
+def test_the_extend_autotune_pass_makes_another_warm() -> None:
+    extend = launch.with_environment(ARGS, {"SGLANG_FLASHINFER_AUTOTUNE_EXTEND": "true"})
+    assert extend.key != ARGS.key and "SGLANG_FLASHINFER_AUTOTUNE_EXTEND=1" in extend.key
+    off = launch.with_environment(ARGS, {"SGLANG_FLASHINFER_AUTOTUNE_EXTEND": "0"})
+    assert off.key == ARGS.key
+
+
+def test_the_last_of_model_path_and_its_alias_model_is_the_model() -> None:
+    from fi_cache.engines.sglang.args import parse_sglang_args
+
+    assert parse_sglang_args(["--model-path", "B", "--model", "A"]).model == "A"
+    assert parse_sglang_args(["--model", "A", "--model-path", "B"]).model == "B"
