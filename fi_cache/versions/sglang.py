@@ -135,6 +135,11 @@ SGLANG_A2A_EP_SPANNING = frozenset({
     "megamoe", "deepep", "deepep_v2", "mooncake", "nixl", "ascend_fuseep", "flashinfer",
     "flashinfer_megamoe", "mori", "pplx",
 })  # fmt: skip
+# `--moe-runner-backend megamoe` is DeepGEMM's MegaMoE, an alias of `--moe-a2a-backend megamoe`
+# that leaves the runner `auto` (mega_moe_hook.py 0.5.23:259-276); `--moe-a2a-backend
+# flashinfer_megamoe` turns an `auto` runner into flashinfer_megamoe (moe_hook.py 0.5.23:315-331).
+SGLANG_RUNNER_ALIASES = {"megamoe": ("auto", "megamoe")}  # runner -> (runner, a2a)
+SGLANG_A2A_SETS_RUNNER = {"flashinfer_megamoe": "flashinfer_megamoe"}  # a2a -> an auto runner's
 # SGLang copies every SGL_X over SGLANG_X at import (environ.py 0.5.12:715-720, 0.5.18:1623-1630,
 # 0.5.23:2298-2305 `_handle_deprecated_envs`): a legacy twin wins over the new name.
 SGLANG_LEGACY_PREFIX = ("SGL_", "SGLANG_")

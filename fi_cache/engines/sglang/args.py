@@ -19,9 +19,11 @@ from fi_cache.engines.scripts import runs_module
 from fi_cache.errors import Refused
 from fi_cache.versions import (
     SGLANG_A2A_EP_SPANNING,
+    SGLANG_A2A_SETS_RUNNER,
     SGLANG_DETERMINISTIC_FLAG,
     SGLANG_DISABLE_AUTOTUNE_FLAG,
     SGLANG_LAUNCH_MODULE,
+    SGLANG_RUNNER_ALIASES,
 )
 
 _SIZES = {"--tp-size": "tp", "--tensor-parallel-size": "tp", "--ep-size": "ep",
@@ -147,14 +149,19 @@ def parse_sglang_args(argv: Sequence[str]) -> SglangArgs:
             f"SGLang argument --node-rank {node_rank!r} is not a node of --nnodes "
             f"{sizes['nnodes']} (0 to {sizes['nnodes'] - 1})"
         )
-    if values.get("--moe-a2a-backend") in SGLANG_A2A_EP_SPANNING:
+    runner, a2a = values.get("--moe-runner-backend"), values.get("--moe-a2a-backend")
+    if runner in SGLANG_RUNNER_ALIASES:  # resolved after parsing, as SGLang does
+        runner, a2a = SGLANG_RUNNER_ALIASES[runner]
+    if runner in (None, "auto") and a2a in SGLANG_A2A_SETS_RUNNER:
+        runner = SGLANG_A2A_SETS_RUNNER[a2a]
+    if a2a in SGLANG_A2A_EP_SPANNING:
         sizes["ep"] = sizes["tp"]  # SGLang sets it so (arg_groups/overrides.py 0.5.23:1610-1620)
     flagged = values.get("--model-path")
     return SglangArgs(
         model=flagged or model,
         tp=sizes["tp"],
         ep=sizes["ep"],
-        moe_backend=values.get("--moe-runner-backend"),
+        moe_backend=runner,
         deterministic=SGLANG_DETERMINISTIC_FLAG in switches,
         autotune_disabled=SGLANG_DISABLE_AUTOTUNE_FLAG in switches,
         argv=tuple(args),

@@ -83,7 +83,7 @@ def rank_layout(args: SglangArgs) -> RankLayout:
     node = [r for r in every if _tp_pp(r)[0] in tps and _tp_pp(r)[1] in pps]
     worker = ["the key dir (sha256 of model path, dtype, quantization, sizes and the HF config "
               "class: flashinfer_autotune.py 0.5.23:172-191)"]  # fmt: skip
-    if args.moe_backend in ("flashinfer_megamoe", "megamoe"):
+    if args.moe_backend == "flashinfer_megamoe":  # as args resolve it
         worker.append("the `_gpu<uuid>` suffix of MegaMoE's files (0.5.22+: each GPU's UUID)")
     return RankLayout(tuple(every), tuple(node), tuple(worker))
 

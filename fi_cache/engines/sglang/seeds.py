@@ -26,7 +26,7 @@ from fi_cache.versions import (
     parse_version,
 )
 
-_MEGAMOE = ("flashinfer_megamoe", "megamoe")
+_MEGAMOE = ("flashinfer_megamoe",)  # args resolve the aliases
 
 
 @functools.lru_cache(maxsize=4)

@@ -294,3 +294,21 @@ def test_the_last_of_model_path_and_its_alias_model_is_the_model() -> None:
 
     assert parse_sglang_args(["--model-path", "B", "--model", "A"]).model == "A"
     assert parse_sglang_args(["--model", "A", "--model-path", "B"]).model == "B"
+
+
+def test_megamoe_runner_and_a2a_backends_resolve_as_sglang_resolves_them() -> None:
+    """`--moe-runner-backend megamoe` is DeepGEMM's MegaMoE (a2a alias, runner auto: no GPU-UUID
+    rank files); `--moe-a2a-backend flashinfer_megamoe` makes an auto runner FlashInfer's."""
+    from fi_cache.engines.sglang.args import parse_sglang_args
+    from fi_cache.engines.sglang.layout import rank_layout
+
+    deepgemm = parse_sglang_args(["--model-path", "M", "--moe-runner-backend", "megamoe",
+                                  "--tp-size", "4"])  # fmt: skip
+    assert deepgemm.moe_backend == "auto" and deepgemm.ep == 4  # megamoe a2a spans the ranks
+    assert not any("_gpu" in w for w in rank_layout(deepgemm).on_worker)
+    fi = parse_sglang_args(["--model-path", "M", "--moe-a2a-backend", "flashinfer_megamoe"])
+    assert fi.moe_backend == "flashinfer_megamoe"
+    assert any("_gpu" in w for w in rank_layout(fi).on_worker)
+    kept = parse_sglang_args(["--model-path", "M", "--moe-a2a-backend", "flashinfer_megamoe",
+                              "--moe-runner-backend", "flashinfer_cutlass"])  # fmt: skip
+    assert kept.moe_backend == "flashinfer_cutlass"  # SGLang then refuses it itself
