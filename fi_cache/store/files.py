@@ -52,10 +52,18 @@ def ensure_dir(directory: Path) -> None:
 
 
 def ensure_link(link: Path, target: Path) -> bool:
-    """`link` -> `target` (a dir, made if missing), unless something is at `link` already.
-    False when it cannot be made: the engine then writes at `link` itself, which is harmless."""
+    """`link` -> `target` (a dir, made if missing), unless a real dir or file is at `link`. A
+    link to elsewhere (the user's dir moved, another user's start made it) is pointed at
+    `target` again; a link to a `target` the user removed gets it back, as the engine's own
+    makedirs(exist_ok=True) raises on a dangling link. False when it cannot be made: the
+    engine then writes at `link` itself, which is harmless."""
     if os.path.lexists(link):
-        return True
+        if not link.is_symlink():
+            return True
+        with contextlib.suppress(OSError):
+            if os.readlink(link) == str(target):
+                target.mkdir(parents=True, exist_ok=True)
+                return True
     tmp = link.with_name(f".{link.name}.{os.getpid()}.tmp")
     try:
         target.mkdir(parents=True, exist_ok=True)

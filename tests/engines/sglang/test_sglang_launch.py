@@ -169,6 +169,26 @@ def test_direct_cache_dirs_are_links_into_the_users_dir(tmp_path: Path) -> None:
     assert (link / "x").read_text() == "kept"
 
 
+def test_the_links_follow_the_users_dir_and_survive_its_removal(tmp_path: Path) -> None:
+    """SGLANG_CACHE_DIR moved from A to B: the links point into B at the next start; B's dir
+    removed: made again (SGLang's makedirs(exist_ok=True) raises on a dangling link)."""
+    import shutil
+
+    ns = tmp_path / "ns" / "sglang"
+    link = ns / "torch_compile_cache"
+    launch.link_direct_caches(ns, {"SGLANG_CACHE_DIR": str(tmp_path / "a")})
+    assert launch.link_direct_caches(ns, {"SGLANG_CACHE_DIR": str(tmp_path / "b")}) == []
+    assert link.resolve() == tmp_path / "b" / "torch_compile_cache"
+    shutil.rmtree(tmp_path / "b")
+    assert launch.link_direct_caches(ns, {"SGLANG_CACHE_DIR": str(tmp_path / "b")}) == []
+    assert link.is_dir()  # not dangling: SGLang's makedirs succeeds
+    real = ns / "model_streamer"
+    real.unlink()
+    real.mkdir()  # a real dir someone made there: kept as it is
+    assert launch.link_direct_caches(ns, {"SGLANG_CACHE_DIR": str(tmp_path / "c")}) == []
+    assert real.is_dir() and not real.is_symlink()
+
+
 def test_a_positional_model_is_spelled_model_path_for_the_launcher() -> None:
     args = parse_sglang_args(["Qwen/Qwen3-8B", "--tp-size", "2"])
     cmd = launch.Launcher("/v/bin/python", module=True).command(args, ["--port", "1"])
