@@ -103,9 +103,9 @@ def align_command(paths: tuple[Path, ...], dry_run: bool) -> int:
     if not dry_run:
         from fi_cache.store.pin import refuse_if_pinned
 
-        for path in paths:  # the rank files of a pinned namespace stay as they are
+        for path in paths:  # early and lock-free; apply checks again under the namespace lock
             refuse_if_pinned(path, ctx.store, "align")
-    plans = plan(list(paths)) if dry_run else apply(list(paths))
+    plans = plan(list(paths)) if dry_run else apply(list(paths), store=ctx.store)
     failed = any(gp.aligned is None for gp in plans)
     if ctx.json:
         render.emit_json({"dry_run": dry_run, "groups": [group_json(gp) for gp in plans]})

@@ -122,6 +122,10 @@ def doctor_command(
     inputs = gather(obj.store, paths, logs, vllm_args, target, environ, location, why)
     findings = doctor.run(inputs, only or None)
     actions = fixes.plan(findings, inputs) if fix else []
+    actions, held = fixes.hold_pinned(actions, obj.store)
+    for action, ns in held:  # a pinned namespace is known good: --fix leaves it as it is
+        render.warn(f"left {action.path} as it is: its namespace is pinned; "
+                    f"`fi-cache unpin {ns}` to let --fix {action.kind} it")  # fmt: skip
     done = fixes.apply(actions, obj.store) if fix and not dry_run else []
     errors = sum(f.severity == "error" for f in findings)
     warnings = sum(f.severity == "warning" for f in findings)

@@ -2,12 +2,15 @@
 
 Safe means reversible or trivially so: stale, foreign and corrupt caches are moved into the
 store's quarantine folder with a note of why (never deleted); temp files of killed writers
-older than 10 minutes are deleted.
+older than 10 minutes are deleted. Nothing in a pinned namespace (`fi-cache pin`) is touched:
+such actions are held back, and each is checked again under the namespace's lock.
 """
 
 from __future__ import annotations
 
+import contextlib
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
@@ -15,7 +18,9 @@ from typing import Literal
 from fi_cache.caches.discover import STAGING_PREFIX, TMP_MAX_AGE_S
 from fi_cache.doctor.findings import Finding
 from fi_cache.doctor.inputs import Inputs
-from fi_cache.store import files, quarantine, trash
+from fi_cache.store import files, locks, quarantine, trash
+from fi_cache.store import pin as pins
+from fi_cache.store.files import DEFAULT_LOCK_TIMEOUT
 from fi_cache.versions import VLLM_CACHE_FILE_RE
 
 QUARANTINE_DIR = "quarantine"
@@ -72,17 +77,52 @@ def _cache_place(path: Path, store: Path | None) -> bool:
     return in_store or VLLM_CACHE_FILE_RE.match(path.name) is not None
 
 
-def apply(actions: list[Action], store: Path) -> list[tuple[Action, Path | None]]:
-    """Carry out the plan; returns each action with where a quarantined thing went."""
+def hold_pinned(
+    actions: list[Action], store: Path
+) -> tuple[list[Action], list[tuple[Action, Path]]]:
+    """(the actions --fix may carry out, those held back with the pinned namespace each is in)."""
+    kept: list[Action] = []
+    held: list[tuple[Action, Path]] = []
+    for action in actions:
+        ns = pins.namespace_of(action.path, store)
+        if ns is not None and pins.pinned(ns) is not None:
+            held.append((action, ns))
+        else:
+            kept.append(action)
+    return kept, held
+
+
+@contextlib.contextmanager
+def _namespace_locked(ns: Path | None, timeout: float) -> Iterator[None]:
+    """A namespace's lock (a warm or a pin changes it while holding it); none outside one."""
+    if ns is None or not ns.is_dir():
+        yield
+        return
+    with locks.namespace_lock(ns, "doctor --fix", timeout):
+        yield
+
+
+def apply(
+    actions: list[Action], store: Path, timeout: float = DEFAULT_LOCK_TIMEOUT
+) -> list[tuple[Action, Path | None]]:
+    """Carry out the plan; returns each action with where a quarantined thing went. An action
+    in a namespace pinned since the plan is left out (checked under the namespace's lock)."""
     folder = store / QUARANTINE_DIR / time.strftime("%Y%m%d-%H%M%S")
     done: list[tuple[Action, Path | None]] = []
     for action in actions:
-        if action.kind == "quarantine":
-            done.append((action, quarantine.move_aside(action.path, folder, action.why)))
-        elif action.path.is_dir() and not action.path.is_symlink():
-            trash.remove_tree(action.path, action.path.parent)  # a staging dir: at its store top
-            done.append((action, None))
-        else:
-            files.remove_file(action.path)
-            done.append((action, None))
+        ns = pins.namespace_of(action.path, store)
+        with _namespace_locked(ns, timeout):
+            if ns is not None and pins.pinned(ns) is not None:
+                continue  # pinned since the plan: its files stay as they are
+            done.append((action, _carry_out(action, folder)))
     return done
+
+
+def _carry_out(action: Action, folder: Path) -> Path | None:
+    if action.kind == "quarantine":
+        return quarantine.move_aside(action.path, folder, action.why)
+    if action.path.is_dir() and not action.path.is_symlink():
+        trash.remove_tree(action.path, action.path.parent)  # a staging dir: at its store top
+    else:
+        files.remove_file(action.path)
+    return None

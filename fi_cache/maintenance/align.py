@@ -4,7 +4,8 @@ Reads every per-rank file under the PATHs (hash dirs of vLLM 0.32+ or SGLang, on
 several nodes' copies), groups them into deployments (ranks/deployment.py), aligns each tune
 group (ranks/align.py) and writes the aligned file to every rank of the group in every copy:
 a cold node's empty hash dir given as a PATH gets the whole set. Locked per copy, each file
-written atomically; a deployment that cannot be aligned is left exactly as it was.
+written atomically; a deployment that cannot be aligned is left exactly as it was. A copy in a
+store namespace is changed under that namespace's lock, and refused there when it is pinned.
 """
 
 from __future__ import annotations
@@ -22,6 +23,8 @@ from fi_cache.model import v1
 from fi_cache.model.union import Conflict
 from fi_cache.ranks.align import Aligned, CannotAlign, align
 from fi_cache.ranks.deployment import Deployment, Expected, file_name, gather, rank_name
+from fi_cache.store import locks
+from fi_cache.store import pin as pins
 from fi_cache.store.files import DEFAULT_LOCK_TIMEOUT, atomic_write, locked
 
 DEFAULT_MODE = 0o644  # as merge: a rank file is read by every rank's process
@@ -104,14 +107,21 @@ def apply(
     paths: Sequence[Path],
     timeout: float = DEFAULT_LOCK_TIMEOUT,
     expected: Sequence[Expected] = (),
+    store: Path | None = None,
 ) -> list[GroupPlan]:
     """Align for real: each copy locked, the plan made again under the locks (so nothing read
-    before another align finished is written back), then every changed file replaced."""
+    before another align finished is written back), then every changed file replaced. Copies
+    in `store`'s namespaces: each namespace locked first and refused if pinned (Refused)."""
     first = plan(paths, expected)
     if not any(gp.writes for gp in first):
         return first  # aligned already, or refused: nothing to lock, nothing written
     copies = sorted({c for gp in first if gp.writes for c in gp.deployment.copies})
+    spaces = sorted({ns for c in copies if store and (ns := pins.namespace_of(c, store))})
     with contextlib.ExitStack() as stack:
+        for ns in spaces:  # as warm: a pin, a warm and an align of a namespace take turns
+            stack.enter_context(locks.namespace_lock(ns, "align", timeout))
+            if pins.pinned(ns) is not None:
+                raise pins.refusal(ns, "align")
         for copy in copies:  # sorted: two aligns of overlapping copies cannot deadlock
             stack.enter_context(locked(copy / _LOCK_NAME, timeout))
         plans = plan(paths, expected)

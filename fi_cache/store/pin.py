@@ -1,12 +1,12 @@
 """Pinned namespaces: a known-good namespace that no start may change.
 
-The manifest's `pinned` record is what fi-cache honours: warm, evict, merge -o, align, import
-and prune refuse or skip a pinned namespace (`refusal`), and serve runs the engine on it only
-where a fully warm start writes nothing (lifecycle/serve.py). Pinning also takes the write bits
-off every file and dir the engines write in the namespace (the manifest and lock files stay
-writable: fi-cache's bookkeeping goes on), so an engine that tries to save there fails instead
-of changing it. File modes do not bind root; the sha256 of each file, taken when it was pinned,
-tells a change made anyway (`changed`). Unpinning gives every path its mode back.
+The manifest's `pinned` record is what fi-cache honours: warm, evict, merge -o, align, import,
+prune and doctor --fix refuse or skip a pinned namespace (`refusal`), and serve runs the engine
+on it only where a fully warm start writes nothing (lifecycle/serve.py). Pinning also takes the
+write bits off every file and dir the engines write in the namespace (the manifest and lock
+files stay writable: fi-cache's bookkeeping goes on), so an engine that tries to save there
+fails instead of changing it. File modes do not bind root; the sha256 of each file, taken when
+it was pinned, tells a change made anyway (`changed`). Unpinning gives every path its mode back.
 """
 
 from __future__ import annotations

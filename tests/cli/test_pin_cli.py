@@ -119,3 +119,46 @@ def test_pin_refuses_what_is_not_a_namespace_of_the_store(run, store: Path, tmp_
     _namespace(store)
     r = run("pin", tmp_path / "nowhere")
     assert r.code == 2 and _one_line(r) and "no namespace" in r.err
+
+
+def test_doctor_fix_leaves_a_pinned_namespaces_bad_file_where_it_is(run, store: Path) -> None:  # type: ignore[no-untyped-def]
+    ns = _namespace(store)
+    (ns / REL).write_text("{not json")  # corrupt-file: --fix would quarantine it
+    assert run("pin", ns).code == 0
+    args = ["doctor", ns, "--flashinfer-version", "0.6.18", "--vllm-version", "0.30.0", "--fix"]
+    r = run(*args)
+    assert (ns / REL).read_text() == "{not json"  # not moved: a pin is known good
+    held = [line for line in r.err.splitlines() if "pinned" in line]
+    assert len(held) == 1 and f"fi-cache unpin {ns}" in held[0], r.err
+    assert not (store / "quarantine").exists()
+    assert run("unpin", ns).code == 0
+    run(*args)
+    assert not (ns / REL).exists()  # unpinned: --fix quarantines it again
+
+
+def test_align_checks_the_pin_under_the_namespace_lock(  # type: ignore[no-untyped-def]
+    run, store: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from fi_cache.maintenance import align
+    from fi_cache.model import v1
+
+    ns = _namespace(store)
+    hdir = ns / "vllm" / HASH_A
+    (hdir / "autotune_configs.json").unlink()
+    cf = v1.loads(GEMM_618.read_bytes())
+    for rank, drop in (("dp0_rank0", 0), ("dp1_rank1", 3)):
+        part = v1.CacheFile(cf.metadata, dict(list(cf.entries.items())[drop:]), None, None)
+        (hdir / f"autotune_configs_{rank}.json").write_text(v1.dumps(part))
+    before = {p.name: p.read_bytes() for p in hdir.iterdir()}
+    first_plan = align.plan
+
+    def pinned_meanwhile(*args, **kwargs):  # type: ignore[no-untyped-def]
+        from fi_cache.store import pin
+
+        pin.pin(ns)  # a pin that lands after the CLI's own check, before align locks
+        return first_plan(*args, **kwargs)
+
+    monkeypatch.setattr(align, "plan", pinned_meanwhile)
+    r = run("align", hdir)
+    assert r.code == 2 and _one_line(r) and f"fi-cache unpin {ns}" in r.err, r.err
+    assert {p.name: p.read_bytes() for p in hdir.iterdir()} == before
