@@ -9,12 +9,14 @@ import os
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
-from fi_cache.errors import FiCacheError
+from fi_cache.errors import FiCacheError, Refused
 from fi_cache.store import files, locks
+from fi_cache.store.locks import process
 from fi_cache.store.locks.api import read_holder
 from fi_cache.store.locks.in_use import IN_USE_NAME, in_use
 from tests.conftest import ROOT, no_hang
@@ -315,3 +317,120 @@ def test_a_fifo_planted_as_a_lock_file_never_makes_a_look_wait(
         assert locks.probe_namespace_lock(tmp_path, strategy)[1] is None
         assert not in_use(tmp_path)
         assert read_holder(tmp_path / name) is None
+
+
+# --- a live pid is not always the holder: reboots and reused pids (the lock-file strategy) ------
+
+needs_proc = pytest.mark.skipif(
+    process.boot_time() is None or process.boot_id() is None, reason="no Linux /proc here"
+)
+
+
+@pytest.fixture
+def newcomer() -> Iterator[int]:
+    """A live process that is no lock's holder: what a reused pid is."""
+    proc = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    try:
+        while process.start_ticks(proc.pid) is None:
+            time.sleep(0.01)
+        yield proc.pid
+    finally:
+        proc.kill()
+        proc.wait()
+
+
+def _plant(directory: Path, **holder: object) -> None:
+    record = {"host": os.uname().nodename, "purpose": "warm", "guard": None, **holder}
+    _leftover_lock(directory, json.dumps(record).encode())
+
+
+@needs_proc
+@pytest.mark.parametrize(
+    "record",
+    [
+        {"pid": 1, "since": 0.0},  # what the attack planted: pid 1 is alive after any reboot
+        {"pid": 1, "since": "now", "boot": "a-boot-before-this-one"},
+        {"pid": "newcomer", "since": "now", "boot": "this", "start": "not-its-start"},
+        {"pid": "newcomer", "since": "before-it-started"},  # an older record: no start time
+    ],
+    ids=["before-boot-by-time", "before-boot-by-id", "reused-pid", "reused-pid-old-record"],
+)
+def test_a_live_pid_that_is_not_the_holder_does_not_hold_the_lock(
+    tmp_path: Path, newcomer: int, record: dict[str, object]
+) -> None:
+    """warm waited out its --lock-timeout (an hour), import 60 s, prune skipped it as locked."""
+    pid = newcomer if record["pid"] == "newcomer" else 1
+    began = process.started_at(newcomer)
+    assert began is not None
+    values = {
+        "now": time.time(), "before-it-started": began - 60, "this": process.boot_id(),
+        "not-its-start": (process.start_ticks(newcomer) or 0) + 1,
+    }  # fmt: skip
+    planted = {k: values.get(v, v) if isinstance(v, str) else v for k, v in record.items()}
+    _plant(tmp_path, **{**planted, "pid": pid})
+    assert locks.probe_namespace_lock(tmp_path, "lockfile")[0] is False
+    with no_hang(), locks.namespace_lock(tmp_path, "warm", timeout=30, strategy="lockfile") as me:
+        assert json.loads((tmp_path / locks.LOCK_NAME).read_text())["pid"] == me.pid
+
+
+@needs_proc
+def test_the_live_holder_itself_still_holds_it(tmp_path: Path, newcomer: int) -> None:
+    """The control: the same record naming the process as it is, is a holder."""
+    start = process.start_ticks(newcomer)
+    _plant(tmp_path, pid=newcomer, since=time.time(), boot=process.boot_id(), start=start)
+    assert locks.probe_namespace_lock(tmp_path, "lockfile")[0] is True
+    with (
+        pytest.raises(FiCacheError, match=f"waiting for warm by pid {newcomer}"),
+        locks.namespace_lock(tmp_path, "warm", timeout=0.3, strategy="lockfile"),
+    ):
+        pass
+
+
+def test_a_lock_records_which_process_took_it(tmp_path: Path) -> None:
+    with locks.namespace_lock(tmp_path, "warm", timeout=1, strategy="lockfile") as me:
+        taken = read_holder(tmp_path / locks.LOCK_NAME)
+    assert taken == me and me.start == process.start_ticks(os.getpid())
+    assert me.boot == process.boot_id()
+
+
+# --- a lock path that is no lock file: healed, or refused saying how ----------------------------
+
+
+@pytest.mark.parametrize("strategy", ["flock", "lockfile"])
+@pytest.mark.parametrize("kind", ["empty-dir", "dangling-link", "link-out", "fifo"])
+def test_a_lock_path_that_is_no_lock_file_is_cleared_and_never_followed(
+    tmp_path: Path, strategy: str, kind: str
+) -> None:
+    ns, outside = tmp_path / "ns", tmp_path / "outside"
+    ns.mkdir()
+    lock = ns / locks.LOCK_NAME
+    if kind == "empty-dir":
+        lock.mkdir()
+    elif kind == "fifo":
+        os.mkfifo(lock)
+    else:  # a link out of the namespace: a lock must never create or lock a file there
+        lock.symlink_to(outside if kind == "link-out" else tmp_path / "gone" / "x")
+    assert locks.probe_namespace_lock(ns, strategy) == (False, None)  # dry run = apply
+    with no_hang():
+        with locks.namespace_lock(ns, "warm", timeout=2, strategy=strategy):
+            assert not lock.is_symlink() and lock.is_file()
+        with locks.try_namespace_lock(ns, "prune", strategy):
+            pass
+    assert not outside.exists() and not (tmp_path / "gone").exists()
+    assert not [p for p in ns.iterdir() if p.name.endswith(".tmp")]  # nothing moved aside left
+
+
+@pytest.mark.parametrize("strategy", ["flock", "lockfile"])
+def test_a_lock_path_that_is_a_dir_with_files_is_refused_saying_how(
+    tmp_path: Path, strategy: str
+) -> None:
+    lock = tmp_path / locks.LOCK_NAME
+    lock.mkdir()
+    (lock / "notes.txt").write_text("someone's")
+    for take in (
+        lambda: locks.namespace_lock(tmp_path, "warm", timeout=2, strategy=strategy),
+        lambda: locks.try_namespace_lock(tmp_path, "prune", strategy),
+    ):
+        with pytest.raises(Refused, match="is a directory, not a lock file: move it out"), take():
+            pass
+    assert (lock / "notes.txt").read_text() == "someone's"  # never deleted

@@ -8,7 +8,6 @@ import os
 import tempfile
 import time
 from collections.abc import Iterator
-from dataclasses import replace
 from pathlib import Path
 
 from fi_cache.errors import Refused
@@ -20,10 +19,12 @@ from fi_cache.store.locks.api import (
     LockStrategy,
     NamespaceBusy,
     OnWait,
+    clear_non_lock,
     holder_bytes,
     read_holder,
     timeout_error,
     unlink_if_same,
+    with_guard,
 )
 from fi_cache.store.locks.in_use import PROBE_FLAGS, flock_refused, in_use
 
@@ -42,6 +43,8 @@ class Flock(LockStrategy):
         import fcntl  # POSIX only; the lockfile strategy is picked elsewhere
 
         lock_file, holder_file = directory / LOCK_NAME, directory / HOLDER_NAME
+        clear_non_lock(lock_file)  # a link would lead the lock out of the namespace
+        clear_non_lock(holder_file)
         fd = _acquired(lock_file, holder_file, time.monotonic() + timeout, timeout, on_wait)
         HELD[str(directory)] = fd
         try:
@@ -63,6 +66,7 @@ class Flock(LockStrategy):
         import fcntl
 
         lock_file = directory / LOCK_NAME
+        clear_non_lock(lock_file)
         try:
             fd = os.open(lock_file, os.O_CREAT | os.O_RDWR, 0o644)
         except FileNotFoundError:  # moved away just now (an import or another prune): not ours
@@ -234,4 +238,4 @@ def add_guard(directory: Path, guard: int) -> None:
     holder = read_holder(holder_file)
     if holder is not None and holder.pid == os.getpid():
         with contextlib.suppress(OSError):
-            atomic_write(holder_file, holder_bytes(replace(holder, guard=guard)), lock=False)
+            atomic_write(holder_file, holder_bytes(with_guard(holder, guard)), lock=False)

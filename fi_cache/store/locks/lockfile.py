@@ -17,7 +17,7 @@ import socket
 import stat
 import time
 from collections.abc import Iterator
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from pathlib import Path
 
 from fi_cache.errors import Refused
@@ -30,10 +30,13 @@ from fi_cache.store.locks.api import (
     LockStrategy,
     NamespaceBusy,
     OnWait,
+    clear_non_lock,
     holder_bytes,
+    non_lock_kind,
     read_holder,
     timeout_error,
     unlink_if_same,
+    with_guard,
 )
 
 # A lock file made by O_EXCL and then written (where hard links are not available, and by
@@ -55,6 +58,7 @@ class LockFile(LockStrategy):
         waited = False
         vanished = 0
         while True:
+            clear_non_lock(lock_file)  # a dir, link or FIFO there: no holder, and no file to take
             try:
                 mine = _create(lock_file, me)
             except FileNotFoundError:  # an import or prune moved the dir away just now
@@ -86,6 +90,7 @@ class LockFile(LockStrategy):
         lock_file = directory / LOCK_NAME
         mine = None
         for _ in range(2):  # the second try follows the recovery of a lock without a holder
+            clear_non_lock(lock_file)
             try:
                 mine = _create(lock_file, me)
             except FileNotFoundError:  # moved away just now (an import or another prune)
@@ -103,6 +108,8 @@ class LockFile(LockStrategy):
             yield
 
     def probe(self, directory: Path) -> tuple[bool, Holder | None]:
+        if non_lock_kind(directory / LOCK_NAME) is not None:
+            return False, None  # no lock: what acquire clears away (a dry run says what apply does)
         seen = _look(directory / LOCK_NAME, socket.gethostname())
         if seen is None:
             return False, None
@@ -224,7 +231,7 @@ def add_guard(directory: Path, guard: int) -> None:
     if holder is None or holder.pid != os.getpid():
         return
     with open(lock_file, "r+b") as f:
-        f.write(holder_bytes(replace(holder, guard=guard)))
+        f.write(holder_bytes(with_guard(holder, guard)))
         f.truncate()
         f.flush()
         os.fsync(f.fileno())
