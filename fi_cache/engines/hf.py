@@ -18,6 +18,8 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+from fi_cache.errors import Refused, read_regular
+
 MAX_CONFIG_BYTES = 16 << 20  # a config.json is kilobytes; anything bigger is the wrong file
 
 
@@ -52,11 +54,9 @@ def config_bytes(model: str, environ: Mapping[str, str]) -> bytes | None:
     path = config_file(model, environ)
     if path is None:
         return None
-    try:
-        if path.stat().st_size > MAX_CONFIG_BYTES:
-            return None
-        return path.read_bytes()
-    except OSError:
+    try:  # a FIFO or /dev/zero planted as config.json never makes this wait or read forever
+        return read_regular(path, "config.json", MAX_CONFIG_BYTES)
+    except Refused:
         return None
 
 

@@ -49,3 +49,16 @@ def test_a_config_that_is_not_json_or_not_an_object_is_none(tmp_path: Path) -> N
         (tmp_path / name).mkdir()
         (tmp_path / name / "config.json").write_text(text)
         assert hf.read_config(str(tmp_path / name), {}) is None
+
+
+def test_a_fifo_or_endless_file_as_config_json_is_no_config_and_never_waits(
+    tmp_path: Path,
+) -> None:
+    import os
+
+    (tmp_path / "fifo").mkdir()
+    os.mkfifo(tmp_path / "fifo" / "config.json")
+    (tmp_path / "zero").mkdir()
+    (tmp_path / "zero" / "config.json").symlink_to("/dev/zero")
+    assert hf.read_config(str(tmp_path / "fifo"), {}) is None
+    assert hf.read_config(str(tmp_path / "zero"), {}) is None

@@ -18,7 +18,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from fi_cache.errors import FiCacheError, Refused
+from fi_cache.errors import FiCacheError, Refused, read_regular
 
 CHILD = Path(__file__).with_name("predict_child.py")
 # What vLLM (envs.py) and FlashInfer (jit/env.py) read to place the file.
@@ -75,9 +75,9 @@ def named_contents(argv: Sequence[str], env: Mapping[str, str]) -> list[str]:
         if not value or value.startswith("-"):
             continue
         data = None
-        with contextlib.suppress(OSError):
-            if os.path.isfile(value) and os.path.getsize(value) <= hf.MAX_CONFIG_BYTES:
-                data = Path(value).read_bytes()
+        with contextlib.suppress(Refused):  # a FIFO or endless file named: not hashed
+            if os.path.isfile(value):
+                data = read_regular(value, "file named in the arguments", hf.MAX_CONFIG_BYTES)
         if data is None:
             data = hf.config_bytes(value, env)
         if data is not None:
