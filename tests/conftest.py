@@ -456,3 +456,22 @@ def make_special(path: Path, kind: str) -> Callable[[], bool]:
     test = {"fifo": stat.S_ISFIFO, "chardev": stat.S_ISCHR, "socket": stat.S_ISSOCK}
     check = test.get(kind.removeprefix("link-to-"), stat.S_ISDIR)
     return lambda: check(os.stat(path).st_mode) and os.path.islink(path) == (kind[:4] == "link")
+
+
+def older_export(src: Path, dirs: list[Path], out: Path) -> None:
+    """A bundle as fi-cache before the export check wrote it: its caches found, not judged
+    (import tests need bundles that today's export refuses to make)."""
+    from unittest import mock
+
+    from fi_cache.fleet import bundle
+
+    with mock.patch.object(bundle, "_namespace_files", older_namespace_files):
+        bundle.export(src, dirs, out)
+
+
+def older_namespace_files(ns_dir: Path) -> list[Path]:
+    """What export bundled before it judged caches: whatever discovery finds."""
+    from fi_cache.caches.discover import discover
+    from fi_cache.fleet import bundle
+
+    return bundle.content_files(ns_dir, discover(ns_dir)[0])

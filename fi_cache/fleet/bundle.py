@@ -26,7 +26,7 @@ from pathlib import Path, PurePosixPath
 from typing import IO, Any
 
 from fi_cache import __version__
-from fi_cache.caches.discover import TMP_PATTERN, Found, discover
+from fi_cache.caches.discover import TMP_PATTERN, Found
 from fi_cache.caches.inventory import MAX_FILE_ENV, MB, env_megabytes, max_file_bytes, scan
 from fi_cache.errors import CorruptCache, FiCacheError, Refused, read_refusal
 from fi_cache.fleet import node
@@ -200,10 +200,19 @@ def _is_regular(path: Path) -> bool:
 
 
 def _namespace_files(ns_dir: Path) -> list[Path]:
-    found, problems = discover(ns_dir)
-    if problems:
-        raise Refused(problems[0].message, problems[0].path)
-    return content_files(ns_dir, found)
+    """The files to bundle, each cache judged by verify's rules as import will judge it: a
+    bundle no node can import is refused here, naming the file, not on every node later."""
+    inv = scan([ns_dir], explicit=False)
+    for p in inv.problems:
+        raise Refused(p.message, p.path)
+    for cache in inv.caches:
+        if defects := cache.defects():
+            raise Refused(
+                f"{defects[0].message}: import would refuse the bundle (`fi-cache verify`, "
+                "`fi-cache doctor --fix` quarantines it)",
+                cache.path,
+            )
+    return content_files(ns_dir, [c.found for c in inv.caches])
 
 
 def export(store: Path, namespace_dirs: list[Path], out: Path) -> BundleManifest:

@@ -32,6 +32,7 @@ from tests.conftest import (
     hand_v2_store,
     make_special,
     no_hang,
+    older_export,
     undecodable,
 )
 
@@ -501,6 +502,25 @@ def test_export_bundles_the_manifest_and_caches_only(
     assert r.code == 0, r.err
 
 
+def test_export_refuses_a_cache_import_would_refuse(
+    run,  # type: ignore[no-untyped-def]
+    store: Path,
+    tmp_path: Path,
+    here: Fingerprint,
+) -> None:
+    """A stale `_generation` (FlashInfer 0.6.18+ drops such a file): the bundle would be
+    refused by every node's import, so export says so, naming the file, and writes nothing."""
+    d = _make_namespace(store)
+    cache = d / "vllm" / HASH_A / "autotune_configs.json"
+    data = json.loads(cache.read_text())
+    data["_generation"] = "0" * 64
+    cache.write_text(json.dumps(data))
+    out = tmp_path / "b.tar.gz"
+    r = run("export", "-o", out)
+    assert r.code != 0 and str(cache) in r.err and "import would refuse" in r.err
+    assert len(r.err.strip().splitlines()) == 1 and not out.exists()
+
+
 # --- the environment check trusts the caches ----------------------------------------------------
 
 
@@ -563,7 +583,7 @@ def test_a_v2_entry_flashinfer_cannot_decode_is_refused(  # type: ignore[no-unty
     entry = sorted((env_dir / "entries").iterdir())[0]
     undecodable(entry, how)  # json.loads(bytes) takes it; FlashInfer's UTF-8 read misses it
     out = tmp_path / "b.tar.gz"
-    bundle.export(src, [d], out)
+    older_export(src, [d], out)  # today's export refuses to make it
     r = run("import", out)
     assert r.code == 2 and r.err.count("\n") == 1, r.err
     assert "bundled cache " in r.err and entry.name in r.err

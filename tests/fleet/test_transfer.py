@@ -315,12 +315,21 @@ def test_a_fifo_or_endless_device_on_a_file_remote_is_refused_at_once(
 def test_a_pushed_cache_flashinfer_cannot_load_is_refused_by_pull(
     run: Run, monkeypatch: pytest.MonkeyPatch, store: Path, store_b: Path, url: str, how: str
 ) -> None:
-    """Another fleet member's bad file on the bucket never lands here (verify's rules)."""
+    """Another fleet member's bad file on the bucket never lands here (verify's rules). This
+    fi-cache will not push it (export judges caches as import does): the bucket's bundle is
+    one an older fi-cache pushed, which judged nothing."""
     _as_machine(monkeypatch, H200)
     fused = _warm(store, H200)[0]
     bad = fused / "vllm" / "autotune_configs_dp0_rank0.json"
     bad.write_bytes(corrupt_cache(how))
-    assert run("push", url).code == 0
+    refused = run("push", url)
+    assert refused.code == 2 and "import would refuse the bundle" in refused.err
+    from fi_cache.fleet import bundle
+    from tests.conftest import older_namespace_files
+
+    with monkeypatch.context() as older:  # the older fi-cache's push
+        older.setattr(bundle, "_namespace_files", older_namespace_files)
+        assert run("push", url).code == 0
     result = run("--store", str(store_b), "pull", url)
     assert result.code == 2 and result.err.count("\n") == 1, result.err
     assert f"bundled cache {bad.relative_to(store).as_posix()}: " in result.err
