@@ -3,6 +3,10 @@
     python3 payload.py build OUT [PART_MIB]   # download, repack vLLM, check, tar.xz, split
     python3 payload.py check WHEEL_DIR        # every Requires-Dist met by the image or the payload
 
+The tar's first members are EARLY (FlashInfer and tvm-ffi, ~19 MB of zip): they lie wholly in
+part1, so the first device call can take them out of part1 alone (run.sh early) and start the
+~6-minute build of fused_moe_90 while the other parts travel.
+
 The GPU machine has no network; its image (KINDS.md's package list) lacks most of vLLM's serving
 deps. WHEELS are what `vllm serve` of a bf16 Qwen3-MoE with dummy weights imports there, found by
 importing vLLM's serve path, engine, worker, model and MoE modules on CPU (a stub libcuda and a
@@ -38,6 +42,8 @@ WHEELS = [
     "xgrammar==0.2.9", "model-hosting-container-standards==0.1.16", "jmespath==1.1.0",
     "supervisor==4.3.0", "platformdirs==4.14.9",
 ]  # fmt: skip
+# What the trimmed build imports (with the image's torch): the tar's first members.
+EARLY = ["flashinfer-python", "apache-tvm-ffi"]
 # openai 3.x needs httpx2 (not on the image); 2.36 uses httpx. platformdirs is fi-cache's own dep.
 REMOVED = [  # files of the vLLM wheel left out (never loaded by this run; see README.md)
     "vllm/vllm_flash_attn/_vllm_fa2_C.abi3.so",  # FA2, 305 MB; SM90 imports FA3 (kept), runs Triton
@@ -127,6 +133,12 @@ def check(wheel_dir: Path) -> list[str]:
     return report
 
 
+def _early(whl: Path) -> int | None:
+    """The wheel's place in EARLY, or None."""
+    name = canonicalize_name(parse_wheel_filename(whl.name)[0])
+    return EARLY.index(name) if name in EARLY else None
+
+
 def build(out: Path, part_mib: int) -> None:
     dl, wheels = out / "download", out / "wheels"
     download(dl)
@@ -143,8 +155,13 @@ def build(out: Path, part_mib: int) -> None:
     assert len(names) == len(WHEELS), "one wheel per requirement (two versions stop the install)"
     unmet = check(wheels)
     tarball = out / "payload.tar.xz"
+    order = sorted(wheels.glob("*.whl"), key=lambda w: (_early(w) is None, _early(w) or 0, w.name))
+    members = [f"wheels/{w.name}" for w in order]
+    early = [m for w, m in zip(order, members, strict=True) if _early(w) is not None]
+    early_bytes = sum((out / m).stat().st_size for m in early)
+    assert len(early) == len(EARLY) and early_bytes + (1 << 20) < part_mib << 20, early
     with open(tarball, "wb") as f:  # xz -T0: the wheels hold ~480 MB, mostly CUDA fatbins
-        tar = subprocess.Popen(["tar", "cf", "-", "-C", str(out), "wheels"], stdout=subprocess.PIPE)
+        tar = subprocess.Popen(["tar", "cf", "-", "-C", str(out), *members], stdout=subprocess.PIPE)
         subprocess.run(["xz", "-T0", "-6", "-c"], stdin=tar.stdout, stdout=f, check=True)
         assert tar.wait() == 0
     digest = hashlib.sha256(tarball.read_bytes()).hexdigest()
@@ -158,13 +175,13 @@ def build(out: Path, part_mib: int) -> None:
                       "sha256": hashlib.sha256(part.read_bytes()).hexdigest()})  # fmt: skip
     tarball.unlink()  # the parts are the payload; the folder is git-ignored
     manifest = {
-        "sha256": digest, "bytes": len(data), "parts": parts,
+        "sha256": digest, "bytes": len(data), "parts": parts, "early": early,
         "wheels": {w.name: w.stat().st_size for w in sorted(wheels.glob("*.whl"))},
         "removed_from_vllm_wheel": removed, "unmet_requirements": unmet,
     }  # fmt: skip
     (out / "MANIFEST.json").write_text(json.dumps(manifest, indent=1) + "\n")
     (out / "payload.sha256").write_text(f"{digest}  payload.tar.xz\n")
-    print(json.dumps({k: manifest[k] for k in ("sha256", "bytes", "parts")}, indent=1))
+    print(json.dumps({k: manifest[k] for k in ("sha256", "bytes", "parts", "early")}, indent=1))
     print(f"{len(unmet)} requirements not met by image or payload (see MANIFEST.json)")
 
 

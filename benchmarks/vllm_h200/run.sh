@@ -3,14 +3,21 @@
 # 0.6.17's CUTLASS fused MoE (bf16 TEST BUILD of fused_moe_90: ../moe_h200/trim.py) on one H200,
 # in one machine hold (issue 22; README.md beside this file):
 #   bash run.sh recv               copy the carried .gpu22/part* and MANIFEST.json to /tmp/v22/parts
+#   bash run.sh early              recv + FlashInfer and tvm-ffi out of part1 alone (the tar's first
+#                                  members) into /tmp/v22/bsite + build from them: the call carrying
+#                                  part1 starts the build; `go` then installs and lets the steps run
 #   bash run.sh install            join, check sha256, pip install --target /tmp/v22/site, patch, versions
 #   bash run.sh build              the trimmed module (setsid, background); then steps $STEPS ("1 2 3";
 #                                  STEPS= : none)
-#   bash run.sh go                 recv + install + build: the call that carries the last part
+#   bash run.sh go                 recv + install + build (after `early`: no build, the steps
+#                                  start once it is done): the call that carries the last part
 #   bash run.sh steps [STEPS]      steps "1 2 3" (default) in the background; DONE when over
 #   bash run.sh poll SECONDS       wait up to SECONDS for DONE, then show where things are
 #   bash run.sh collect OUT        results, logs and cache dirs as OUT/v22-results.tgz (<= 16 MiB)
 # Everything that must outlive one command lives under /tmp/v22 (the checkout is re-synced per call).
+# Set at `go` (snapshot): STEPS, S3_LEFT (seconds from go's start by which step 3m must be over;
+# no start begins that would end later), FI_CACHE_SRC (the fi_cache package to copy; default the
+# checkout's).
 set -u
 HERE=$(cd "$(dirname "$0")" && pwd)
 REPO=$(cd "$HERE/../.." && pwd)
@@ -57,10 +64,41 @@ versions() {
   PYTHONPATH=$V/site $PY -c "import sys, importlib.metadata as md; print(sys.executable, sys.version.split()[0]); print({n: md.version(n) for n in ['vllm', 'flashinfer-python', 'torch', 'transformers', 'triton', 'numpy', 'apache-tvm-ffi', 'nvidia-cudnn-frontend', 'fastapi', 'pydantic', 'openai', 'xgrammar']})"
 }
 
+early() {  # part1 alone: its sha256, then the tar's first members (payload.py EARLY), then build
+  recv || return 1
+  local man=$V/parts/MANIFEST.json want have
+  want=$($PY -c "import json; print(json.load(open('$man'))['parts'][0]['sha256'])") || return 1
+  have=$(sha256sum $V/parts/part1 | cut -d' ' -f1)
+  [ "$have" = "$want" ] || { echo "part1 sha256 mismatch: $have != $want"; return 1; }
+  rm -rf $V/early $V/bsite && mkdir -p $V/early
+  # tarfile's stream mode reads the xz stream from its start and stops after the wanted members,
+  # before the cut at the part's end; each wheel's zip CRCs are then checked
+  $PY - "$man" $V/parts/part1 $V/early <<'PYEOF' || return 1
+import json, sys, tarfile, zipfile
+names = set(json.load(open(sys.argv[1]))["early"])
+got = []
+with tarfile.open(sys.argv[2], mode="r|xz") as tf:
+    for m in tf:
+        if m.name in names:
+            tf.extract(m, sys.argv[3], filter="data")
+            got.append(m.name)
+        if len(got) == len(names):
+            break
+assert sorted(got) == sorted(names), (got, names)
+for n in got:
+    assert zipfile.ZipFile(f"{sys.argv[3]}/{n}").testzip() is None, n
+print("early wheels:", got)
+PYEOF
+  $PY -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target $V/bsite $V/early/wheels/*.whl || return 1
+  touch $V/EARLY  # before the build starts: its background job looks for it when it is over
+  BUILD_SITE=$V/bsite build || { rm -f $V/EARLY; return 1; }  # then `go` builds as before
+}
+
 build() {  # in the background: the bf16 fused_moe_90, installed as FlashInfer's AOT module
+  local bs=${BUILD_SITE:-$V/site}  # early: $V/bsite (the same FlashInfer wheel as $V/site's)
   mkdir -p $V/ws && cp "$REPO/benchmarks/moe_h200/trim.py" $V/trim.py
-  $PY $V/trim.py sources $V/site/flashinfer $V/ws/trimgen 4 > /dev/null || return 1
-  PYTHONPATH=$V/site $PY $V/trim.py ninja $V/ws/trimgen > $V/build.json || return 1
+  $PY $V/trim.py sources $bs/flashinfer $V/ws/trimgen 4 > /dev/null || return 1
+  PYTHONPATH=$bs $PY $V/trim.py ninja $V/ws/trimgen > $V/build.json || return 1
   $PY -c "import json; d = json.load(open('$V/build.json')); print({k: d[k] for k in ('n_tu', 'n_tu_full', 'notes', 'aot_target')})"
   snapshot
   rm -f $V/DONE $V/BUILT
@@ -70,8 +108,10 @@ build() {  # in the background: the bf16 fused_moe_90, installed as FlashInfer's
 
 snapshot() {  # the scripts and fi-cache as they are now: the checkout is replaced between calls
   rm -rf $V/bench $V/fi-cache && mkdir -p $V/fi-cache && cp -r "$HERE" $V/bench
-  cp -r "$REPO/fi_cache" $V/fi-cache/ && cp "$REPO/benchmarks/moe_h200/trim.py" $V/bench/
+  cp -r "${FI_CACHE_SRC:-$REPO/fi_cache}" $V/fi-cache/fi_cache && cp "$REPO/benchmarks/moe_h200/trim.py" $V/bench/
+  [ -f "${FI_CACHE_SRC:-/nonexistent}/../COMMIT" ] && cp "$FI_CACHE_SRC/../COMMIT" $V/fi-cache/COMMIT
   echo "${STEPS-1 2 3}" > $V/autosteps
+  if [ -n "${S3_LEFT:-}" ]; then echo $(( ${GO_T0:-$(date +%s)} + S3_LEFT )) > $V/s3_end; fi
 }
 
 _build_bg() {
@@ -84,17 +124,36 @@ _build_bg() {
   rc=$?
   echo "build rc=$rc wall_s=$(( $(date +%s) - t0 ))" | tee $V/build_time.txt
   if [ $rc -ne 0 ] || [ ! -f "$so" ]; then step "BUILD FAILED"; touch $V/DONE; return 1; fi
-  mkdir -p "$(dirname "$aot")" && cp "$so" "$aot" && touch $V/BUILT
+  touch $V/BUILT
+  if [ -f $V/EARLY ]; then  # built from $V/bsite while the parts travelled: wait for `go`
+    local waited=0
+    step "built; waiting for the install (go)"
+    while [ ! -f $V/READY ]; do
+      sleep 2; waited=$(( waited + 2 ))
+      [ $waited -lt 1500 ] || { step "no install after 1500 s"; touch $V/DONE; return 1; }
+    done
+    aot="$V/site/${aot#"$V/bsite/"}"  # FlashInfer's AOT dir is inside its package
+  fi
+  mkdir -p "$(dirname "$aot")" && cp "$so" "$aot" && echo "AOT module: $aot"
   local s; s=$(cat $V/autosteps)
   if [ -n "$s" ]; then _steps "$s"; else touch $V/DONE; fi
 }
 
-go() { recv && install && build && smoke; }
+go() {
+  GO_T0=$(date +%s)  # S3_LEFT counts from here
+  recv && install || return 1
+  if [ -f $V/EARLY ]; then  # the build is under way (or over): it runs the steps once READY
+    snapshot && touch $V/READY && echo "installed at $(date +%T); steps: $(cat $V/autosteps)"
+  else
+    build || return 1
+  fi
+  smoke
+}
 
 smoke() {  # while the build runs: vLLM's serve path imports, fi-cache sees the patched vLLM
   step "smoke"
   PYTHONPATH=$V/site $PY -c "import vllm.entrypoints.openai.api_server, vllm.model_executor.models.qwen3_moe, vllm.v1.attention.backends.triton_attn, vllm.model_executor.layers.fused_moe.experts.flashinfer_cutlass_moe, flashinfer.fused_moe; print('imports ok')" 2>&1 | tail -3
-  PYTHONPATH=$V/site:$V/fi-cache $PY -m fi_cache --store $V/store env 2>&1 | tail -12
+  (cd $V && PYTHONPATH=$V/site:$V/fi-cache $PY -m fi_cache --store $V/store env 2>&1 | tail -12)
 }
 
 steps() {
@@ -205,7 +264,77 @@ step3() {  # start-up times: cold (1a, 2a), config change without and with seedi
     $PY -m fi_cache --store $V/store warm --again --vllm $VLLM -- "${BASE[@]}" "${A[@]}"
 }
 
+# Step 3m: 3 runs each, medians (vserve.py stats). One namespace's first file (a cold `fi-cache
+# warm`, A), copied for plain vLLM; then, round by round, the goal's pair first: plain vLLM
+# restarted on the unchanged file (A) and a seeded `fi-cache warm` of a new config (a new
+# --max-model-len each round: a new vLLM hash); after all three rounds of those, as time allows,
+# plain vLLM after a config change (no seeding: a new length, an empty hash dir) and a cold plain
+# start (a fresh VLLM_CACHE_ROOT, no autotune dir). No start begins unless its estimate (the last
+# run of its kind + 10 s, else S3_EST) fits before $V/s3_end.
+S3_L=(640 704 832)     # seeded: config changes, each a new hash
+S3_N=(1280 1536 1792)  # no seeding: config changes, each a new hash
+declare -A S3_EST=([cold-warm]=150 [same-file]=60 [seeded]=80 [noseed]=90 [cold]=110)
+
+s3_left() { echo $(( $(cat $V/s3_end 2>/dev/null || echo 0) - $(date +%s) )); }
+
+s3_fits() {  # s3_fits KIND NAME: is there time for one more start of KIND?
+  local est=${S3_EST[$1]} left; left=$(s3_left)
+  [ -f $R/est-$1 ] && est=$(( $(cat $R/est-$1) + 10 ))
+  if [ "$left" -lt "$est" ]; then
+    echo "$2: not started, ${left} s left before the deadline < ${est} s estimated" | tee -a $R/not-run.txt
+    return 1
+  fi
+}
+
+s3_plain() {  # s3_plain KIND NAME [ENV=V...] -- ARGS: plain vLLM to /health (no completion)
+  local kind=$1 name=$2 t; shift 2
+  s3_fits "$kind" "$name" || return 1
+  local envs=(); while [ "$1" != -- ]; do envs+=("$1"); shift; done; shift
+  t=$(s3_left); [ "$t" -gt 300 ] && t=300
+  step "3m $name (plain vLLM; ${envs[*]}; ${*: -2})"
+  env "${envs[@]}" $PY $V/bench/vserve.py $R "$name" --health 8022 --timeout "$t" -- \
+    $VLLM serve "$@" --port 8022
+  $PY -c "import json; print(int(json.load(open('$R/$name.json'))['wall_s']))" > $R/est-$kind
+}
+
+s3_warm() {  # s3_warm KIND NAME [WARM OPTIONS] -- ARGS: fi-cache warm, /health watched on its port
+  local kind=$1 name=$2 t; shift 2
+  s3_fits "$kind" "$name" || return 1
+  local opts=(); while [ "$1" != -- ]; do opts+=("$1"); shift; done; shift
+  t=$(s3_left); [ "$t" -gt 300 ] && t=300
+  step "3m $name (fi-cache warm ${opts[*]}; ${*: -2})"
+  $PY $V/bench/vserve.py $R "$name" --watch-health 8024 --launch-marker "fi-cache: starting " \
+    --healthy-marker "fi-cache: healthy: " --timeout "$t" -- $PY -m fi_cache --store $V/store warm --port 8024 --timeout "$t" "${opts[@]}" \
+    --vllm $VLLM -- "$@"
+  $PY -c "import json; print(int(json.load(open('$R/$name.json'))['wall_s']))" > $R/est-$kind
+}
+
+step3m() {
+  export VLLM_CACHE_ROOT=$V/vroot  # the same for every start but the cold ones
+  rm -f $R/not-run.txt; echo "deadline in $(s3_left) s" | tee $R/deadline.txt
+  s3_warm cold-warm 0-fc-warm-a-cold -- "${BASE[@]}" "${A[@]}" || return 1
+  local f; f=$(find $V/store -path '*/vllm/*' -name autotune_configs.json | head -1)
+  [ -n "$f" ] || { echo "no file from the cold warm"; return 1; }
+  rm -rf $V/pdir && cp -r "${f%%/vllm/*}/vllm" $V/pdir  # plain vLLM's copy: the same file, unchanged
+  echo "namespace file: $f" | tee $R/3m-files.txt
+  local r
+  for r in 1 2 3; do
+    s3_plain same-file r$r-same-file VLLM_FLASHINFER_AUTOTUNE_CACHE_DIR=$V/pdir -- "${BASE[@]}" "${A[@]}"
+    s3_warm seeded r$r-seeded -- "${BASE[@]}" --max-model-len "${S3_L[r-1]}"
+  done
+  for r in 1 2 3; do
+    s3_plain noseed r$r-noseed VLLM_FLASHINFER_AUTOTUNE_CACHE_DIR=$V/pdir -- "${BASE[@]}" --max-model-len "${S3_N[r-1]}"
+    s3_plain cold r$r-cold VLLM_CACHE_ROOT=$V/cold$r -- "${BASE[@]}" "${A[@]}"
+  done
+  find $V/pdir $V/store -name 'autotune_configs.json' -printf '%p %s\n' >> $R/3m-files.txt 2>/dev/null
+  cp -r $V/pdir $R/pdir-final 2>/dev/null
+  $PY $V/bench/vserve.py stats $R > $R/step3m.md; cat $R/step3m.md
+}
+
 _steps() {
+  # out of the checkout: `python -m fi_cache` puts the working dir first on sys.path, and the
+  # checkout's fi_cache is not the snapshot's ($V/fi-cache, FI_CACHE_SRC)
+  cd $V || return 1
   mkdir -p $R && venv
   step "setup: model, environment"
   $PY $V/bench/tiny_model.py $MODEL

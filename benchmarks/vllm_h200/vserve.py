@@ -1,17 +1,25 @@
 """Run one vLLM (or fi-cache) command for run.sh's steps and write what it did as JSON.
 
-    python3 vserve.py OUT_DIR NAME [--health PORT] [--request MODEL] [--timeout S] -- CMD...
+    python3 vserve.py OUT_DIR NAME [--health PORT | --watch-health PORT] [--request MODEL]
+                      [--launch-marker TEXT] [--healthy-marker TEXT] [--timeout S] -- CMD...
     python3 vserve.py summary OUT_DIR     # a Markdown table of every run's JSON
+    python3 vserve.py stats OUT_DIR       # step 3m: median (min-max, n) per kind of start
     python3 vserve.py compare OUT_DIR     # doctor -- ARGS's predicted files vs the files vLLM named
 
 Starts CMD in its own session with stdout+stderr in OUT_DIR/NAME.log. With --health it polls
 http://127.0.0.1:PORT/health until 200 (then, with --request, sends one completion), and stops the
 whole process group (SIGINT, SIGTERM, SIGKILL) as fi-cache's warm does; without it, waits for CMD
-to exit. OUT_DIR/NAME.json gets: rc, seconds to /health, wall time, the FlashInfer autotune time
-(from "[Autotuner]: Autotuning process starts/ends" in the log, else in FlashInfer's own
-flashinfer_jit.log under $FLASHINFER_WORKSPACE_BASE, read from where it ended before the run),
-vLLM's "init engine ... took" seconds, the autotune cache file vLLM named, any "Invalid gemm2
-profile id" line, and the completion's text.
+to exit. --watch-health PORT polls the same way but lets CMD run to its exit (a `fi-cache warm
+--port PORT`, which stops vLLM itself once healthy); --launch-marker: the seconds at which TEXT
+first shows in the log ("fi-cache: starting ", printed just before the warm starts vLLM), so
+launch_s is fi-cache's part and vllm_health_s = health_s - launch_s vLLM's own (0 without it);
+--healthy-marker ("fi-cache: healthy: "): its time is health_s when the poll missed /health (a
+warm stops vLLM within its own 0.5 s poll; health_from says which). Polls every 0.1 s.
+OUT_DIR/NAME.json gets: rc, seconds to /health, wall time, the FlashInfer
+autotune time (from "[Autotuner]: Autotuning process starts/ends" in the log, else in
+FlashInfer's own flashinfer_jit.log under $FLASHINFER_WORKSPACE_BASE, read from where it ended
+before the run), vLLM's "init engine ... took" seconds, the autotune cache file vLLM named, any
+"Invalid gemm2 profile id" line, and the completion's text.
 """
 
 from __future__ import annotations
@@ -27,6 +35,7 @@ import time
 import urllib.request
 from datetime import datetime
 from pathlib import Path
+from typing import Any
 
 _FI_STAMP = r"(\d{4}-\d\d-\d\d \d\d:\d\d:\d\d,\d{3}) - INFO - autotuner\.py:\d+ - flashinfer\.jit: "
 TUNE_START = re.compile(_FI_STAMP + r"\[Autotuner\]: Autotuning process starts")
@@ -82,30 +91,62 @@ def _stop(proc: subprocess.Popen[bytes]) -> None:
         os.killpg(proc.pid, signal.SIGKILL)  # an engine core left in the group holds the GPU
 
 
+def _marked(log: Path, marker: str) -> bool:
+    try:
+        return marker.encode() in log.read_bytes()
+    except OSError:
+        return False
+
+
 def run(
-    out: Path, name: str, cmd: list[str], port: int | None, model: str | None, timeout: float
+    out: Path,
+    name: str,
+    cmd: list[str],
+    port: int | None,
+    model: str | None,
+    timeout: float,
+    watch: bool = False,
+    marker: str | None = None,
+    healthy_marker: str | None = None,
 ) -> dict[str, object]:
     out.mkdir(parents=True, exist_ok=True)
     log = out / f"{name}.log"
     jit_before = {p: p.stat().st_size for p in _jit_logs()}
-    res: dict[str, object] = {"name": name, "cmd": cmd, "health_port": port}
+    res: dict[str, object] = {"name": name, "cmd": cmd, "health_port": port, "watch": watch}
     t0 = time.monotonic()
+    res["started_epoch"] = round(time.time(), 2)
     with open(log, "wb") as f:
         proc = subprocess.Popen(cmd, stdout=f, stderr=subprocess.STDOUT, start_new_session=True)
         health_s = None
+        launch_s = None if marker else 0.0
+        marked_s = None
         try:
             while time.monotonic() - t0 < timeout and proc.poll() is None:
-                if port is not None and _healthy(port):
+                now = round(time.monotonic() - t0, 2)
+                if launch_s is None and _marked(log, marker or ""):
+                    launch_s = now
+                if healthy_marker and marked_s is None and _marked(log, healthy_marker):
+                    marked_s = now
+                if port is not None and health_s is None and _healthy(port):
                     health_s = round(time.monotonic() - t0, 2)
-                    break
-                time.sleep(0.5)
+                    if not watch:
+                        break
+                time.sleep(0.1)
+            res["health_polled_s"] = health_s
+            res["healthy_marker_s"] = marked_s
+            res["health_from"] = "poll" if health_s is not None else None
+            if health_s is None and marked_s is not None:
+                health_s, res["health_from"] = marked_s, "marker"
             res["health_s"] = health_s
+            res["launch_s"] = launch_s
+            own = None if health_s is None or launch_s is None else round(health_s - launch_s, 2)
+            res["vllm_health_s"] = own
             if health_s is not None and model:
                 try:
                     res["completion"] = _complete(port or 0, model)
                 except (OSError, ValueError, KeyError) as exc:
                     res["completion_error"] = repr(exc)
-            res["timed_out"] = proc.poll() is None and health_s is None
+            res["timed_out"] = proc.poll() is None and (health_s is None or watch)
         finally:
             _stop(proc)
     res["rc"] = proc.returncode
@@ -126,7 +167,7 @@ def summary(out: Path) -> str:
         "| run | rc | to /health (s) | wall (s) | autotune (s) | init engine (s) | gemm2 error |",
         "| --- | ---: | ---: | ---: | --- | --- | --- |",
     ]
-    for f in sorted(out.glob("[0-9]*.json")):
+    for f in sorted(out.glob("*.json")):
         d = json.loads(f.read_text())
         if "cmd" not in d:
             continue  # doctor/ls output, not a run
@@ -134,6 +175,63 @@ def summary(out: Path) -> str:
         rows.append(f"| {d['name']} | {d['rc']} | {d.get('health_s')} | {d['wall_s']} | "
                     f"{d.get('autotune_s')} | {d.get('init_engine_s')} | {err} |")  # fmt: skip
     return "\n".join(rows)
+
+
+def _kind(name: str) -> str:
+    """r2-same-file -> same-file: the rounds of one kind of start (step 3m)."""
+    m = re.match(r"r\d+-(.+)", name)
+    return m.group(1) if m else name
+
+
+def _spread(xs: list[float]) -> dict[str, Any]:
+    xs = sorted(xs)
+    if not xs:
+        return {"n": 0}
+    mid = len(xs) // 2
+    med = xs[mid] if len(xs) % 2 else (xs[mid - 1] + xs[mid]) / 2
+    return {"median": round(med, 2), "min": xs[0], "max": xs[-1], "n": len(xs), "values": xs}
+
+
+STAT_KEYS = ("health_s", "vllm_health_s", "launch_s", "autotune_s", "wall_s")
+
+
+def stats(out: Path) -> tuple[dict[str, dict[str, Any]], str]:
+    """Step 3m's runs, per kind: seconds to /health (from the command's start and from vLLM's
+    launch), fi-cache's part before the launch, FlashInfer autotune (summed over the start's
+    tuning passes) and wall time; failed runs (no /health; a warm's exit != 0) are listed, not
+    counted."""
+    kinds: dict[str, list[dict[str, Any]]] = {}
+    for f in sorted(out.glob("*.json")):
+        d = json.loads(f.read_text())
+        if "cmd" in d and re.match(r"(r\d+|0)-", str(d["name"])):
+            kinds.setdefault(_kind(str(d["name"])), []).append(d)
+    res: dict[str, dict[str, Any]] = {}
+    for kind, runs in kinds.items():
+        # a --health run is stopped by us (its exit code is the signal's); a warm must exit 0
+        ok = [d for d in runs if d.get("health_s") is not None
+              and (d.get("rc") == 0 or not d.get("watch"))]  # fmt: skip
+        for d in ok:
+            d["autotune_s"] = round(sum(d.get("autotune_s") or []), 3)
+        res[kind] = {"runs": [d["name"] for d in runs],
+                     "failed": [d["name"] for d in runs if d not in ok]}  # fmt: skip
+        for k in STAT_KEYS:
+            res[kind][k] = _spread([float(d[k]) for d in ok if d.get(k) is not None])
+
+    def cell(v: dict[str, Any]) -> str:
+        return f"{v['median']} ({v['min']}-{v['max']}, n={v['n']})" if v["n"] else "-"
+
+    rows = ["| start | to /health | vLLM launch to /health | before vLLM's launch | autotune | "
+            "wall | failed |", "| --- | ---: | ---: | ---: | ---: | ---: | --- |"]  # fmt: skip
+    for kind, v in res.items():
+        cells = " | ".join(cell(v[k]) for k in STAT_KEYS)
+        rows.append(f"| {kind} | {cells} | {', '.join(v['failed'])} |")
+    same, seeded = res.get("same-file"), res.get("seeded")
+    for k in ("health_s", "vllm_health_s"):
+        if same and seeded and same[k]["n"] and seeded[k]["n"]:
+            a, b = same[k]["median"], seeded[k]["median"]
+            rows.append(f"\nseeded / same-file, {k} medians: {b} / {a} = {b / a:.3f} "
+                        f"({(b / a - 1) * 100:+.1f} %)")  # fmt: skip
+    return res, "\n".join(rows)
 
 
 def _paths(node: object) -> set[str]:
@@ -170,6 +268,11 @@ def main(argv: list[str]) -> int:
     if argv[:1] == ["summary"]:
         print(summary(Path(argv[1])))
         return 0
+    if argv[:1] == ["stats"]:
+        res, table = stats(Path(argv[1]))
+        (Path(argv[1]) / "step3m-stats.json").write_text(json.dumps(res, indent=1) + "\n")
+        print(table)
+        return 0
     if argv[:1] == ["compare"]:
         print(json.dumps(compare(Path(argv[1])), indent=1))
         return 0
@@ -179,9 +282,14 @@ def main(argv: list[str]) -> int:
     opts, cmd = argv[:at], argv[at + 1 :]
     out, name, rest = Path(opts[0]), opts[1], opts[2:]
     flags = dict(zip(rest[::2], rest[1::2], strict=False))
-    port = int(flags["--health"]) if "--health" in flags else None
-    res = run(out, name, cmd, port, flags.get("--request"), float(flags.get("--timeout", 600)))
-    keys = ("rc", "health_s", "wall_s", "autotune_s", "init_engine_s", "gemm2_error", "completion")
+    watch = "--watch-health" in flags
+    port = int(flags.get("--health") or flags["--watch-health"]) if (
+        "--health" in flags or watch) else None  # fmt: skip
+    timeout = float(flags.get("--timeout", 600))
+    marker, healthy = flags.get("--launch-marker"), flags.get("--healthy-marker")
+    res = run(out, name, cmd, port, flags.get("--request"), timeout, watch, marker, healthy)
+    keys = ("rc", "health_s", "health_from", "healthy_marker_s", "launch_s", "vllm_health_s",
+            "wall_s", "autotune_s", "init_engine_s", "gemm2_error", "completion")  # fmt: skip
     print(name, json.dumps({k: res.get(k) for k in keys}))
     return 0
 
