@@ -16,7 +16,8 @@ Environment (all optional): FAKE_VLLM_RECORD (dir; argv/env appended to starts.j
 FAKE_VLLM_MODE (ok|crash|hang|ignore-sigint|ignore-sigterm|exit-now), FAKE_VLLM_EXIT_CODE,
 FAKE_VLLM_CACHE_SOURCE, FAKE_VLLM_PER_RANK, FAKE_VLLM_RANKS, FAKE_VLLM_NO_CACHE,
 FAKE_VLLM_TUNE_SECONDS, FAKE_VLLM_HEALTH_DELAY, FAKE_VLLM_SPAWN_CHILD, FAKE_VLLM_V2,
-FAKE_VLLM_IGNORE_SIGNALS.
+FAKE_VLLM_IGNORE_SIGNALS, FAKE_VLLM_LOAD_SECONDS (how long its "model load" takes before it looks
+for the cache file: vLLM reads it at kernel warm-up, ~40 s after launch on the H200's host).
 
 FAKE_VLLM_V2=1 plays vLLM 0.33 with one rank: the entries go into FlashInfer's v2 store, written by
 the real FlashInfer (0.7.x on PYTHONPATH; its `_collect_metadata` and `ManagedAutotuneCache`, the
@@ -242,6 +243,7 @@ def main(argv: list[str]) -> int:
             ranked = per_rank or int(os.environ.get("FAKE_VLLM_RANKS") or 1) > 1
             name = "autotune_configs_dp0_rank0.json" if ranked else "autotune_configs.json"
             path = os.path.join(cache_dir, digest, name)
+            time.sleep(fenv("FAKE_VLLM_LOAD_SECONDS", 0))
             if os.path.exists(path):
                 log(f"[Autotuner]: Loaded {count_configs(path)} configs from {path}", "utils.py:1")
             else:

@@ -273,7 +273,7 @@ step3() {  # start-up times: cold (1a, 2a), config change without and with seedi
 # run of its kind + 10 s, else S3_EST) fits before $V/s3_end.
 S3_L=(640 704 832)     # seeded: config changes, each a new hash
 S3_N=(1280 1536 1792)  # no seeding: config changes, each a new hash
-declare -A S3_EST=([cold-warm]=150 [same-file]=60 [seeded]=80 [noseed]=90 [cold]=110)
+declare -A S3_EST=([cold-warm]=150 [same-file]=60 [seeded]=70 [noseed]=95 [cold]=115)
 
 s3_left() { echo $(( $(cat $V/s3_end 2>/dev/null || echo 0) - $(date +%s) )); }
 
@@ -324,6 +324,44 @@ step3m() {
   done
   for r in 1 2 3; do
     s3_plain noseed r$r-noseed VLLM_FLASHINFER_AUTOTUNE_CACHE_DIR=$V/pdir -- "${BASE[@]}" --max-model-len "${S3_N[r-1]}"
+    s3_plain cold r$r-cold VLLM_CACHE_ROOT=$V/cold$r -- "${BASE[@]}" "${A[@]}"
+  done
+  find $V/pdir $V/store -name 'autotune_configs.json' -printf '%p %s\n' >> $R/3m-files.txt 2>/dev/null
+  cp -r $V/pdir $R/pdir-final 2>/dev/null
+  $PY $V/bench/vserve.py stats $R > $R/step3m.md; cat $R/step3m.md
+}
+
+# Step 3i: the four kinds interleaved, round by round (same-file, seeded, no seeding, cold), so
+# the session's drift falls on all alike; 3 rounds as the deadline allows. The seeded warm now
+# starts vLLM at once and places the seed while vLLM loads (lifecycle/seeding.py): its
+# `seed_placed_s` against FlashInfer's `loaded` moment says whether the seed was in time;
+# `-gpu.txt` samples the GPU's compute processes and fi-cache's prediction children (does the
+# prediction, running beside vLLM, hold any GPU memory?).
+S3I_L=(576 608 672)    # seeded: new lengths, each a new hash
+S3I_N=(1280 1536 1792) # no seeding
+
+gpu_watch() {  # gpu_watch FILE: every 0.5 s until killed
+  while :; do
+    echo "$(date +%s.%N) apps=[$(nvidia-smi --query-compute-apps=pid,used_memory --format=csv,noheader,nounits 2>&1 | tr '\n' ';')] predict=[$(pgrep -f predict_child.py | tr '\n' ' ')]"
+    sleep 0.5
+  done > "$1"
+}
+
+step3i() {
+  export VLLM_CACHE_ROOT=$V/vroot
+  rm -f $R/not-run.txt; echo "deadline in $(s3_left) s" | tee $R/deadline.txt
+  s3_warm cold-warm 0-fc-warm-a-cold -- "${BASE[@]}" "${A[@]}" || return 1
+  local f; f=$(find $V/store -path '*/vllm/*' -name autotune_configs.json | head -1)
+  [ -n "$f" ] || { echo "no file from the cold warm"; return 1; }
+  rm -rf $V/pdir && cp -r "${f%%/vllm/*}/vllm" $V/pdir
+  echo "namespace file: $f" | tee $R/3m-files.txt
+  local r w
+  for r in 1 2 3; do
+    s3_plain same-file r$r-same-file VLLM_FLASHINFER_AUTOTUNE_CACHE_DIR=$V/pdir -- "${BASE[@]}" "${A[@]}"
+    gpu_watch $R/r$r-seeded-gpu.txt & w=$!
+    s3_warm seeded r$r-seeded -- "${BASE[@]}" --max-model-len "${S3I_L[r-1]}"
+    kill $w 2>/dev/null; wait $w 2>/dev/null
+    s3_plain noseed r$r-noseed VLLM_FLASHINFER_AUTOTUNE_CACHE_DIR=$V/pdir -- "${BASE[@]}" --max-model-len "${S3I_N[r-1]}"
     s3_plain cold r$r-cold VLLM_CACHE_ROOT=$V/cold$r -- "${BASE[@]}" "${A[@]}"
   done
   find $V/pdir $V/store -name 'autotune_configs.json' -printf '%p %s\n' >> $R/3m-files.txt 2>/dev/null

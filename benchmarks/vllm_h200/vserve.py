@@ -42,6 +42,11 @@ TUNE_START = re.compile(_FI_STAMP + r"\[Autotuner\]: Autotuning process starts")
 TUNE_END = re.compile(_FI_STAMP + r"\[Autotuner\]: Autotuning process ends")
 INIT = re.compile(r"init engine \(profile, create kv cache, warmup model\) took ([\d.]+) s")
 CACHE_FILE = re.compile(r"Using FlashInfer autotune cache file: (\S+)")
+LOADED = re.compile(_FI_STAMP + r"\[Autotuner\]: Loaded (\d+) configs from (\S+)")
+# fi-cache's seeding lines (lifecycle/seeding.py): placed while vLLM starts, "(N.Ns after vLLM
+# started)"; not placed; or placed too late and replaced by vLLM's own tuning
+SEED_NOTE = re.compile(r"fi-cache: (seeded \d+ entries.*|not seeding.*|vLLM tuned .* itself.*)")
+SEED_AFTER = re.compile(r"seeded (\d+) entries .*\(([\d.]+)s after vLLM started\)")
 GEMM2 = re.compile(r".*Invalid gemm2 profile id.*")
 
 
@@ -158,8 +163,25 @@ def run(
     res["init_engine_s"] = [float(x) for x in INIT.findall(text)]
     res["cache_files"] = sorted(set(CACHE_FILE.findall(text)))
     res["gemm2_error"] = GEMM2.findall(text)[:3]
+    res.update(_seed_timing(text + jit, res))
     (out / f"{name}.json").write_text(json.dumps(res, indent=1) + "\n")
     return res
+
+
+def _seed_timing(text: str, res: dict[str, object]) -> dict[str, object]:
+    """When fi-cache placed the seed and when FlashInfer loaded a file, both in seconds from
+    this command's start (FlashInfer stamps local time, to the millisecond)."""
+    stamp = "%Y-%m-%d %H:%M:%S,%f"
+    t0, launch = float(str(res["started_epoch"])), res.get("launch_s")
+    loaded = [
+        {"at_s": round(datetime.strptime(m.group(1), stamp).timestamp() - t0, 2),
+         "configs": int(m.group(2)), "path": m.group(3)}
+        for m in LOADED.finditer(text)
+    ]  # fmt: skip
+    out: dict[str, object] = {"seed_notes": SEED_NOTE.findall(text), "loaded": loaded}
+    if (m := SEED_AFTER.search(text)) and isinstance(launch, float | int):
+        out["seed_placed_s"] = round(float(launch) + float(m.group(2)), 2)
+    return out
 
 
 def summary(out: Path) -> str:

@@ -21,6 +21,8 @@ from fi_cache.errors import FiCacheError
 from fi_cache.store.manifest import Manifest, WarmRecord
 
 if TYPE_CHECKING:
+    from threading import Event
+
     from fi_cache.environment import Environment
     from fi_cache.ranks.deployment import Expected
     from fi_cache.store.namespace import FinalizeMode, Namespace
@@ -227,9 +229,20 @@ class ServerEngine(Engine):
         """May an earlier warm's files seed this start's (seeding's sources)?"""
         return self.same_model(run, warm.argv)
 
-    def seed_targets(self, run: Run, ns_dir: Path, store: Path) -> tuple[list[Path], str | None]:
-        """(The files this start will read, inside `ns_dir`; why there is nothing to seed)."""
+    def seed_targets(
+        self, run: Run, ns_dir: Path, store: Path, stop: Event | None = None
+    ) -> tuple[list[Path], str | None]:
+        """(The files this start will read, inside `ns_dir`; why there is nothing to seed).
+        `stop`: set when the answer is no longer wanted (raise FiCacheError then)."""
         return [], None
+
+    def seed_targets_known(
+        self, run: Run, ns_dir: Path, store: Path
+    ) -> tuple[list[Path], str | None] | None:
+        """seed_targets' answer when it comes without seconds of work; None when it does not
+        (vLLM's own code, not yet asked for these arguments): a warm then asks seed_targets
+        while the engine starts, which reads its file only at its kernel warm-up."""
+        return self.seed_targets(run, ns_dir, store)
 
     def rank_names(self, run: Run) -> Expected | None:
         """The deployment's rank files by name (every rank and this node's) where the engine's

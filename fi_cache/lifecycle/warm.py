@@ -7,6 +7,7 @@ from __future__ import annotations
 import contextlib
 import os
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
@@ -17,7 +18,7 @@ from fi_cache.lifecycle import prepare, signals
 from fi_cache.lifecycle.files import collect_files, snapshot, used_files
 from fi_cache.lifecycle.ranks import align_ranks
 from fi_cache.lifecycle.report import Report
-from fi_cache.lifecycle.seeding import BeforeStart, seeder
+from fi_cache.lifecycle.seeding import Seeding, seeder
 from fi_cache.store import locks
 from fi_cache.store import manifest as manifests
 from fi_cache.store import pin as pins
@@ -75,7 +76,7 @@ def _locked(
     run: Run,
     options: WarmOptions,
     grace: float,
-    before: BeforeStart | None,
+    before: Callable[[Path, Manifest], Seeding] | None,
     store: Path,
     report: Report,
 ) -> WarmResult:
@@ -104,8 +105,8 @@ def _locked(
                 raise pins.refusal(ns_dir, f"a warm ({engine.display} saves its tuning there)")
             if waited:
                 report.note(_overtaken(m.last_warm(since=asked)))
-            seeded = before(ns_dir, m) if before else {}
-            record = _start(engine, run, ns_dir, key, options, grace, seeded, report)
+            seeding = before(ns_dir, m) if before else Seeding()
+            record = _start(engine, run, ns_dir, key, options, grace, seeding, report)
             share_like_store([ns_dir / f.path for f in record.files], store)
             manifests.save(ns_dir, m.with_warm(record))
             quiet = run.nothing_to_tune if not record.files else None
@@ -131,11 +132,12 @@ def _start(
     key: str,
     options: WarmOptions,
     grace: float,
-    seeded: dict[str, int],
+    seeding: Seeding,
     report: Report,
 ) -> WarmRecord:
-    """Start the engine (holding `ns_dir`'s lock, with a guard), wait for its /health, stop it,
-    and make the warm record of the caches it used."""
+    """Start the engine (holding `ns_dir`'s lock, with a guard), seeding the files it will read
+    meanwhile when those take seconds to know, wait for its /health, stop it, and make the warm
+    record of the caches it used."""
     port = _port(options)
     fresh = not engine.cache_dir(ns_dir).exists()
     environ = engine.environment(run, ns_dir, os.environ, warm=True)
@@ -146,7 +148,10 @@ def _start(
     report.note(f"starting {' '.join(cmd[1:])}")
     try:
         server = Server(cmd, environ, lock_dir=ns_dir, grace=grace, name=engine.display)
-        _until_healthy(server, port, engine.display, options.timeout, grace, report)
+        seeding.start()
+        ticking = seeding.ticking(report)  # the seeding thread's notes, said as they come
+        _until_healthy(server, port, engine.display, options.timeout, grace, ticking)
+        seeded = seeding.settle(report)
         wrote = {p.parent for p, stamp in snapshot(watch).items() if before.get(p) != stamp}
         align_ranks(watch, report, wrote)  # so the next start keeps and hits every rank's file
         used = used_files(watch, ns_dir, before, server.named_files, seeded)
@@ -156,6 +161,7 @@ def _start(
         if not files and why is None:
             raise WarmFailed(engine.empty_start, server.lines, list(server.log))
     except BaseException:
+        seeding.cancel()
         if fresh:
             prune_empty(engine.cache_dir(ns_dir))  # a failed first start leaves no empty tree
         raise

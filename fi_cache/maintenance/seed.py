@@ -10,7 +10,9 @@ share entries. Per-rank files are seeded rank by rank (same file name): on Flash
 0.6.18-0.7.1 MoE keys carry the rank.
 
 `plan` is pure over what it reads; `write` goes through the store's atomic writer. The caller
-holds the namespace lock across both.
+holds the namespace lock across both. While the engine is already starting (the files it reads
+known only seconds later), `create` places a seed only where the engine has written nothing, and
+`kept` says afterwards whether the engine read it or replaced it with its own tuning.
 """
 
 from __future__ import annotations
@@ -22,7 +24,7 @@ from pathlib import Path
 from fi_cache.errors import FiCacheError
 from fi_cache.maintenance.merge import merge, read_source
 from fi_cache.model import v1
-from fi_cache.store.files import atomic_write
+from fi_cache.store.files import Stamp, atomic_write, create_new, stamp_of
 from fi_cache.store.manifest import Manifest, WarmRecord
 
 
@@ -109,3 +111,21 @@ def plan(
 def write(seed: Seed) -> None:
     """Atomically, in FlashInfer's own format (`_generation` as that version writes it)."""
     atomic_write(seed.target, v1.dumps(seed.file).encode(), lock=False)
+
+
+def create(seed: Seed) -> Stamp | None:
+    """Write the seed only if the engine has not written its own file first (None then)."""
+    return create_new(seed.target, v1.dumps(seed.file).encode())
+
+
+def kept(seed: Seed, placed: Stamp) -> bool:
+    """Does the target still hold every seeded entry as seeded: untouched since `placed`, or
+    the engine added its own tuning to what it read? False when the engine replaced it (it
+    looked for the file before the seed landed, tuned and saved its own)."""
+    if stamp_of(seed.target) == placed:
+        return True
+    try:
+        now = read_source(seed.target)
+    except FiCacheError:
+        return False
+    return all(now.entries.get(key) == value for key, value in seed.file.entries.items())

@@ -8,6 +8,7 @@ directory is fsynced so the rename survives a crash.
 from __future__ import annotations
 
 import contextlib
+import errno
 import os
 import stat
 import tempfile
@@ -112,6 +113,54 @@ def atomic_write(
             _replace(path, data, mode)
     else:
         _replace(path, data, mode)
+
+
+# (inode, mtime_ns, size): what `create_new` placed; a later write by anyone changes it.
+Stamp = tuple[int, int, int]
+
+
+def create_new(path: Path, data: bytes, *, mode: int = 0o644) -> Stamp | None:
+    """Write `path` only if nothing is there yet, atomically (temp file, fsync, hard link: a
+    running engine about to save the same file wins, and never reads half of ours). Returns
+    the placed file's stamp, None when something was there first."""
+    refuse_destination(path, "file")
+    ensure_dir(path.parent)
+    try:
+        fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=TMP_PREFIX, suffix=".tmp")
+    except OSError as exc:
+        raise Refused(f"cannot write here: {exc.strerror}", path.parent) from None
+    try:
+        with os.fdopen(fd, "wb") as f:
+            f.write(data)
+            f.flush()
+            os.fsync(f.fileno())
+        os.chmod(tmp, mode)
+        st = os.stat(tmp)
+        try:
+            os.link(tmp, path)
+        except FileExistsError:
+            return None
+        except OSError as exc:
+            if exc.errno not in (errno.EPERM, errno.ENOTSUP, errno.EOPNOTSUPP, errno.EMLINK):
+                raise
+            if os.path.lexists(path):  # no hard links here: the next best, a check then rename
+                return None
+            os.replace(tmp, path)
+        fsync_dir(path.parent)
+        return st.st_ino, st.st_mtime_ns, st.st_size
+    except OSError as exc:
+        raise write_failure(exc, path) from None
+    finally:
+        with contextlib.suppress(OSError):
+            os.unlink(tmp)
+
+
+def stamp_of(path: Path) -> Stamp | None:
+    try:
+        st = os.stat(path)
+    except OSError:
+        return None
+    return st.st_ino, st.st_mtime_ns, st.st_size
 
 
 def refuse_destination(path: Path, what: str, *, parent_must_exist: bool = False) -> None:

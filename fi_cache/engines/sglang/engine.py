@@ -30,6 +30,8 @@ from fi_cache.versions import (
 )
 
 if TYPE_CHECKING:
+    from threading import Event
+
     from fi_cache.ranks.deployment import Expected
     from fi_cache.store.manifest import WarmRecord
 
@@ -206,7 +208,9 @@ class Sglang(ServerEngine):
 
         return seeds.usable(run, warm)
 
-    def seed_targets(self, run: Run, ns_dir: Path, store: Path) -> tuple[list[Path], str | None]:
+    def seed_targets(
+        self, run: Run, ns_dir: Path, store: Path, stop: Event | None = None
+    ) -> tuple[list[Path], str | None]:
         """This node's rank files in the key dir SGLang's own key code names for this start,
         its worker's values solved from an earlier warm's dir (seeds.py)."""
         from fi_cache.engines.sglang import seeds

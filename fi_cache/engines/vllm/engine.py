@@ -6,6 +6,7 @@ from __future__ import annotations
 import os
 from collections.abc import Mapping, Sequence
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from fi_cache.engines.api import (
     Identity,
@@ -27,6 +28,9 @@ from fi_cache.versions import (
     VLLM_PERSISTENT_CACHE,
     parse_version,
 )
+
+if TYPE_CHECKING:
+    from threading import Event
 
 EMPTY_START = (
     "vLLM became healthy but neither wrote nor read an autotune cache in the namespace "
@@ -189,20 +193,40 @@ class Vllm(ServerEngine):
         except Refused:
             return False
 
-    def seed_targets(self, run: Run, ns_dir: Path, store: Path) -> tuple[list[Path], str | None]:
+    def seed_targets(
+        self, run: Run, ns_dir: Path, store: Path, stop: Event | None = None
+    ) -> tuple[list[Path], str | None]:
         """The files vLLM's own code says this start will read (engines/vllm/predict.py)."""
-        from fi_cache.engines.vllm.predict import predict
+        answer = self._targets(run, ns_dir, store, stop, ask=True)
+        assert answer is not None  # asked: an answer or an error
+        return answer
+
+    def seed_targets_known(
+        self, run: Run, ns_dir: Path, store: Path
+    ) -> tuple[list[Path], str | None] | None:
+        """The answer vLLM gave earlier for exactly these inputs; None: not asked yet (its
+        child imports vLLM and builds the model on meta, ~25 s on the H200's host)."""
+        return self._targets(run, ns_dir, store, None, ask=False)
+
+    def _targets(
+        self, run: Run, ns_dir: Path, store: Path, stop: Event | None, ask: bool
+    ) -> tuple[list[Path], str | None] | None:
+        from fi_cache.engines.vllm import predict
         from fi_cache.store.paths import state_dir
 
         info = run.env.vllm
         if info.version is None:
             return [], "not seeding: no vLLM found to ask which file it will read"
         environ = self.environment(run, ns_dir, os.environ, warm=False)
-        argv = list(run.args.argv)
-        where = predict(run.env.python, info.version, argv, environ, state_dir(store))
+        argv, python, kept = list(run.args.argv), run.env.python, state_dir(store)
+        if ask:
+            where = predict.predict(python, info.version, argv, environ, kept, stop=stop)
+        elif (known := predict.cached(python, info.version, argv, environ, kept)) is None:
+            return None
+        else:
+            where = known
         if where.store == "v2":
             return [], "nothing to seed: vLLM keeps FlashInfer's v2 store here (no per-config file)"
         return where.paths, None
-
 
 ENGINE = Vllm()

@@ -14,6 +14,8 @@ import hashlib
 import json
 import os
 import subprocess
+import threading
+import time
 from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -85,6 +87,27 @@ def named_contents(argv: Sequence[str], env: Mapping[str, str]) -> list[str]:
     return out
 
 
+def cached(
+    python: str,
+    vllm_version: str,
+    argv: Sequence[str],
+    env: Mapping[str, str],
+    state_dir: Path | None,
+) -> CacheLocation | None:
+    """An earlier answer for exactly these inputs, without asking vLLM (None: none kept)."""
+    if state_dir is None:
+        return None
+    with contextlib.suppress(OSError, ValueError, TypeError, KeyError):
+        return _from_json(json.loads(_kept(state_dir, python, vllm_version, argv, env).read_text()))
+    return None
+
+
+def _kept(
+    state_dir: Path, python: str, vllm_version: str, argv: Sequence[str], env: Mapping[str, str]
+) -> Path:
+    return state_dir / f"vllm-cache-{cache_key(python, vllm_version, argv, env)}.json"
+
+
 def predict(
     python: str,
     vllm_version: str,
@@ -92,21 +115,38 @@ def predict(
     env: Mapping[str, str],
     state_dir: Path | None,
     timeout: float = 300.0,
+    stop: threading.Event | None = None,
 ) -> CacheLocation:
     """vLLM's own answer (cached). Raises Refused when vLLM rejects the argv, FiCacheError when
-    the child fails or hangs."""
-    key = cache_key(python, vllm_version, argv, env)
-    cache = state_dir / f"vllm-cache-{key}.json" if state_dir else None
-    if cache is not None:
-        with contextlib.suppress(OSError, ValueError, TypeError, KeyError):
-            return _from_json(json.loads(cache.read_text()))
-    answer = _ask(python, argv, env, timeout)
-    if cache is not None:
+    the child fails or hangs, or `stop` is set (the child is killed then)."""
+    if (known := cached(python, vllm_version, argv, env, state_dir)) is not None:
+        return known
+    answer = _ask(python, argv, env, timeout, stop)
+    if state_dir is not None:
         from fi_cache.store.files import atomic_write
 
+        cache = _kept(state_dir, python, vllm_version, argv, env)
         with contextlib.suppress(FiCacheError, OSError):  # a read-only store asks again next time
             atomic_write(cache, json.dumps(asdict(answer)).encode(), lock=False)
     return answer
+
+
+def _answer(
+    child: subprocess.Popen[str], timeout: float, stop: threading.Event | None
+) -> tuple[str | None, str | None]:
+    """(stdout, stderr) of the child; (None, None) when `stop` was set first, (None, why) when
+    it took longer than `timeout`."""
+    deadline = time.monotonic() + timeout
+    while True:
+        left = deadline - time.monotonic()
+        if left <= 0:
+            return None, f"vLLM did not answer within {timeout:.0f}s"
+        if stop is not None and stop.is_set():
+            return None, None
+        try:  # in short steps when a warm may stop us (its engine got there first)
+            return child.communicate(timeout=min(left, 0.2) if stop else left)
+        except subprocess.TimeoutExpired:
+            continue
 
 
 def _from_json(data: dict[str, object]) -> CacheLocation:
@@ -121,22 +161,35 @@ def _from_json(data: dict[str, object]) -> CacheLocation:
     )  # fmt: skip
 
 
-def _ask(python: str, argv: Sequence[str], env: Mapping[str, str], timeout: float) -> CacheLocation:
+def _ask(
+    python: str,
+    argv: Sequence[str],
+    env: Mapping[str, str],
+    timeout: float,
+    stop: threading.Event | None,
+) -> CacheLocation:
     try:
-        out = subprocess.run(
+        child = subprocess.Popen(
             [python, str(CHILD), json.dumps({"argv": list(argv)})],
-            capture_output=True, text=True, timeout=timeout, env=dict(env), check=False,
+            stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+            text=True, env=dict(env),
         )  # fmt: skip
-    except subprocess.TimeoutExpired:
-        raise FiCacheError(f"vLLM did not answer within {timeout:.0f}s", python) from None
     except OSError as exc:
         raise FiCacheError(f"cannot run: {exc.strerror}", python) from None
     try:
-        data = json.loads(out.stdout.strip().splitlines()[-1])
+        stdout, stderr = _answer(child, timeout, stop)
+    finally:
+        if child.poll() is None:  # stopped, timed out or interrupted: no child left behind
+            child.kill()
+            child.communicate()
+    if stdout is None or stderr is None:
+        raise FiCacheError(stderr or "stopped before vLLM answered", python)
+    try:
+        data = json.loads(stdout.strip().splitlines()[-1])
     except (IndexError, ValueError):
         data = {"error": "failed", "message": "no answer"}
     if data.get("error") == "vllm-rejected-argv":
-        said = [ln for ln in out.stderr.strip().splitlines() if "error:" in ln][-1:]
+        said = [ln for ln in stderr.strip().splitlines() if "error:" in ln][-1:]
         raise Refused(f"vLLM rejects these arguments{': ' + said[0] if said else ''}")
     if "error" in data:
         raise FiCacheError(f"vLLM could not compute its cache location: {data.get('message')}")

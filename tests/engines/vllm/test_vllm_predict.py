@@ -14,6 +14,7 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 import time
 import urllib.request
 from pathlib import Path
@@ -21,7 +22,7 @@ from pathlib import Path
 import pytest
 
 from fi_cache.engines.server import free_port
-from fi_cache.engines.vllm.predict import predict
+from fi_cache.engines.vllm.predict import cached, predict
 from fi_cache.errors import FiCacheError, Refused
 from tests.conftest import VLLM_PYTHON, needs_vllm
 
@@ -108,6 +109,25 @@ def test_a_child_that_hangs_is_stopped(tmp_path: Path) -> None:
     with pytest.raises(FiCacheError, match="vLLM did not answer within 1s"):
         predict(str(hang), "0.32.0", ["m"], dict(os.environ), tmp_path, timeout=1)
     assert time.monotonic() - started < 10
+
+
+def test_a_question_no_longer_wanted_stops_its_child(tmp_path: Path) -> None:
+    """A warm whose engine was healthy before vLLM's answer came stops asking: the child is
+    killed at once, nothing is cached."""
+    pid_file = tmp_path / "pid"
+    hang = tmp_path / "python"
+    hang.write_text(f"#!/bin/sh\necho $$ > {pid_file}\nexec sleep 60\n")
+    hang.chmod(0o755)
+    stop = threading.Event()
+    threading.Timer(0.5, stop.set).start()
+    started = time.monotonic()
+    with pytest.raises(FiCacheError, match="stopped before vLLM answered"):
+        predict(str(hang), "0.32.0", ["m"], dict(os.environ), tmp_path / "state", stop=stop)
+    assert time.monotonic() - started < 5
+    with pytest.raises(ProcessLookupError):
+        os.kill(int(pid_file.read_text()), 0)  # gone, not left to sleep on
+    assert not (tmp_path / "state").exists()
+    assert cached(str(hang), "0.32.0", ["m"], dict(os.environ), tmp_path / "state") is None
 
 
 @needs_vllm
