@@ -15,6 +15,8 @@ from typing import Union
 
 # Deeper nesting than this is hostile input, not a key FlashInfer wrote (real keys nest 3 deep).
 MAX_DEPTH = 32
+# FlashInfer's longest keys have ~250 characters (fused MoE, tests/fixtures): longer is hostile.
+MAX_KEY_CHARS = 64 * 1024
 
 
 @dataclass(frozen=True)
@@ -61,7 +63,7 @@ class KeyError_(ValueError):
 _TOKEN = re.compile(
     r"""
     (?P<ws>\s+)
-  | (?P<str>'(?:[^'\\\n]|\\.)*'|"(?:[^"\\\n]|\\.)*")
+  | (?P<str>'[^'\\\n]*(?:\\.[^'\\\n]*)*'|"[^"\\\n]*(?:\\.[^"\\\n]*)*")
   | (?P<num>-?(?:\d+\.\d*|\.\d+|\d+)(?:[eE][-+]?\d+)?)
   | (?P<name>[A-Za-z_]\w*(?:\.[A-Za-z_]\w*)*)
   | (?P<punct>[()\[\],])
@@ -196,6 +198,11 @@ class _Parser:
 
 def parse_value(text: str) -> KeyValue:
     """Parse one repr'd value (a key or any part of one)."""
+    if len(text) > MAX_KEY_CHARS:
+        raise KeyError_(
+            f"{len(text):,} characters long, over the {MAX_KEY_CHARS:,} a key may have "
+            "(FlashInfer's are a few hundred)"
+        )
     parser = _Parser(text)
     result = parser.value()
     parser.done()

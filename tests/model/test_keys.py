@@ -5,6 +5,9 @@ from __future__ import annotations
 import contextlib
 import json
 import re
+import tracemalloc
+from collections.abc import Callable
+from pathlib import Path
 
 import pytest
 from hypothesis import given, settings
@@ -12,7 +15,7 @@ from hypothesis import strategies as st
 
 from fi_cache.model import keys
 from fi_cache.model.keys import CacheKey, KeyError_, Symbol, TorchSize
-from tests.conftest import FI, H200
+from tests.conftest import FI, GEMM_617, H200, Result
 
 ALL_FIXTURES = sorted(H200.glob("*.json")) + sorted(FI.glob("*.json"))
 
@@ -96,6 +99,33 @@ def test_deep_nesting_is_refused_not_a_crash() -> None:
     text = "('a', 'b', " + "(" * 5000 + ")" * 5000 + ", ())"
     with pytest.raises(KeyError_, match="nested deeper"):
         keys.parse_key(text)
+
+
+def test_verify_reports_a_key_longer_than_flashinfer_writes_as_a_defect_naming_it(
+    tmp_path: Path, run: Callable[..., Result]
+) -> None:
+    # A 1 MB op name (issue 25): the tokenizer's backtracking stack once took ~175x the key.
+    data = json.loads(GEMM_617.read_text())
+    data["('" + "a" * (1 << 20) + "', 'R', ((1,),), ())"] = ["R", 1]
+    path = tmp_path / "huge-key.json"
+    path.write_text(json.dumps(data))
+    r = run("verify", str(path))
+    assert r.code == 1
+    (line,) = [ln for ln in r.err.splitlines() if "huge-key.json" in ln]
+    assert "key ('aaaa" in line and "does not parse" in line and "65,536" in line
+    assert "Traceback" not in r.err and "1 with problems" in r.err
+
+
+def test_a_long_key_under_the_limit_parses_in_memory_proportional_to_it() -> None:
+    raw = "('" + "a" * 60_000 + "\\n', 'R', ((1, 4096),), ())"
+    tracemalloc.start()
+    try:
+        key = keys.parse_key(raw)
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert key.op == "a" * 60_000 + "\n" and key.profile == ((1, 4096),)
+    assert peak < 20 * len(raw)  # the old tokenizer peaked at ~170x
 
 
 def test_batch_check_agrees_with_the_parser_on_real_and_broken_keys() -> None:
