@@ -1,7 +1,8 @@
 """An engine's HTTP server as a child process: started in a session of its own (its whole group
-is stopped together, by a guard too when fi-cache dies first), `GET /health` polled until 200,
-stopped with SIGINT, then SIGTERM, then SIGKILL. vLLM and SGLang both answer /health 200 only
-after warm-up, FlashInfer autotuning and the cache save (docs/serving.md)."""
+is stopped together, by a guard too when fi-cache dies first, running before the engine does),
+`GET /health` polled until 200, stopped with SIGINT, then SIGTERM, then SIGKILL. vLLM and SGLang
+both answer /health 200 only after warm-up, FlashInfer autotuning and the cache save
+(docs/serving.md)."""
 
 from __future__ import annotations
 
@@ -17,9 +18,8 @@ from collections import deque
 from collections.abc import Callable
 from pathlib import Path
 
-from fi_cache.engines.guard import Guard
+from fi_cache.engines.guard import Guard, holding_lock, start_guarded
 from fi_cache.errors import Refused
-from fi_cache.store import locks
 
 # Lines that name the autotune file a start read or wrote: vLLM's own (kernel_warmup.py 0.32:460
 # "Using FlashInfer autotune cache file: %s") and FlashInfer's load/save lines (autotuner.py
@@ -69,23 +69,23 @@ class Server:
         self.log: deque[str] = deque(maxlen=50_000)  # for the log file a failed warm leaves
         self._keep = keep_lines
         self.named_files: set[str] = set()  # autotune files its log says it read or wrote
-        try:
-            self.proc = subprocess.Popen(
+
+        def guard(pid: int) -> Guard | None:
+            return None if lock_dir is None else holding_lock(pid, grace, lock_dir)
+
+        try:  # the engine runs only once its guard does: a SIGKILL in between starts nothing
+            self.proc, self._guard = start_guarded(
                 cmd,
+                guard,
                 env=env,
                 stdin=subprocess.DEVNULL,
                 stdout=subprocess.PIPE,
                 stderr=subprocess.STDOUT,
-                start_new_session=True,
                 text=True,
                 errors="replace",
             )
         except OSError as exc:
             raise Refused(f"cannot start {name}: {exc.strerror}", cmd[0]) from None
-        self._guard: Guard | None = None
-        if lock_dir is not None:
-            self._guard = Guard(self.proc.pid, grace, locks.guard_fds(lock_dir))
-            locks.share_with_guard(lock_dir, self._guard.pid)
         self._reader = threading.Thread(target=self._read, daemon=True)
         self._reader.start()
 

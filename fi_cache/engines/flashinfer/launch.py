@@ -16,9 +16,8 @@ from typing import IO, Any
 
 import fi_cache
 from fi_cache.engines.api import WarmFailed
-from fi_cache.engines.guard import Guard
+from fi_cache.engines.guard import Guard, holding_lock, start_guarded
 from fi_cache.errors import Refused
-from fi_cache.store import locks
 
 _REFUSALS = {"no-gpu", "unsupported", "flashinfer", "job", "stopped"}
 _TAIL = 30  # lines of the child's stderr kept for a failure report
@@ -42,9 +41,10 @@ class TuningChild:
         # The child imports fi_cache from where this one lives, even in another interpreter.
         here = str(Path(fi_cache.__file__).resolve().parent.parent)
         env["PYTHONPATH"] = os.pathsep.join(p for p in (here, env.get("PYTHONPATH")) if p)
-        try:
-            self.proc = subprocess.Popen(
+        try:  # the child runs only once its guard does: a SIGKILL in between starts nothing
+            self.proc, self.guard = start_guarded(
                 [self.python, "-m", "fi_cache.engines.flashinfer"],
+                self._guard,
                 stdin=subprocess.PIPE,
                 stdout=subprocess.PIPE,
                 stderr=subprocess.PIPE,
@@ -52,20 +52,18 @@ class TuningChild:
                 encoding="utf-8",
                 errors="replace",  # a native library's bytes must not kill the reader
                 env=env,
-                start_new_session=True,
             )
         except OSError as exc:
             raise Refused(f"cannot run {exc.strerror}", self.python) from None
-        fds = locks.guard_fds(self.lock_dir) if self.lock_dir else []
-        self.guard = Guard(self.proc.pid, self.grace, fds)
-        if self.lock_dir is not None:
-            locks.share_with_guard(self.lock_dir, self.guard.pid)
         self.reader = threading.Thread(target=self._drain, args=(self.proc.stderr,), daemon=True)
         self.reader.start()
         self.expired = False
         self.watchdog: threading.Timer | None = None
         self.arm()
         return self
+
+    def _guard(self, pid: int) -> Guard:
+        return holding_lock(pid, self.grace, self.lock_dir)
 
     def __exit__(self, *exc: object) -> None:
         self.disarm()
