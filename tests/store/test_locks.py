@@ -4,6 +4,7 @@ replaced while they are taken."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import subprocess
@@ -326,10 +327,11 @@ needs_proc = pytest.mark.skipif(
 )
 
 
-@pytest.fixture
-def newcomer() -> Iterator[int]:
-    """A live process that is no lock's holder: what a reused pid is."""
-    proc = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+@contextlib.contextmanager
+def _sleeper(new_session: bool = False) -> Iterator[int]:
+    proc = subprocess.Popen(
+        [sys.executable, "-c", "import time; time.sleep(60)"], start_new_session=new_session
+    )
     try:
         while process.start_ticks(proc.pid) is None:
             time.sleep(0.01)
@@ -337,6 +339,13 @@ def newcomer() -> Iterator[int]:
     finally:
         proc.kill()
         proc.wait()
+
+
+@pytest.fixture
+def newcomer() -> Iterator[int]:
+    """A live process that is no lock's holder: what a reused pid is."""
+    with _sleeper() as pid:
+        yield pid
 
 
 def _plant(directory: Path, **holder: object) -> None:
@@ -381,6 +390,58 @@ def test_the_live_holder_itself_still_holds_it(tmp_path: Path, newcomer: int) ->
     assert locks.probe_namespace_lock(tmp_path, "lockfile")[0] is True
     with (
         pytest.raises(FiCacheError, match=f"waiting for warm by pid {newcomer}"),
+        locks.namespace_lock(tmp_path, "warm", timeout=0.3, strategy="lockfile"),
+    ):
+        pass
+
+
+@pytest.fixture
+def dead_pid() -> int:
+    """A holder that was SIGKILLed: its guard is what keeps the lock, if anything does."""
+    proc = subprocess.Popen([sys.executable, "-c", "pass"])
+    proc.wait()
+    return proc.pid
+
+
+@pytest.fixture
+def live_guard() -> Iterator[int]:
+    """A process as a guard is: alive, and leading a session of its own."""
+    with _sleeper(new_session=True) as pid:
+        yield pid
+
+
+def _plant_guarded(directory: Path, holder: int, guard: int, guard_start: int | None) -> None:
+    """A killed holder's record naming its guard (and the guard's start, unless None)."""
+    record = {"pid": holder, "since": time.time(), "boot": process.boot_id(), "start": 1}
+    started = {} if guard_start is None else {"guard_start": guard_start}
+    _plant(directory, **record, guard=guard, **started)
+
+
+@needs_proc
+@pytest.mark.parametrize("guard_start", ["not-its-start", "unrecorded"])
+def test_a_reused_guard_pid_does_not_hold_a_dead_holders_lock(
+    tmp_path: Path, dead_pid: int, newcomer: int, guard_start: str
+) -> None:
+    """A guard's pid alive again as another process kept the lock for that process's life (a
+    record without the guard's start: any live pid did)."""
+    wrong = (process.start_ticks(newcomer) or 0) + 1 if guard_start == "not-its-start" else None
+    _plant_guarded(tmp_path, dead_pid, newcomer, wrong)
+    assert locks.probe_namespace_lock(tmp_path, "lockfile")[0] is False
+    with no_hang(), locks.namespace_lock(tmp_path, "warm", timeout=30, strategy="lockfile") as me:
+        assert json.loads((tmp_path / locks.LOCK_NAME).read_text())["pid"] == me.pid
+
+
+@needs_proc
+@pytest.mark.parametrize("guard_start", ["its-start", "unrecorded"])
+def test_the_live_guard_of_a_dead_holder_still_holds_it(
+    tmp_path: Path, dead_pid: int, live_guard: int, guard_start: str
+) -> None:
+    """The control: the guard still stopping what its killed holder started keeps the lock."""
+    start = process.start_ticks(live_guard) if guard_start == "its-start" else None
+    _plant_guarded(tmp_path, dead_pid, live_guard, start)
+    assert locks.probe_namespace_lock(tmp_path, "lockfile")[0] is True
+    with (
+        pytest.raises(FiCacheError, match=f"waiting for warm by pid {dead_pid}"),
         locks.namespace_lock(tmp_path, "warm", timeout=0.3, strategy="lockfile"),
     ):
         pass

@@ -55,7 +55,7 @@ class Holder:
         if alive(self.pid) and process.is_process(self.pid, self.start, self.since):
             return True
         guard = self.guard
-        return guard is not None and alive(guard) and process.is_process(guard, self.guard_start)
+        return guard is not None and alive(guard) and process.is_guard(guard, self.guard_start)
 
 
 OnWait = Callable[[Holder | None], None]

@@ -25,14 +25,24 @@ def boot_id() -> str | None:
     return None
 
 
-def start_ticks(pid: int) -> int | None:
-    """When `pid` started, in clock ticks after boot (/proc/PID/stat field 22)."""
+def _stat_field(pid: int, index: int) -> int | None:
+    """Field `index` of /proc/PID/stat counted after the name (0: the state)."""
     try:
         with open(f"/proc/{pid}/stat", "rb") as f:
             fields = f.read().rsplit(b")", 1)[1].split()  # the name in (...) may hold spaces
-        return int(fields[19])
+        return int(fields[index])
     except (OSError, IndexError, ValueError):
         return None
+
+
+def start_ticks(pid: int) -> int | None:
+    """When `pid` started, in clock ticks after boot (/proc/PID/stat field 22)."""
+    return _stat_field(pid, 19)
+
+
+def session(pid: int) -> int | None:
+    """The session `pid` is in (/proc/PID/stat field 6)."""
+    return _stat_field(pid, 3)
 
 
 def boot_time() -> float | None:
@@ -70,3 +80,12 @@ def is_process(pid: int, start: int | None, since: float | None = None) -> bool:
         return True
     began = started_at(pid)
     return began is None or began <= since + CLOCK_SLACK_S
+
+
+def is_guard(pid: int, start: int | None) -> bool:
+    """Is the live `pid` the guard a record names: the one that started `start` ticks after
+    boot or, in a record without it (written before guards' starts were), a process leading a
+    session of its own, as every guard does (`since` tells nothing: a guard starts after it)?"""
+    if start is not None:
+        return is_process(pid, start)
+    return session(pid) in (None, pid)  # no /proc to ask: a live pid counts
