@@ -11,6 +11,7 @@ import json
 import os
 import re
 import stat
+from collections import deque
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
@@ -86,6 +87,7 @@ class LogFacts:
 _NEEDLES = ("utotune", "profile id", "cuDNN", "No tuned config", "Error: ", "Exception: ",
             "root cause above")  # fmt: skip
 _BYTE_NEEDLES = tuple(needle.encode() for needle in _NEEDLES)
+_BREAKS = re.compile(r"[\r\n]")
 
 # A line vLLM or FlashInfer printed: their names, the autotuner's tag, vLLM's level + date prefix.
 _TOOL_LINE = re.compile(
@@ -95,25 +97,29 @@ _TOOL_LINE = re.compile(
 
 # FlashInfer writes "[Autotuner]" in these messages and "[AutoTuner]" elsewhere; accept both.
 _TAG = r"\[Auto[Tt]uner\]: "
-_SAVED = re.compile(_TAG + r"Saved (\d+) configs to (.*) \(\d+ new, \d+ from previous config\)")
+# Messages with a free-text middle are matched as head, then tail searched once from the head:
+# a regex `HEAD(.*)TAIL` retried at each of n heads on a line costs n x its length (issue 25).
+# "Saved N configs to PATH (A new, B from previous config)": PATH runs to the last such tail.
+_SAVED = re.compile(_TAG + r"Saved (\d+) configs to ")
+_SAVED_TAIL = re.compile(r" \(\d+ new, \d+ from previous config\)")
 _LOADED = re.compile(_TAG + r"Loaded (\d+) configs from (.*\S)")
-_IGNORED = re.compile(
-    _TAG + r"Cache file (.+?) was created in a different environment \((.*)\)\. "
-    r"Ignoring cached configs\.(.*)"
-)
+# "Cache file PATH was created in a different environment (WHY). Ignoring cached configs.MORE"
+_IGNORED = re.compile(_TAG + r"Cache file ")
+_IGNORED_MIDDLE = " was created in a different environment ("
+_IGNORED_TAIL = "). Ignoring cached configs."
 _SKIPPED = re.compile(_TAG + r"Skipped (\d+) legacy cuDNN config")
 _TUNING = re.compile(_TAG + r"Autotuning process (starts|ends)")
 # FlashInfer 0.6.18: "No tuned config covers OP input_shapes=...; falling back to ... tactic=-1"
-_FALLBACK = re.compile(
-    r"No tuned config covers (\S+)(?: input_shapes=(.*?);)?.*?falling back to runner=\S+ "
-    r"tactic=(-?\d+)"
-)
+_FALLBACK = re.compile(r"No tuned config covers (\S+)")
+_FALLBACK_SHAPES = " input_shapes="
+_FALLBACK_TAIL = re.compile(r"falling back to runner=\S+ tactic=(-?\d+)")
 PROFILE_ID = re.compile(r"Invalid gemm([12]) profile id: (-?\d+)")
 # An exception as Python prints it, at the start of the message: bare (a traceback's last
 # line) or after vLLM's prefix at level ERROR or CRITICAL (a WARNING that quotes one is not).
+# Its dotted name is bounded: re keeps a frame per repeat of a group (a 10 MB "a.a.a…" took 0.9 GB).
 _EXCEPTION = re.compile(
     r"^(\([^)]*pid=\d+\) )?(?:(?:ERROR|CRITICAL) \d\d-\d\d \d\d:\d\d:\d\d\S* \[[^\]]*\] )?"
-    r"((?:[A-Za-z_]\w*\.)*[A-Za-z_]\w*(?:Error|Exception): \S.*)$"
+    r"((?:[A-Za-z_]\w{0,200}\.){0,32}[A-Za-z_]\w{0,200}(?:Error|Exception): \S.*)$"
 )
 _LOGGED = re.compile(r"(?:ERROR|CRITICAL) \d\d-\d\d \d\d:\d\d:\d\d")
 # vLLM's API server, after an engine core or worker died: the cause is earlier in the log.
@@ -200,18 +206,54 @@ def _is_hard(consequence: str, pairs: tuple[tuple[str, str, str], ...]) -> bool 
 
 
 def _ignored(text: str, line_no: int) -> CacheEvent | None:
-    match = _IGNORED.search(text)
-    if match is None:
+    # As `Cache file (.+?) MIDDLE(.*)TAIL(.*)`: a later head only finds a later middle.
+    if (head := _IGNORED.search(text)) is None:
         return None
-    pairs = _mismatches(match.group(2))
-    hard = _is_hard(match.group(3), pairs)
-    return CacheEvent("ignored", match.group(1), line_no, hard=hard, mismatches=pairs)
+    middle = text.find(_IGNORED_MIDDLE, head.end() + 1)
+    tail = text.rfind(_IGNORED_TAIL)
+    if middle < 0 or tail < middle + len(_IGNORED_MIDDLE):
+        return None
+    pairs = _mismatches(text[middle + len(_IGNORED_MIDDLE) : tail])
+    hard = _is_hard(text[tail + len(_IGNORED_TAIL) :], pairs)
+    path = text[head.end() : middle]
+    return CacheEvent("ignored", path, line_no, hard=hard, mismatches=pairs)
+
+
+def _saved(text: str, line_no: int) -> CacheEvent | None:
+    if (head := _SAVED.search(text)) is None:
+        return None
+    # The last tail, as the greedy `(.*)` before it took.
+    last = deque(_SAVED_TAIL.finditer(text, head.end()), maxlen=1)
+    if not last:
+        return None
+    path = text[head.end() : last[0].start()]
+    return CacheEvent("saved", path, line_no, count=int(head.group(1)))
+
+
+def _fallback(text: str, line_no: int) -> Fallback | None:
+    """As `covers (\\S+)(?: input_shapes=(.*?);)?.*?TAIL`, each search made once."""
+    if (head := _FALLBACK.search(text)) is None:
+        return None
+    op_start, op_end = head.span(1)
+    shapes, tail = None, None
+    at = op_end + len(_FALLBACK_SHAPES)
+    semi = text.find(";", at) if text.startswith(_FALLBACK_SHAPES, op_end) else -1
+    if semi >= 0 and (tail := _FALLBACK_TAIL.search(text, semi + 1)):
+        shapes = text[at:semi]
+    tail = tail or _FALLBACK_TAIL.search(text, op_end)
+    if tail is None and op_end - op_start > len("falling"):
+        # "covers OPfalling back ...": the tail starts inside the op's word
+        op_end -= len("falling")
+        tail = _FALLBACK_TAIL.match(text, op_end)
+    if tail is None:
+        return None
+    return Fallback(text[op_start:op_end], int(tail.group(1)), line_no, shapes)
 
 
 def _event(text: str, line_no: int) -> CacheEvent | None:
     """The cache event one line segment reports, if any."""
-    if match := _SAVED.search(text):
-        return CacheEvent("saved", match.group(2), line_no, count=int(match.group(1)))
+    if event := _saved(text, line_no):
+        return event
     if match := _LOADED.search(text):
         return CacheEvent("loaded", match.group(2), line_no, count=int(match.group(1)))
     if match := _SKIPPED.search(text):
@@ -235,8 +277,8 @@ class _Parser:
     failed_start: bool = False
 
     def feed(self, line_no: int, line: str) -> None:
-        # tqdm redraws with "\r": each piece is its own message.
-        for segment in line.split("\r"):
+        # tqdm redraws with "\r": each piece is its own message (and none holds a "\n").
+        for segment in _BREAKS.split(line):
             if _interesting(segment):
                 try:
                     self._segment(line_no, segment)
@@ -268,9 +310,8 @@ class _Parser:
                 return  # vLLM's EngineCore prints the exception its logger just logged: one crash
             error = ProfileIdError(gemm, tactic, line_no, self.last_loaded, process, logged)
             self.errors.append(error)
-        elif match := _FALLBACK.search(text):
-            op, shapes, fallback = match.groups()
-            self.fallbacks.append(Fallback(op, int(fallback), line_no, shapes))
+        elif fallback := _fallback(text, line_no):
+            self.fallbacks.append(fallback)
         elif match := _TUNING.search(text):
             self._tuning(text[: match.start()], match.group(1) == "starts")
         elif event := _event(text, line_no):

@@ -9,7 +9,14 @@ from pathlib import Path
 import pytest
 
 from fi_cache.doctor import logs
-from fi_cache.doctor.logs import CacheEvent, LogFacts, ProfileIdError, parse_log, read_log
+from fi_cache.doctor.logs import (
+    CacheEvent,
+    Fallback,
+    LogFacts,
+    ProfileIdError,
+    parse_log,
+    read_log,
+)
 from fi_cache.errors import EXIT_REFUSED, Refused
 from tests.conftest import FIXTURES, no_hang
 
@@ -261,6 +268,36 @@ def test_big_log_with_a_huge_line_keeps_exact_line_numbers(tmp_path: Path) -> No
     assert [e.line_no for e in facts.events] == [1, 601, 602, 9_001, 9_002, 19_001, 40_000]
     assert facts.errors == (ProfileIdError(2, 9, 20_001, "/c/19000.json"),)
     assert facts.lines == 40_000
+
+
+def test_a_megabyte_line_of_near_miss_messages_is_read_in_time_and_its_messages_found(
+    tmp_path: Path,
+) -> None:
+    # Heads of the messages with free text in the middle, never their tails: once each regex
+    # was retried at every head (issue 25: 11.6 s for 32 KB, hours for this line).
+    near = (
+        "[Autotuner]: Cache file /c/x.json was created in a different environment (gpu: saved="
+        "[Autotuner]: Saved 1 configs to /c/x.json (1 new, "
+        "No tuned config covers bf16_gemm input_shapes=[(1, 2)]; "
+        "a.b.c.d. 45%|████▌     | 45/100 [00:01<00:02, 30.0it/s] "
+    )
+    ignored = ignored_line(CACHE, "gpu: saved=NVIDIA H200 vs current=NVIDIA H100", HARD)
+    fallback = (
+        "[AutoTuner]: No tuned config covers bf16_gemm input_shapes=[(1, 4096)]; "
+        "falling back to runner=CublasltBf16GemmRunner tactic=-1"
+    )
+    saved = f"{FI_INFO}[Autotuner]: Saved 38 configs to {CACHE} (0 new, 38 from previous config)"
+    line = near * (1_000_000 // len(near)) + f"{TQDM}\r{ignored}{TQDM}\r{fallback}"
+    log = tmp_path / "vllm.log"
+    log.write_text(f"INFO 11-30 02:00:00 [api_server.py:1] vLLM\n{line}\n{saved}\n")
+    with no_hang(10.0):  # a hang guard, not a timing (it takes ~0.02 s)
+        facts = read_log(log)
+    assert facts.events == (
+        CacheEvent("ignored", CACHE, 2, hard=True,
+                   mismatches=(("gpu", "NVIDIA H200", "NVIDIA H100"),)),
+        CacheEvent("saved", CACHE, 3, count=38),
+    )  # fmt: skip
+    assert facts.fallbacks == (Fallback("bf16_gemm", -1, 2, "[(1, 4096)]"),)
 
 
 @pytest.mark.parametrize("read_size", [1, 7, 64])
