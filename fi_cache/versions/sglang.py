@@ -140,6 +140,52 @@ SGLANG_A2A_EP_SPANNING = frozenset({
 # flashinfer_megamoe` turns an `auto` runner into flashinfer_megamoe (moe_hook.py 0.5.23:315-331).
 SGLANG_RUNNER_ALIASES = {"megamoe": ("auto", "megamoe")}  # runner -> (runner, a2a)
 SGLANG_A2A_SETS_RUNNER = {"flashinfer_megamoe": "flashinfer_megamoe"}  # a2a -> an auto runner's
+# --enable-waterfill turns any other --moe-a2a-backend into deepep, which then spans EP
+# (`_a2a_backend_overrides`, arg_groups/overrides.py 0.5.17:2459-2464, 0.5.18:2584-2589,
+# 0.5.21:1527-1532, 0.5.23:1599-1604; run before `_a2a_ep_size`: moe_hook.py 0.5.23:292-293).
+SGLANG_WATERFILL_FLAG = "--enable-waterfill"
+SGLANG_WATERFILL_KEEPS = frozenset({"deepep", "megamoe"})
+SGLANG_WATERFILL_A2A = "deepep"
+# 0.5.17 only: SGLANG_OPT_USE_DEEPGEMM_MEGA_MOE=1 (EnvBool(False), env 0.5.17:1202) makes the a2a
+# megamoe right after waterfill's pass (overrides.py 0.5.17:2465-2470), so EP spans TP too.
+SGLANG_MEGAMOE_ENV = "SGLANG_OPT_USE_DEEPGEMM_MEGA_MOE"
+SGLANG_MEGAMOE_ENV_RANGE = VersionRange(V("0.5.17"), V("0.5.18"), "overrides.py 0.5.17:2465-2470")
+# Model overrides (run after parsing, before the a2a passes: pipeline.py 0.5.23:225, :295) that
+# move the MoE layout. DeepSeek family (`_register_for`, model_overrides/deepseek_v2.py 0.5.21
+# :16-29, 0.5.23:37-50) with --enable-prefill-cp: DP attention over the --dp-size ranks
+# (enable_dp_attention=True overrides.py 0.5.17:580, :650, 0.5.18:622, :692, deepseek_v2.py
+# 0.5.21:88, :159; attn_dp_size = attn_dp x dp and dp_size 1 in 0.5.23
+# :110-114, :196-198, model_override_base.py 0.5.23:229-247), and the MoE on deepep, EP = TP, for
+# a DSA model (arch in the list and `index_topk` set: configs/model_config.py 0.5.23:191-212)
+# with --cp-strategy zigzag (0.5.18:624-626, 0.5.21:90-92, 0.5.23:115-118) or any other, MLA,
+# one (0.5.18:688-696, 0.5.21:157-165, 0.5.23:191-202; MLA: model_config.py 0.5.23:1367-1397,
+# Pixtral only with kv_lora_rank).
+SGLANG_PREFILL_CP_FLAG = "--enable-prefill-cp"
+SGLANG_DEEPSEEK_FAMILY = frozenset({
+    "DeepseekV3ForCausalLM", "DeepseekV32ForCausalLM", "KimiK25ForConditionalGeneration",
+    "MistralLarge3ForCausalLM", "PixtralForConditionalGeneration", "GlmMoeDsaForCausalLM",
+    "Glm5NextForConditionalGeneration", "HYV4ForCausalLM", "HYV4ForCausalLMNextN",
+    "LongcatFlashForCausalLM", "LongcatFlashForCausalLMNextN", "Dots3NoteForCausalLM",
+})  # fmt: skip
+SGLANG_DSA_ARCHS = frozenset({
+    "DeepseekV3ForCausalLM", "DeepseekV32ForCausalLM", "DeepseekV3ForCausalLMNextN",
+    "MistralLarge3ForCausalLM", "PixtralForConditionalGeneration", "GlmMoeDsaForCausalLM",
+    "GlmMoeDsaForCausalLMNextN", "Glm5NextForConditionalGenerationNextN",
+    "Glm5NextForConditionalGeneration", "LongcatFlashForCausalLM", "LongcatFlashForCausalLMNextN",
+    "Dots3NoteForCausalLM", "Dots3NoteForCausalLMNextN", "HYV4ForCausalLM", "HYV4ForCausalLMNextN",
+})  # fmt: skip
+# MiniMax-M3.1 NVFP4 (--quantization minimax_m3_nvfp4, or SGLang's reading of a config that
+# declares mxfp8 with NVFP4 packed experts: model_overrides/minimax_m3.py 0.5.23:18-34, :46-54),
+# 0.5.23 (0.5.21 has no such rule; 0.5.22 not read): off Blackwell an auto runner becomes marlin
+# (:94-102); on Blackwell (SM 10x-12x with CUDA >= 12.8: utils/common.py 0.5.23:274-302) the
+# a2a becomes megamoe, EP = TP, and an auto runner deep_gemm (:103-114), unless the runner is
+# flashinfer_trtllm_routed.
+SGLANG_MINIMAX_M3 = VersionRange(V("0.5.23"), None, "model_overrides/minimax_m3.py 0.5.23:37-122")
+SGLANG_MINIMAX_M3_ARCHS = frozenset({
+    "MiniMaxM3SparseForCausalLM", "MiniMaxM3SparseForConditionalGeneration",
+})  # fmt: skip
+SGLANG_MINIMAX_M3_NVFP4 = "minimax_m3_nvfp4"
+SGLANG_BLACKWELL = ((10, 11, 12), (12, 8))  # compute-capability majors, least CUDA
 # SGLang copies every SGL_X over SGLANG_X at import (environ.py 0.5.12:715-720, 0.5.18:1623-1630,
 # 0.5.23:2298-2305 `_handle_deprecated_envs`): a legacy twin wins over the new name.
 SGLANG_LEGACY_PREFIX = ("SGL_", "SGLANG_")

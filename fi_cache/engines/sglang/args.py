@@ -23,7 +23,11 @@ from fi_cache.versions import (
     SGLANG_DETERMINISTIC_FLAG,
     SGLANG_DISABLE_AUTOTUNE_FLAG,
     SGLANG_LAUNCH_MODULE,
+    SGLANG_PREFILL_CP_FLAG,
     SGLANG_RUNNER_ALIASES,
+    SGLANG_WATERFILL_A2A,
+    SGLANG_WATERFILL_FLAG,
+    SGLANG_WATERFILL_KEEPS,
 )
 
 _SIZES = {"--tp-size": "tp", "--tensor-parallel-size": "tp", "--ep-size": "ep",
@@ -32,9 +36,11 @@ _SIZES = {"--tp-size": "tp", "--tensor-parallel-size": "tp", "--ep-size": "ep",
           "--attn-dp-size": "attn_dp", "--attention-data-parallel-size": "attn_dp",
           "--nnodes": "nnodes"}  # fmt: skip
 _VALUED = (*_SIZES, "--model-path", "--model", "--moe-runner-backend", "--moe-a2a-backend",
-           "--host", "--port", "--node-rank", "--dtype", "--quantization")  # fmt: skip
+           "--host", "--port", "--node-rank", "--dtype", "--quantization",
+           "--cp-strategy")  # fmt: skip
 _SKIP_OPS = "--flashinfer-autotune-skip-ops"  # one or more values (argparse nargs="+")
-_SWITCHES = (SGLANG_DETERMINISTIC_FLAG, SGLANG_DISABLE_AUTOTUNE_FLAG, "--enable-dp-attention")
+_SWITCHES = (SGLANG_DETERMINISTIC_FLAG, SGLANG_DISABLE_AUTOTUNE_FLAG, "--enable-dp-attention",
+             SGLANG_WATERFILL_FLAG, SGLANG_PREFILL_CP_FLAG)  # fmt: skip
 _CONFIG = "--config"  # a YAML file of more arguments (server_args.py 0.5.23:402-405, 683-686)
 
 
@@ -74,6 +80,14 @@ class SglangArgs:
     dtype: str = "auto"  # --dtype as given
     quantization: str | None = None  # --quantization as given (SGLang may resolve one)
     skip_ops: tuple[str, ...] = ()  # --flashinfer-autotune-skip-ops
+    a2a: str = "none"  # --moe-a2a-backend as SGLang resolves it
+    # What model overrides start from (models.py): the runner and a2a after the aliases and
+    # the EP size given, before SGLang's a2a passes; and the switches those overrides read.
+    moe_given: tuple[str | None, str] = (None, "none")
+    ep_given: int = 1
+    waterfill: bool = False  # --enable-waterfill
+    prefill_cp: bool = False  # --enable-prefill-cp
+    cp_strategy: str | None = None  # --cp-strategy
 
     @property
     def key(self) -> str:
@@ -149,13 +163,12 @@ def parse_sglang_args(argv: Sequence[str]) -> SglangArgs:
             f"SGLang argument --node-rank {node_rank!r} is not a node of --nnodes "
             f"{sizes['nnodes']} (0 to {sizes['nnodes'] - 1})"
         )
-    runner, a2a = values.get("--moe-runner-backend"), values.get("--moe-a2a-backend")
+    runner, a2a = values.get("--moe-runner-backend"), values.get("--moe-a2a-backend") or "none"
     if runner in SGLANG_RUNNER_ALIASES:  # resolved after parsing, as SGLang does
         runner, a2a = SGLANG_RUNNER_ALIASES[runner]
-    if runner in (None, "auto") and a2a in SGLANG_A2A_SETS_RUNNER:
-        runner = SGLANG_A2A_SETS_RUNNER[a2a]
-    if a2a in SGLANG_A2A_EP_SPANNING:
-        sizes["ep"] = sizes["tp"]  # SGLang sets it so (arg_groups/overrides.py 0.5.23:1610-1620)
+    moe_given, ep_given = (runner, a2a), sizes["ep"]
+    waterfill = SGLANG_WATERFILL_FLAG in switches
+    runner, a2a, sizes["ep"] = resolve_moe(runner, a2a, sizes["tp"], sizes["ep"], waterfill)
     flagged = values.get("--model-path")
     return SglangArgs(
         model=flagged or model,
@@ -176,7 +189,30 @@ def parse_sglang_args(argv: Sequence[str]) -> SglangArgs:
         dtype=values.get("--dtype", "auto"),
         quantization=values.get("--quantization"),
         skip_ops=tuple(skip_ops),
+        a2a=a2a,
+        moe_given=moe_given,
+        ep_given=ep_given,
+        waterfill=waterfill,
+        prefill_cp=SGLANG_PREFILL_CP_FLAG in switches,
+        cp_strategy=values.get("--cp-strategy"),
     )
+
+
+def resolve_moe(
+    runner: str | None, a2a: str, tp: int, ep: int, waterfill: bool, megamoe_env: bool = False
+) -> tuple[str | None, str, int]:
+    """(runner, a2a, EP size) after SGLang's a2a passes, in their order (moe_hook.py 0.5.23
+    :292-331): waterfill's deepep (0.5.17's megamoe variable after it: versions.
+    SGLANG_MEGAMOE_ENV), EP spanning the TP ranks, flashinfer_megamoe's runner."""
+    if waterfill and a2a not in SGLANG_WATERFILL_KEEPS:
+        a2a = SGLANG_WATERFILL_A2A
+    if megamoe_env:
+        a2a = "megamoe"
+    if a2a in SGLANG_A2A_EP_SPANNING:
+        ep = tp  # SGLang sets it so (arg_groups/overrides.py 0.5.23:1610-1620)
+    if runner in (None, "auto") and a2a in SGLANG_A2A_SETS_RUNNER:
+        runner = SGLANG_A2A_SETS_RUNNER[a2a]
+    return runner, a2a, ep
 
 
 def require_model(args: SglangArgs) -> None:

@@ -23,6 +23,8 @@ from fi_cache.versions import (
     SGLANG_CACHE_DIR_ENV,
     SGLANG_DIRECT_CACHES,
     SGLANG_FINALIZE_FROM,
+    SGLANG_MEGAMOE_ENV,
+    SGLANG_MEGAMOE_ENV_RANGE,
     SGLANG_PERSISTENT_CACHE,
     SGLANG_SAVES_EVERY_START,
     parse_version,
@@ -32,6 +34,7 @@ from fi_cache.versions import (
 if TYPE_CHECKING:
     from threading import Event
 
+    from fi_cache.environment import Environment
     from fi_cache.ranks.deployment import Expected
     from fi_cache.store.manifest import WarmRecord
 
@@ -58,6 +61,23 @@ def _found(target: Target) -> Found:
     if not isinstance(found, Found):
         raise TypeError(f"not an SGLang target: {found!r}")
     return found
+
+
+def _for_model(
+    parsed: args.SglangArgs, version: str, env: Environment
+) -> tuple[args.SglangArgs, str | None]:
+    """What SGLang's overrides for the model set (models.py), from its config.json here."""
+    from fi_cache.engines import hf
+    from fi_cache.engines.sglang import models
+    from fi_cache.engines.sglang.layout import effective
+
+    config = hf.read_config(parsed.model or "", os.environ)
+    caps = [g.compute_cap for g in env.gpus]
+    megamoe = parse_version(version) in SGLANG_MEGAMOE_ENV_RANGE and (
+        args.env_bool(effective(os.environ, SGLANG_MEGAMOE_ENV)) is True
+    )
+    on_blackwell = models.blackwell(caps, env.fingerprint.cuda_version)
+    return models.for_model(parsed, config, version, on_blackwell, megamoe)
 
 
 class Sglang(ServerEngine):
@@ -116,10 +136,12 @@ class Sglang(ServerEngine):
             launcher.python
         )  # not realpath: a venv's python links to the base interpreter
         version = launch.require_version(env.sglang_version if mine else None, launcher)
+        parsed, model_note = _for_model(parsed, version, env)
         finalize, note = launch.choose_finalize(
             os.environ, request.asked, request.given, version, parsed, request.force
         )
-        notes = (*env.notes, *([note] if note else []), *launch.warnings(version, parsed))
+        said = [n for n in (note, model_note) if n]
+        notes = (*env.notes, *said, *launch.warnings(version, parsed))
         ns = Namespace(env.fingerprint, finalize)
         return Target(ns, env, version, path, argv, notes, Found(parsed, launcher, version))
 

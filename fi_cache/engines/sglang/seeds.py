@@ -12,7 +12,7 @@ from pathlib import Path
 
 from fi_cache.engines import hf
 from fi_cache.engines.api import Run
-from fi_cache.engines.sglang import keydir
+from fi_cache.engines.sglang import keydir, models
 from fi_cache.engines.sglang.args import SglangArgs, parse_sglang_args
 from fi_cache.engines.sglang.layout import rank_layout
 from fi_cache.errors import FiCacheError
@@ -79,6 +79,8 @@ def solved(run: Run, warm: WarmRecord) -> Solved | str:
     )
     if config is None:
         return f"no config.json of {run.args.model} here (local dir or Hugging Face cache)"
+    # The earlier start's layout as SGLang's model overrides set it (GPU family not known here).
+    earlier = models.for_model(earlier, config, warm.engine_version, None)[0]
     inputs = keydir.solve(code, earlier, config, key)
     if inputs is None:
         return _why_unsolved(run, warm, key)

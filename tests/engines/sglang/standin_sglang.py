@@ -11,7 +11,11 @@ scripts/test.sh, never installed) and run here:
   flashinfer_autotune.py (tests/sglang_layout.py): where the rank file goes.
 
 FlashInfer's own code: the rank file is loaded and saved by `flashinfer.autotune(True, cache=...)`
-(as SGLang 0.5.17-0.5.20 do) around FlashInfer's real `cutlass_fused_moe`, called with
+(as SGLang 0.5.17-0.5.20 do) or, for 0.5.21+, by that release's own `flashinfer_autotune_context`
+from its wheel (explicit `load_configs` / `save_configs`, saving at every start: 0.5.21:282-298,
+0.5.23:327-367; its TP group here is one rank, so the rank digest is tests/ranks/gloo_sglang.py's;
+FlashInfer 0.6.x has no `autotune_v2`, which 0.5.23 enters with persistent_cache=False: a
+no-op stands in), around FlashInfer's real `cutlass_fused_moe`, called with
 `use_fused_finalize` read from SGLang's variable as moe_runner/flashinfer_cutlass.py 0.5.23:391
 passes it. The kernel and the device are tests/engines/flashinfer/cpu_tune_child.py's CPU
 stand-ins (an H200's metadata is stamped).
@@ -44,6 +48,7 @@ import time
 import types
 import zipfile
 from pathlib import Path
+from typing import Any
 
 ROOT = Path(__file__).resolve().parents[3]
 sys.path.insert(0, str(ROOT))
@@ -97,8 +102,66 @@ def parse(argv: list[str], version: str) -> argparse.Namespace:
 PROFILED = [0]  # tactic timings FlashInfer's autotuner took: 0 when the file had every key
 
 
-def tune(rank_file: Path, fused: bool) -> int:
-    """FlashInfer's autotune context around its real cutlass_fused_moe; returns the entries."""
+EXPLICIT_SAVE = (0, 5, 21)  # SGLang's own context loads and saves by hand from here
+
+
+def release_context(version: str, rank_file: Path, reuse: bool) -> Any:
+    """SGLang `version`'s `flashinfer_autotune_context` from its wheel, over CPU stand-ins for
+    the model runner, streams and runtime accessors; the key path is `rank_file`'s."""
+    import __future__
+
+    import ast
+    import contextlib
+    import datetime
+    import hashlib
+    import logging
+    import uuid
+
+    import flashinfer
+    import torch
+
+    if not hasattr(flashinfer, "autotune_v2"):  # FlashInfer 0.6.x: the v2 store does not exist
+        flashinfer.autotune_v2 = lambda **kw: contextlib.nullcontext()  # type: ignore[attr-defined]
+    taken = ("_autotune_tactic_sync_group", "_autotune_process_group",
+             "flashinfer_autotune_context")  # fmt: skip
+    text = sglang_layout.sglang_module(version)
+    body = [n for n in ast.parse(text).body if isinstance(n, ast.FunctionDef) and n.name in taken]
+    assert {n.name for n in body} == set(taken), f"sglang {version}: the context moved"
+    ns = types.SimpleNamespace
+    one_rank = ns(world_size=1, cpu_group=None)  # sync group None: no digest in one process
+    # MegaMoE's own profiling context (0.5.22+) is not run: the accessors say CUTLASS.
+    stream = ns(wait_stream=lambda other: None)
+    torch.cuda.current_stream = lambda *a, **k: stream  # type: ignore[assignment]
+    torch.get_device_module = lambda device=None: ns(stream=lambda s: contextlib.nullcontext())  # type: ignore[assignment]
+    for name, attr in (("sglang.srt.layers.logits_processor", "autotune_dummy_run_mode"),
+                       ("sglang.srt.layers.moe.flashinfer_megamoe_autotune",
+                        "megamoe_autotune_context")):  # fmt: skip
+        module = types.ModuleType(name)
+        setattr(module, attr, lambda *a, **k: contextlib.nullcontext())
+        sys.modules[name] = module
+    glb: dict[str, Any] = {
+        "contextlib": contextlib, "datetime": datetime, "hashlib": hashlib, "uuid": uuid,
+        "Path": Path, "torch": torch, "logger": logging.getLogger("sglang-standin"),
+        "envs": ns(SGLANG_FLASHINFER_AUTOTUNE_CACHE=ns(get=lambda: reuse)),
+        "get_parallel": lambda: ns(tp_group=one_rank),
+        "get_exec": lambda: ns(moe=ns(moe_runner_backend="flashinfer_cutlass")),
+        "flashinfer_autotune_cache_path": lambda mr: rank_file,
+        "get_flashinfer_autotune_skip_ops": lambda mr: set(),
+        "empty_context": contextlib.nullcontext,
+    }  # fmt: skip
+    flags = __future__.annotations.compiler_flag
+    where = f"sglang-{version}:{sglang_layout.MODULE}"
+    exec(compile(ast.Module(body=body, type_ignores=[]), where, "exec", flags), glb)
+    runner = ns(device="cpu", forward_stream=stream, is_draft_worker=False, tp_group=one_rank)
+    return glb["flashinfer_autotune_context"](runner, run_lm_head=False)
+
+
+def tune(
+    rank_file: Path, runs_file: Path, fused: bool, version: str, reuse: bool
+) -> tuple[Path, int]:
+    """FlashInfer's autotune around its real cutlass_fused_moe, entered as SGLang `version`
+    does (`runs_file`: the runs/ copy, where the release's own context does not name it);
+    returns the file it wrote and its entries."""
     import torch
 
     sys.path.insert(0, str(ROOT / "tests" / "engines" / "flashinfer"))
@@ -120,10 +183,21 @@ def tune(rank_file: Path, fused: bool) -> int:
     fi_at.AutoTuner._profile_single_kernel = counted
     op = MoeOp("bf16", 256, 128, 8, 2, (1, 16), ("fused" if fused else "unfused",))
     mode = "fused" if fused else "unfused"
-    with flashinfer.autotune(True, cache=str(rank_file)):
+    explicit = tuple(map(int, version.split(".")[:3])) >= EXPLICIT_SAVE
+    if explicit:
+        runs = rank_file.parent / "runs"
+        before = set(runs.iterdir()) if runs.is_dir() else set()
+        context = release_context(version, rank_file, reuse)
+    else:
+        if not reuse:
+            rank_file = runs_file
+        context = flashinfer.autotune(True, cache=str(rank_file))
+    with context:
         for call in ops.ADAPTERS["cutlass_fused_moe"].calls(op, torch.device("cpu"), mode):
             call.run()
-    return sum(not k.startswith("_") for k in json.loads(rank_file.read_text()))
+    if explicit and not reuse:  # the release named its runs/ file itself
+        [rank_file] = set(runs.iterdir()) - before
+    return rank_file, sum(not k.startswith("_") for k in json.loads(rank_file.read_text()))
 
 
 def serve_health(host: str, port: int) -> None:
@@ -180,12 +254,15 @@ def main() -> int:
             version, cache_dir, flashinfer=fi_version, model=args.model_path, tp=args.tp,
             ep=args.ep, tp_rank=rank, backend=args.moe_runner_backend,
         )  # fmt: skip
-        target = rank_file if envs.SGLANG_FLASHINFER_AUTOTUNE_CACHE.get() else runs_file
+        reuse = bool(envs.SGLANG_FLASHINFER_AUTOTUNE_CACHE.get())
+        target = rank_file if reuse else runs_file
         existed = target.exists()
+        inode = target.stat().st_ino if existed else None
         PROFILED[0] = 0
-        entries = tune(target, fused)
+        target, entries = tune(rank_file, runs_file, fused, version, reuse)
+        rewritten = existed and target.stat().st_ino != inode  # FlashInfer saves by os.replace
         report["files"].append({"path": str(target), "existed": existed, "entries": entries,  # type: ignore[attr-defined]
-                                "profiled": PROFILED[0]})  # fmt: skip
+                                "profiled": PROFILED[0], "rewritten": rewritten})  # fmt: skip
         print(f"[Autotuner]: saved {entries} configs to {target}", flush=True)
     # Triton writes into its cache dir while kernels compile: where it went is what users notice.
     triton = Path(os.environ.get("TRITON_CACHE_DIR") or Path.home() / ".triton" / "cache")

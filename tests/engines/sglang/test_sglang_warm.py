@@ -129,7 +129,9 @@ def test_a_second_start_reads_the_rank_file_the_warm_left(rig: Rig) -> None:
     assert again.returncode == 0, again.stderr
     first, second = rig.starts()
     assert second["files"][0]["path"] == first["files"][0]["path"]
-    assert second["files"][0]["existed"] is True
+    assert second["files"][0]["existed"] is True and second["files"][0]["profiled"] == 0
+    # 0.5.21+'s own context saves at every start (flashinfer_autotune.py 0.5.23:366-367)
+    assert second["files"][0]["rewritten"] is True
 
 
 def test_deterministic_inference_tunes_nothing_and_still_starts(rig: Rig) -> None:
@@ -207,6 +209,10 @@ def test_0_5_18_defaults_to_fused_and_reads_the_variable(tmp_path: Path) -> None
     # FlashInfer 0.6.17's keys do not carry the mode: only the namespaces keep them apart
     a, b = (json.loads(p.stdout)["files"][0]["path"] for p in (fused, unfused))
     assert a != b and Path(a).name == Path(b).name == "rank_tp0_pp0_dp0.json"
+    assert rig.warm("--again", *MODEL).returncode == 0  # 0.5.18 saves only what is new
+    assert rig.starts()[-1]["files"][0] | {"profiled": 0, "rewritten": False} == (
+        rig.starts()[-1]["files"][0]
+    )
 
 
 def _serve(rig: Rig, port: int, *args: str) -> subprocess.Popen[str]:
@@ -385,6 +391,11 @@ def test_serve_refuses_a_read_only_store_where_sglang_saves_at_every_start(
     p = rig.run("serve", "--engine", "sglang", "--sglang", str(rig.sglang), *MODEL)
     assert p.returncode == 2 and len(rig.starts()) == 1  # the warm's start only
     assert "SGLang 0.5.23 saves its rank file at every start" in p.stderr
+    # What serve spares the user: 0.5.23's own context on that fully warm dir fails the start.
+    env = {**rig.env, "SGLANG_CACHE_DIR": rig.starts()[0]["env"]["SGLANG_CACHE_DIR"]}
+    direct = subprocess.run([str(rig.sglang), "serve", *MODEL, "--port", str(free_port())],
+                            env=env, capture_output=True, text=True, timeout=120)  # fmt: skip
+    assert direct.returncode != 0 and "Read-only file system" in direct.stderr
 
 
 def _hf_copy(rig: Rig, model: str, config: dict[str, Any]) -> Path:
