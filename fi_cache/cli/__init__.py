@@ -126,12 +126,10 @@ def cli(ctx: click.Context, store: Path | None, fmt: str, quiet: bool) -> None:
     The global options work after the command name too (`fi-cache doctor -q`); after `serve`
     and `warm`, where `-q` is vLLM's --quantization, as --quiet.
     """
-    if store is None:
-        from fi_cache.store.paths import default_store
+    from fi_cache.store.paths import checked_store, default_store
 
-        store = default_store()
-    # Absolute and symlink-free, so paths inside the store compare equal however they were spelled.
-    ctx.obj = Context(store=store.expanduser().resolve(), json=fmt == "json", quiet=quiet)
+    store = checked_store(default_store() if store is None else store)
+    ctx.obj = Context(store=store, json=fmt == "json", quiet=quiet)
 
 
 def _load(module_name: str) -> None:

@@ -25,7 +25,9 @@ VLLM_NAMES = frozenset({"-q", "-h", "--help", "--port"})
 
 def _set_store(ctx: click.Context, _param: click.Parameter, value: Path | None) -> None:
     if value is not None and ctx.obj is not None:
-        ctx.obj.store = value.expanduser().resolve()
+        from fi_cache.store.paths import checked_store
+
+        ctx.obj.store = checked_store(value)
 
 
 def _set_format(ctx: click.Context, _param: click.Parameter, value: str | None) -> None:
