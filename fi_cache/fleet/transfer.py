@@ -18,6 +18,7 @@ import json
 import os
 import re
 import secrets
+import unicodedata
 from collections.abc import Callable, Iterator
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -100,9 +101,16 @@ class Remote:
 
     @property
     def renames(self) -> bool:
+        return bool(self._protocols & _RENAMES)
+
+    @property
+    def local(self) -> bool:
+        return bool(self._protocols & {"file", "local"})
+
+    @property
+    def _protocols(self) -> set[str]:
         protocols = self.fs.protocol
-        names = {protocols} if isinstance(protocols, str) else set(protocols)
-        return bool(names & _RENAMES)
+        return {protocols} if isinstance(protocols, str) else set(protocols)
 
 
 def _fsspec() -> Any:
@@ -121,8 +129,23 @@ def _missing_package(protocol: str) -> str:
     return str(impl).split(".")[0] if impl else ""
 
 
+def _refuse_placeless(url: str) -> None:
+    """Refused (exit 2) for a URL that names no remote place: fsspec reads '', '-' and
+    'file://' as the working directory, and a control character prints as another name."""
+    scheme, sep, rest = url.partition("://")
+    if not url.strip() or (sep and not rest and "/" not in scheme):
+        raise Refused(f"URL {url!r} names no place: give s3://BUCKET/DIR, file:///DIR or a path")
+    if url == "-":
+        raise Refused("URL '-' names no place (bundles do not go to stdout): give a URL or a path")
+    if any(unicodedata.category(c) == "Cc" for c in url):
+        raise Refused(
+            f"URL {url!r} holds a control character: refusing a name that prints as another"
+        )
+
+
 def open_remote(url: str) -> Remote:
     """The filesystem behind `url`. Raises Refused for a bad or unsupported URL."""
+    _refuse_placeless(url)
     fsspec = _fsspec()
     scheme = url.partition("://")[0] if "://" in url else "file"
     try:
@@ -204,6 +227,7 @@ def push(
             "(`fi-cache env`) and warm again, or pass --allow-unknown",
             namespace_dirs[0],
         )
+    _refuse_local_destination(remote, key)
     local = _temp_in_store(store, "push")
     try:
         bm = bundle.export(store, namespace_dirs, local)
@@ -218,6 +242,18 @@ def push(
     finally:
         files.remove_file(local)
     return Transferred(remote.display(key), key, size, digest, bm)
+
+
+def _refuse_local_destination(remote: Remote, key: str) -> None:
+    """A file:// push replaces only files, as every writer does: a directory, FIFO or device
+    where the bundle or its sidecar goes (or where the URL's directory is) is refused."""
+    if not remote.local:
+        return
+    base = Path(remote.base or ".")
+    if base.exists() and not base.is_dir():
+        raise Refused("is not a directory: a push URL names the directory bundles go under", base)
+    files.refuse_destination(Path(remote.path(key)), "bundle file")
+    files.refuse_destination(Path(remote.path(key + SIDECAR_SUFFIX)), "bundle sidecar file")
 
 
 def _sha256(path: Path) -> str:

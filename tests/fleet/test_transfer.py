@@ -431,6 +431,56 @@ def test_push_of_several_environments_at_once_is_refused(store: Path, tmp_path: 
         transfer.push(store, str(tmp_path / "r"), dirs)
 
 
+@pytest.mark.parametrize("command", ["push", "pull"])
+@pytest.mark.parametrize(
+    "url", ["", "-", "   ", "file://", "s3://", "file:///tmp/a\nb", "x\x1b[2J"]
+)
+def test_a_url_that_names_no_remote_place_is_refused(
+    run: Run, monkeypatch: pytest.MonkeyPatch, store: Path, tmp_path: Path, command: str, url: str
+) -> None:
+    """fsspec reads '', '-' and file:// as the working directory: push would write bundles there."""
+    _as_machine(monkeypatch, H200)
+    _warm(store, H200)
+    monkeypatch.chdir(tmp_path)
+    before = sorted(tmp_path.rglob("*"))
+    result = run(command, url)
+    assert result.code == 2 and result.err.count("\n") == 1 and "Traceback" not in result.err
+    assert "names no place" in result.err or "holds a control character" in result.err
+    assert repr(url) in result.err or url == "-"  # named, escaped: one line whatever it holds
+    assert sorted(tmp_path.rglob("*")) == before  # no bundle in the working directory
+
+
+@pytest.mark.parametrize(
+    ("what", "kind"),
+    [(w, k) for w in ("bundle", "sidecar") for k in ("dir", "fifo")]
+    + [("url", "fifo"), ("url", "file")],
+)
+def test_push_to_a_file_remote_replaces_only_files(
+    run: Run, monkeypatch: pytest.MonkeyPatch, store: Path, tmp_path: Path, what: str, kind: str
+) -> None:
+    """A directory where the bundle goes took it inside (shutil.move); a FIFO was replaced."""
+    _as_machine(monkeypatch, H200)
+    _warm(store, H200)
+    remote = tmp_path / "remote"
+    key = remote_key(H200)
+    target = {"bundle": remote / key, "sidecar": remote / f"{key}.json", "url": remote}[what]
+    target.parent.mkdir(parents=True, exist_ok=True)
+    if kind == "dir":
+        target.mkdir()
+    elif kind == "fifo":
+        os.mkfifo(target)
+    else:
+        target.write_text("precious")
+    before = sorted(tmp_path.rglob("*"))
+    with no_hang():
+        result = run("push", remote.as_uri())
+    assert result.code == 2 and result.err.count("\n") == 1, result.err
+    assert str(target) in result.err and "Traceback" not in result.err
+    assert sorted(tmp_path.rglob("*")) == before  # nothing landed, the node is as it was
+    kept = {"dir": target.is_dir, "fifo": target.is_fifo, "file": target.is_file}[kind]
+    assert kept()
+
+
 def test_an_unknown_scheme_is_refused_in_one_line(run: Run, store_b: Path) -> None:
     result = run("--store", str(store_b), "pull", "nosuchproto://bucket/x")
     assert result.code == 2 and "Protocol not known: nosuchproto" in result.err
