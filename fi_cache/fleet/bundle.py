@@ -32,7 +32,12 @@ from fi_cache.errors import CorruptCache, FiCacheError, Refused, read_refusal
 from fi_cache.fleet import node
 from fi_cache.fleet.node import NodeRanks
 from fi_cache.model import jsoncheck, v2
-from fi_cache.model.fingerprint import FINGERPRINT_FIELDS, Fingerprint, compare_metadata
+from fi_cache.model.fingerprint import (
+    FINGERPRINT_FIELDS,
+    Fingerprint,
+    compare_metadata,
+    unsafe_field,
+)
 from fi_cache.store import install, locks
 from fi_cache.store import manifest as manifests
 from fi_cache.store import pin as pins
@@ -383,6 +388,12 @@ def _vet_manifest(bm: BundleManifest, bundle: Path) -> None:
         raise Refused("bundle lists a namespace twice, or one inside another", bundle)
     for n in bm.namespaces:
         _safe_name(n.path)
+        if (bad := unsafe_field(n.fingerprint)) is not None:  # --force or not: paths come of it
+            raise Refused(
+                f"namespace {n.path!r}: fingerprint {bad} is no plain name (a path separator, "
+                "'..' or a control character): refused, --force or not",
+                bundle,
+            )
         expected = Namespace(n.fingerprint, n.finalize).relpath.as_posix()  # type: ignore[arg-type]
         if n.finalize not in ("fused", "unfused") or n.path != expected:
             raise Refused(

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import unicodedata
 from dataclasses import asdict, dataclass, fields
 from typing import Any
 
@@ -46,6 +47,23 @@ class Fingerprint:
 
 
 FINGERPRINT_FIELDS = tuple(f.name for f in fields(Fingerprint))
+
+
+def unsafe_field(fp: Fingerprint) -> str | None:
+    """`field 'value'` of the first value that is no plain name (a path separator, '.', '..',
+    a control character), None when all are: values from a bundle name store paths, and
+    no FlashInfer version, GPU name or arch holds one."""
+    for name in FINGERPRINT_FIELDS:
+        value = getattr(fp, name)
+        if value is None:
+            continue
+        if value in (".", "..") or any(map(_not_in_a_name, value)):
+            return f"{name} {value!r}"
+    return None
+
+
+def _not_in_a_name(c: str) -> bool:
+    return c in "/\\" or unicodedata.category(c) == "Cc"
 
 
 def _definite(value: Any) -> str | None:

@@ -290,6 +290,31 @@ def test_forged_namespace_path_is_refused(tmp_path: Path) -> None:
     _refused(store, path, "does not match its fingerprint")
 
 
+@pytest.mark.parametrize(
+    ("field", "value"),
+    [
+        ("flashinfer_version", "../../x"),
+        ("arch", "90a/../../../etc"),
+        ("cuda_version", ".."),
+        ("gpu", "NVIDIA\nH200"),
+        ("cudnn_version", "a\\b"),
+    ],
+)
+def test_a_fingerprint_value_that_is_no_plain_name_is_refused_even_with_force(  # type: ignore[no-untyped-def]
+    run, store: Path, tmp_path: Path, here: Fingerprint, field: str, value: str
+) -> None:
+    """Fingerprint fields name store paths: one from a bundle must never hold a path of its own."""
+    src = tmp_path / "src"
+    d = _make_namespace(src, fp=FP.replace(**{field: value}))
+    out = tmp_path / "dots.tar.gz"
+    bundle.export(src, [d], out)
+    for args in (["import", out], ["import", "--force", out]):
+        r = run(*args)
+        assert r.code == 2 and r.err.count("\n") == 1 and "Traceback" not in r.err, r.err
+        assert f"fingerprint {field} {value!r} is no plain name" in r.err and str(out) in r.err
+        assert not (store / "namespaces").exists()
+
+
 def test_not_a_bundle(tmp_path: Path, run) -> None:  # type: ignore[no-untyped-def]
     junk = tmp_path / "junk.tar.gz"
     junk.write_bytes(b"hello")
