@@ -66,8 +66,8 @@ def parse_nvidia_smi(text: str) -> list[Gpu]:
     gpus = []
     for line in text.splitlines():
         parts = [p.strip() for p in line.split(",")]
-        if len(parts) != 4 or not parts[0].isdigit():
-            continue
+        if len(parts) != 4 or not parts[0].isdigit() or "\ufffd" in line:
+            continue  # a name that was not UTF-8 is not the one FlashInfer records
         gpus.append(Gpu(int(parts[0]), parts[2], parts[3], parts[1]))
     return gpus
 
@@ -222,7 +222,7 @@ def dists_of(python: str, timeout: float = 30.0, wanted: Wanted = _WANTED_FILES)
     try:
         out = subprocess.run(
             [python, "-I", "-c", _DISTS_CHILD, request],
-            capture_output=True, text=True, timeout=timeout, check=False,
+            capture_output=True, text=True, errors="replace", timeout=timeout, check=False,
         )  # fmt: skip
     except subprocess.TimeoutExpired:
         raise RuntimeError(f"{python} did not answer within {timeout:.0f}s") from None
@@ -246,6 +246,7 @@ def query_gpus() -> list[Gpu]:
             ["nvidia-smi", "--query-gpu=index,uuid,name,compute_cap", "--format=csv,noheader"],
             capture_output=True,
             text=True,
+            errors="replace",  # a tool printing bytes that are not UTF-8 is no traceback
             timeout=10,
             check=False,
         )
@@ -271,7 +272,7 @@ def nvcc_cuda_version(environ: dict[str, str]) -> str | None:
     try:
         out = subprocess.run(
             [os.path.join(home, "bin", "nvcc"), "--version"],
-            capture_output=True, text=True, timeout=10, check=True,
+            capture_output=True, text=True, errors="replace", timeout=10, check=True,
         )  # fmt: skip
     except (OSError, subprocess.SubprocessError):
         return None
@@ -365,6 +366,7 @@ def run_flashinfer_probe(
             [python, "-c", _CHILD],
             capture_output=True,
             text=True,
+            errors="replace",  # a child printing bytes that are not UTF-8 is no traceback
             timeout=timeout,
             check=False,
         )

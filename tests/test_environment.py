@@ -6,13 +6,14 @@ import json
 import os
 import stat
 import sys
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
 
 from fi_cache import environment as envmod
 from fi_cache.environment import Gpu
-from tests.conftest import VLLM_PYTHON, fake_gpu_bin, needs_vllm, no_hang
+from tests.conftest import VLLM_PYTHON, Result, fake_gpu_bin, needs_vllm, no_hang
 
 SMI = """0, GPU-11111111-aaaa, NVIDIA H200, 9.0
 1, GPU-22222222-bbbb, NVIDIA H200, 9.0
@@ -217,3 +218,26 @@ def test_the_installed_versions_are_importlib_metadatas_without_importing_it() -
     assert ours == theirs and ours["flashinfer-python"] == "0.6.18" and "torch" in ours
     assert not loaded
     assert {k: v for k, v in their_paths.items() if Path(v).exists()} == our_files
+
+
+def test_nvidia_smi_and_nvcc_printing_bytes_that_are_not_utf8_are_no_traceback(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, run: Callable[..., Result]
+) -> None:
+    """A GPU row whose name is not UTF-8 is skipped (it is not the name FlashInfer records);
+    the rows that are stay detected, and `env` runs as on any other host."""
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    smi = bin_dir / "nvidia-smi"
+    smi.write_bytes(b"#!/bin/sh\nprintf '\\377\\376x\\n0, GPU-1, NVIDIA H\\37700, 9.0\\n'\n"
+                    b"echo '1, GPU-2, NVIDIA H200, 9.0'\n")  # fmt: skip
+    smi.chmod(0o755)
+    cuda = tmp_path / "cuda"
+    (cuda / "bin").mkdir(parents=True)
+    (cuda / "bin" / "nvcc").write_bytes(b"#!/bin/sh\nprintf '\\377 release 12.9, V12.9.41\\n'\n")
+    (cuda / "bin" / "nvcc").chmod(0o755)
+    monkeypatch.setenv("PATH", f"{bin_dir}{os.pathsep}{os.environ['PATH']}")
+    monkeypatch.setenv("CUDA_HOME", str(cuda))
+    assert [(g.index, g.name) for g in envmod.probe().gpus] == [(1, "NVIDIA H200")]
+    result = run("--format", "json", "env")
+    assert result.code == 0 and "Traceback" not in result.err, result.err
+    assert "UnicodeDecodeError" not in result.err
