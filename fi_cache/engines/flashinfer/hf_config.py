@@ -38,6 +38,8 @@ DTYPE_FIELDS = ("dtype", "torch_dtype")  # transformers >= 4.56 writes `dtype`
 HF_DTYPES = {"bfloat16": "bf16", "float16": "fp16"}
 GATED_ACT = "silu"  # SwiGLU experts: the activation cutlass_fused_moe's Swiglu runs
 DEFAULT_FINALIZE: tuple[str, ...] = ("fused", "unfused")
+# One op per (tp_rank, ep_rank): 4096 of them are a plan of ~1 MB, what `plan --check` reads back.
+MAX_RANKS = 4096
 
 
 def load_config(path: Path) -> dict[str, Any]:
@@ -176,6 +178,14 @@ def plan_from_config(
     table = moe_table(
         config, source, dtype=dtype, finalize=finalize, tp_size=tp_size, ep_size=ep_size
     )
+    # One op is checked (sizes, splits) before there is one per rank: 10^6 x 1000 ranks never are.
+    from_mapping({"tokens": list(tokens), "ops": [table]}, source)
+    if tp_size * ep_size > MAX_RANKS:
+        raise PlanError(
+            f"tp_size x ep_size = {tp_size * ep_size} ranks, over the {MAX_RANKS} a plan covers "
+            "(one op per rank)",
+            source,
+        )
     return from_mapping({"tokens": list(tokens), "ops": rank_tables(table)}, source)
 
 

@@ -156,6 +156,8 @@ def loads(text: str, source: str = "<plan>") -> Plan:
         raise PlanError(f"not valid TOML ({exc})", source) from None
     except RecursionError:
         raise PlanError("TOML nested too deeply to be a plan", source) from None
+    except ValueError as exc:  # tomllib's int(): over sys.get_int_max_str_digits() digits
+        raise PlanError(f"not a plan: {str(exc).split(':')[0]}", source) from None
     return from_mapping(data, source)
 
 

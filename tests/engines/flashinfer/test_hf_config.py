@@ -13,7 +13,7 @@ from fi_cache.engines.flashinfer import plan
 from fi_cache.engines.flashinfer.hf_config import describe, load_config, moe_table, plan_from_config
 from fi_cache.engines.flashinfer.plan import DEFAULT_TOKENS, MoeOp, PlanError
 from fi_cache.errors import EXIT_REFUSED
-from tests.conftest import FIXTURES
+from tests.conftest import FIXTURES, no_hang
 
 HF = FIXTURES / "hf"
 MIXTRAL = HF / "mixtral-8x7b-v0.1.json"
@@ -356,3 +356,16 @@ def test_load_config_unreadable(tmp_path: Path) -> None:
             load_config(locked)
     finally:
         locked.chmod(0o600)
+
+
+def test_absurd_tp_and_ep_sizes_are_refused_at_once() -> None:
+    """10^6 x 1000 ranks were 10^9 op tables built before any was checked (minutes, gigabytes)."""
+    config = load_config(QWEN3)
+    with no_hang(1.0), pytest.raises(PlanError, match=r"does not split over ep_size = 1000"):
+        plan_from_config(config, str(QWEN3), tp_size=10**6, ep_size=1000)
+    with no_hang(1.0), pytest.raises(PlanError, match=r"8192 ranks, over the 4096 a plan covers"):
+        plan_from_config(config, str(QWEN3), tp_size=64, ep_size=128)
+    largest = plan_from_config(config, str(QWEN3), tp_size=32, ep_size=128)
+    text = plan.dumps(largest)
+    assert len(largest.ops) == 4096 and len(text.encode()) <= plan.MAX_PLAN_BYTES
+    assert len(plan.loads(text, "plan.toml").ops) == 4096  # what it writes, `plan --check` reads

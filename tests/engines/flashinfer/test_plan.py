@@ -492,6 +492,11 @@ def test_invalid_toml() -> None:
     assert "line" in err.message
 
 
+def test_an_integer_too_long_to_read_is_refused_in_one_line() -> None:
+    err = _refused("x = " + "9" * 5000, r"not a plan: Exceeds the limit \(4300 digits\)")
+    assert "\n" not in err.message and "set_int_max_str_digits" not in err.message
+
+
 def test_no_ops() -> None:
     _refused("tokens = [1]\n", r"no operations: add at least one \[\[ops\]\] table")
     _refused("", r"no operations")
