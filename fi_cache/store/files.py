@@ -34,6 +34,7 @@ def locked(path: Path, timeout: float = DEFAULT_LOCK_TIMEOUT) -> Iterator[None]:
 
     lock_file = lock_path_for(path)
     ensure_dir(lock_file.parent)
+    _make_lock_file(lock_file, path)
     lock = filelock.FileLock(str(lock_file), timeout=timeout)
     try:
         with lock:
@@ -42,6 +43,22 @@ def locked(path: Path, timeout: float = DEFAULT_LOCK_TIMEOUT) -> Iterator[None]:
         raise FiCacheError(
             f"timed out after {timeout:.0f}s waiting for the lock {lock_file}", path
         ) from None
+
+
+def _make_lock_file(lock_file: Path, path: Path) -> None:
+    """Refused (exit 2) when the lock file cannot be made (/proc/self/, a read-only dir):
+    filelock would retry that until its timeout. O_NONBLOCK: a FIFO planted there never waits."""
+    flags = os.O_RDWR | os.O_CREAT | os.O_NONBLOCK | getattr(os, "O_NOCTTY", 0)
+    for attempt in range(3):
+        try:
+            os.close(os.open(lock_file, flags, 0o644))
+            return
+        except OSError as exc:
+            if isinstance(exc, FileNotFoundError) and attempt < 2 and not lock_file.parent.is_dir():
+                ensure_dir(lock_file.parent)  # moved away by a concurrent import or prune
+                continue
+            why = f"cannot create its lock file {lock_file.name} ({exc.strerror})"
+            raise Refused(f"cannot write here: {why}", path) from None
 
 
 def ensure_dir(directory: Path) -> None:

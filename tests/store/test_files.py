@@ -9,7 +9,7 @@ import pytest
 
 from fi_cache.errors import EXIT_PROBLEM, EXIT_REFUSED, FiCacheError, Refused
 from fi_cache.store import files
-from tests.conftest import SPECIAL_KINDS, make_special
+from tests.conftest import GEMM_618, SPECIAL_KINDS, make_special, no_hang
 
 
 def test_atomic_write_replaces_and_leaves_no_temp(tmp_path: Path) -> None:
@@ -62,3 +62,17 @@ def test_atomic_write_refuses_to_replace_what_is_no_regular_file(tmp_path: Path,
         files.atomic_write(target, b"data")
     assert info.value.path == str(target) and info.value.exit_code == EXIT_REFUSED
     assert still() and sorted(p.name for p in tmp_path.iterdir()) == before  # no lock, no temp
+
+
+@pytest.mark.skipif(not Path("/proc/self/status").is_file(), reason="Linux /proc")
+def test_a_lock_file_that_cannot_be_made_is_refused_at_once(run, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+    """/proc/self/status is a regular file no lock file can sit beside: filelock retried that
+    for its whole timeout (60 s for `merge -o`), then said it timed out."""
+    with no_hang(5.0), pytest.raises(Refused) as info, files.locked(Path("/proc/self/status")):
+        pass
+    assert info.value.exit_code == EXIT_REFUSED and info.value.path == "/proc/self/status"
+    assert "cannot create its lock file .status.lock" in info.value.message
+    with no_hang(5.0):
+        result = run("merge", GEMM_618, "-o", "/proc/self/status")
+    assert result.code == 2 and result.err.count("\n") == 1, result.err
+    assert result.err.startswith("fi-cache: /proc/self/status: cannot write here")
