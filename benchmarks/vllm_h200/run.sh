@@ -317,10 +317,12 @@ step3m() {
   [ -n "$f" ] || { echo "no file from the cold warm"; return 1; }
   rm -rf $V/pdir && cp -r "${f%%/vllm/*}/vllm" $V/pdir  # plain vLLM's copy: the same file, unchanged
   echo "namespace file: $f" | tee $R/3m-files.txt
-  local r
+  local r w
   for r in 1 2 3; do
     s3_plain same-file r$r-same-file VLLM_FLASHINFER_AUTOTUNE_CACHE_DIR=$V/pdir -- "${BASE[@]}" "${A[@]}"
+    gpu_watch $R/r$r-seeded-gpu.txt & w=$!
     s3_warm seeded r$r-seeded -- "${BASE[@]}" --max-model-len "${S3_L[r-1]}"
+    kill $w 2>/dev/null; wait $w 2>/dev/null
   done
   for r in 1 2 3; do
     s3_plain noseed r$r-noseed VLLM_FLASHINFER_AUTOTUNE_CACHE_DIR=$V/pdir -- "${BASE[@]}" --max-model-len "${S3_N[r-1]}"

@@ -178,6 +178,7 @@ def _seed_timing(text: str, res: dict[str, object]) -> dict[str, object]:
          "configs": int(m.group(2)), "path": m.group(3)}
         for m in LOADED.finditer(text)
     ]  # fmt: skip
+    loaded = [d for i, d in enumerate(loaded) if d not in loaded[:i]]  # log and jit log alike
     out: dict[str, object] = {"seed_notes": SEED_NOTE.findall(text), "loaded": loaded}
     if (m := SEED_AFTER.search(text)) and isinstance(launch, float | int):
         out["seed_placed_s"] = round(float(launch) + float(m.group(2)), 2)

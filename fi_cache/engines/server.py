@@ -44,7 +44,11 @@ def free_port(host: str = "127.0.0.1") -> int:
 
 
 def port_in_use(port: int, host: str = "127.0.0.1") -> bool:
+    """Is something listening there? Bound as the engines bind (uvicorn sets SO_REUSEADDR):
+    the TIME_WAIT a just-stopped warm leaves on its port is no listener, and the next warm
+    on that --port must not be refused (two of three on the H200, 2026-12-04)."""
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         try:
             s.bind((host, port))
         except OSError:

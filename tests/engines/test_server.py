@@ -114,3 +114,34 @@ def test_an_engine_that_cannot_be_executed_is_refused_saying_why(
     with pytest.raises(Refused, match=f": cannot start vLLM: {why}$"):
         Server(cmd, env, lock_dir=tmp_path)
     assert time.monotonic() - started < 10  # refused at once, not after a health timeout
+
+
+def _time_wait_on(port: int) -> None:
+    """A server on `port` that closed an accepted connection first: the port is left in
+    TIME_WAIT, as a stopped warm's /health polls leave it."""
+    import socket
+
+    with socket.socket() as listener:
+        listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        listener.bind(("127.0.0.1", port))
+        listener.listen()
+        with socket.create_connection(("127.0.0.1", port)) as client:
+            conn, _ = listener.accept()
+            conn.close()  # the server side closes first: its end goes to TIME_WAIT
+            client.recv(1)
+
+
+def test_a_port_a_stopped_server_just_left_is_free_and_a_listened_one_is_not() -> None:
+    """A warm on --port P right after another warm on P (TIME_WAIT, no listener) starts; one
+    where something listens is refused."""
+    import socket
+
+    from fi_cache.engines.server import port_in_use
+
+    port = free_port()
+    _time_wait_on(port)
+    assert not port_in_use(port)
+    with socket.socket() as busy:
+        busy.bind(("127.0.0.1", port := free_port()))
+        busy.listen()
+        assert port_in_use(port)
