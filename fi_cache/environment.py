@@ -44,6 +44,11 @@ class VllmInfo:
     envs_path: str | None
     supports_finalize_env: bool | None  # None: no vllm/envs.py to read
 
+    @property
+    def site(self) -> str | None:
+        """The directory vLLM is installed in (site-packages, a --target dir)."""
+        return os.path.dirname(os.path.dirname(self.envs_path)) if self.envs_path else None
+
 
 @dataclass(frozen=True)
 class Environment:

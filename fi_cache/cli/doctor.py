@@ -184,7 +184,8 @@ def _vllm_location(
     if target.vllm_version != env.vllm.version:
         return None, f"fi-cache's layout model (the target is vLLM {target.vllm_version})"
     try:
-        return predict(env.python, env.vllm.version, argv, environ, state), "vLLM's own code"
+        where = predict(env.python, env.vllm.version, argv, environ, state, site=env.vllm.site)
+        return where, "vLLM's own code"
     except Refused:
         raise
     except FiCacheError as exc:

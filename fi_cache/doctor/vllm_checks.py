@@ -216,6 +216,14 @@ def cache_location(inp: Inputs) -> Iterator[Finding]:
         f"{_vllm(inp)} {what}: {where}; the GPU model and CUDA stack are not part of this path",
         "fi-cache serve gives each environment and finalize mode a dir of its own",
     )
+    if loc is not None and loc.depends_on:
+        yield Finding(
+            "cache-location", "info", str(inp.predicted_dir),
+            f"this hash dir holds only if vLLM's GPU worker keeps what it resolves at start as "
+            f"the arguments set it: {'; '.join(loc.depends_on)}",
+            "a numeric --max-model-len is known before the start, CUDA graphs are resolved per "
+            "attention backend (--enforce-eager has none); a warm checks the dir vLLM names",
+        )  # fmt: skip
 
 
 CHECKS = (

@@ -39,7 +39,8 @@ from fi_cache.store.manifest import Manifest, WarmRecord
 class Placed:
     seed: seed.Seed
     rel: str  # the target, relative to the namespace
-    stamp: Stamp | None  # placed while the engine ran (None: before it started)
+    stamp: Stamp | None  # as written (None: unknown)
+    late: bool  # placed while the engine ran: it may have looked before
 
 
 Say = Callable[[str], None]
@@ -108,16 +109,22 @@ class Seeding:
         if self._thread is not None:
             self._thread.join(timeout=30)
 
-    def settle(self, report: Report) -> dict[str, int]:
+    def settle(self, report: Report, named: set[str] | None = None) -> dict[str, int]:
         """Once the engine is healthy: the entries each file was seeded with, by path relative
-        to the namespace, leaving out a seed the engine replaced with its own tuning."""
+        to the namespace, leaving out a seed the engine replaced with its own tuning, and
+        removing one it never read (`named`: the files its log says it used, when it says:
+        a hash dir its GPU worker resolved otherwise than vLLM's own code predicted)."""
         if self._thread is not None:
             self._stop.set()  # still asking: too late for this start
             self._thread.join()
         self.flush(report)
+        used_dirs = {Path(n).resolve().parent for n in named or ()}
         out: dict[str, int] = {}
         for p in self._placed:
-            if p.stamp is not None and not seed.kept(p.seed, p.stamp):
+            if used_dirs and p.seed.target.resolve().parent not in used_dirs:
+                report.note(self._unused(p, sorted(named or ())))
+                continue
+            if p.late and p.stamp is not None and not seed.kept(p.seed, p.stamp):
                 report.note(
                     f"{self._who} tuned {p.seed.target} itself: it looked for the file before "
                     "the seed landed, then saved its own (not counted as seeded)"
@@ -125,6 +132,14 @@ class Seeding:
                 continue
             out[p.rel] = p.seed.entries
         return out
+
+    def _unused(self, p: Placed, named: list[str]) -> str:
+        removed = p.stamp is not None and seed.remove_unread(p.seed, p.stamp)
+        return (
+            f"{self._who} used {named[0]}, not the seeded {p.seed.target} (its worker resolved "
+            "the file otherwise than predicted; `fi-cache doctor -- ARGS` names what it can't know)"
+            + (": the unread seed is removed" if removed else "")
+        )
 
 
 def seeder(
@@ -142,7 +157,8 @@ def seeder(
         try:
             known = engine.seed_targets_known(run, ns_dir, store)
             if known is not None:
-                return Seeding(_place(engine, run, ns_dir, manifest, known, report.note))
+                placed = _place(engine, run, ns_dir, manifest, known, report.note)
+                return Seeding(placed, who=engine.display)
         except (FiCacheError, OSError) as exc:
             report.note(f"not seeding: {exc}")
             return Seeding()
@@ -200,9 +216,9 @@ def _place(
                 continue
             when = f" ({_after(engine, running)})"
         else:
-            seed.write(s)
+            stamp = seed.write(s)
         say(f"seeded {s.entries} entries from {len(s.sources)} earlier file(s): {s.target}{when}")
-        placed.append(Placed(s, str(s.target.relative_to(ns_dir)), stamp))
+        placed.append(Placed(s, str(s.target.relative_to(ns_dir)), stamp, running is not None))
     return placed
 
 

@@ -151,7 +151,7 @@ def _start(
         seeding.start()
         ticking = seeding.ticking(report)  # the seeding thread's notes, said as they come
         _until_healthy(server, port, engine.display, options.timeout, grace, ticking)
-        seeded = seeding.settle(report)
+        seeded = seeding.settle(report, server.named_files)
         wrote = {p.parent for p, stamp in snapshot(watch).items() if before.get(p) != stamp}
         align_ranks(watch, report, wrote)  # so the next start keeps and hits every rank's file
         used = used_files(watch, ns_dir, before, server.named_files, seeded)

@@ -24,7 +24,14 @@ from pathlib import Path
 from fi_cache.errors import FiCacheError
 from fi_cache.maintenance.merge import merge, read_source
 from fi_cache.model import v1
-from fi_cache.store.files import Stamp, atomic_write, create_new, stamp_of
+from fi_cache.store.files import (
+    Stamp,
+    atomic_write,
+    create_new,
+    prune_empty,
+    remove_file,
+    stamp_of,
+)
 from fi_cache.store.manifest import Manifest, WarmRecord
 
 
@@ -108,9 +115,10 @@ def plan(
     return seeds, notes
 
 
-def write(seed: Seed) -> None:
+def write(seed: Seed) -> Stamp | None:
     """Atomically, in FlashInfer's own format (`_generation` as that version writes it)."""
     atomic_write(seed.target, v1.dumps(seed.file).encode(), lock=False)
+    return stamp_of(seed.target)
 
 
 def create(seed: Seed) -> Stamp | None:
@@ -129,3 +137,13 @@ def kept(seed: Seed, placed: Stamp) -> bool:
     except FiCacheError:
         return False
     return all(now.entries.get(key) == value for key, value in seed.file.entries.items())
+
+
+def remove_unread(seed: Seed, placed: Stamp) -> bool:
+    """Remove a seed the engine never read (it used another dir), if it is still exactly what
+    was placed; its directory too when that is left empty. True when removed."""
+    if stamp_of(seed.target) != placed:
+        return False
+    remove_file(seed.target)
+    prune_empty(seed.target.parent)  # the hash dir it made, when nothing else is in it
+    return True

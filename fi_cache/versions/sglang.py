@@ -120,15 +120,33 @@ SGLANG_DERIVED_CACHES: tuple[tuple[str, str, Version, str], ...] = (
     ("TILELANG_CACHE_DIR", "tilelang", V("0.5.21"), "env 0.5.21:1971"),
     ("FLASHINFER_WORKSPACE_BASE", "", V("0.5.18"), "env 0.5.18:1641 (FlashInfer adds .cache/)"),
 )
+# Of those, the two a diffusion worker re-points: `_configure_persistent_torch_compile_cache`
+# (multimodal_gen/runtime/managers/gpu_worker.py 0.5.18:183-216, 0.5.21:299-332, 0.5.23:356-389)
+# moves TORCHINDUCTOR_CACHE_DIR / TRITON_CACHE_DIR to $SGLANG_DIFFUSION_CACHE_ROOT/
+# torch_compile_cache/ unless a value differs from `third_party_cache_defaults()` of the current
+# SGLANG_CACHE_DIR and lies outside the temp dir (0.5.23:366-374): a value fi-cache pins is
+# "explicit" there. So these are left unset and their dirs linked (`<ns>/sglang/inductor` -> the
+# user's), pinned only where the link cannot be made.
+SGLANG_LINKED_DERIVED = frozenset({"TORCHINDUCTOR_CACHE_DIR", "TRITON_CACHE_DIR"})
 # Dirs SGLang joins to SGLANG_CACHE_DIR itself, with no variable of their own: torch.compile's
 # cache (compilation/backend.py 0.5.18:405-410), the Run:ai model streamer's (utils/
 # runai_utils.py 0.5.18:123-130), built Rust extensions (rust_extensions/loader.py 0.5.18:299-300,
-# 0.5.23:358-359). Also joined there and not kept: gpu_p2p_access_cache_for_<devices>.json
-# (custom_all_reduce_utils.py 0.5.18:267, re-probed in seconds), kernels.lock (kernels/ops/
-# attention/flash_attention_v3.py 0.5.18:41-43, read only when the user put one there), and in
-# 0.5.23 diffusion's flashinfer/autotune/flux3_prims_ts/... (multimodal_gen/.../flux3_image.py:
-# 435-446), which moves with the autotune dir, as it should.
+# 0.5.23:358-359). In 0.5.23 diffusion's flashinfer/autotune/flux3_prims_ts/... (multimodal_gen/
+# .../flux3_image.py:435-446) is joined there too and moves with the autotune dir, as it should.
 SGLANG_DIRECT_CACHES = ("torch_compile_cache", "model_streamer", "rust_extensions")
+# Files SGLang joins to SGLANG_CACHE_DIR, linked to the user's (a link to a file that is not there
+# reads as absent, and a write goes through it):
+# - the custom all-reduce P2P probe, one per machine topology (not an autotune result: a store
+#   shared by hosts must not hand one host's answer to another): `gpu_p2p_access_cache_for_{CVD}
+#   .json` in os.path.expanduser(SGLANG_CACHE_DIR), CVD = $CUDA_VISIBLE_DEVICES as set, else
+#   "0,1,..." over torch.cuda.device_count(); local rank 0 probes and writes it when missing, every
+#   rank reads it after a barrier (custom_all_reduce_utils.py 0.5.17:260-322, 0.5.18/0.5.21/
+#   0.5.23:261-323);
+# - kernels.lock, which SGLang never writes: the user's pin of the Hub FA3 kernels, read from
+#   SGLANG_CACHE_DIR as given when it exists, else the kernels are fetched unpinned from the Hub
+#   (kernels/ops/attention/flash_attention_v3.py 0.5.17-0.5.23:16, :41-52).
+SGLANG_P2P_FILE = "gpu_p2p_access_cache_for_{}.json"
+SGLANG_KERNELS_LOCK = "kernels.lock"
 # MoE all-to-all backends that span every rank: SGLang sets ep_size = tp_size for them
 # (arg_groups/overrides.py 0.5.18:2566, 0.5.23:1578-1592 `_A2A_EP_SPANNING_BACKENDS`, :1610-1620).
 SGLANG_A2A_EP_SPANNING = frozenset({
@@ -138,8 +156,13 @@ SGLANG_A2A_EP_SPANNING = frozenset({
 # `--moe-runner-backend megamoe` is DeepGEMM's MegaMoE, an alias of `--moe-a2a-backend megamoe`
 # that leaves the runner `auto` (mega_moe_hook.py 0.5.23:259-276); `--moe-a2a-backend
 # flashinfer_megamoe` turns an `auto` runner into flashinfer_megamoe (moe_hook.py 0.5.23:315-331).
+# `--moe-a2a-backend deepep_v2` (0.5.21+; not in 0.5.18) turns an `auto` runner into deep_gemm,
+# so the key dir hashes deep_gemm and FlashInfer's MoE is not tuned; any runner but deep_gemm
+# makes SGLang refuse to start (moe_hook.py 0.5.21:331-350, 0.5.23:400-419).
 SGLANG_RUNNER_ALIASES = {"megamoe": ("auto", "megamoe")}  # runner -> (runner, a2a)
-SGLANG_A2A_SETS_RUNNER = {"flashinfer_megamoe": "flashinfer_megamoe"}  # a2a -> an auto runner's
+SGLANG_A2A_SETS_RUNNER = {  # a2a -> what an auto runner becomes
+    "flashinfer_megamoe": "flashinfer_megamoe", "deepep_v2": "deep_gemm",
+}  # fmt: skip
 # --enable-waterfill turns any other --moe-a2a-backend into deepep, which then spans EP
 # (`_a2a_backend_overrides`, arg_groups/overrides.py 0.5.17:2459-2464, 0.5.18:2584-2589,
 # 0.5.21:1527-1532, 0.5.23:1599-1604; run before `_a2a_ep_size`: moe_hook.py 0.5.23:292-293).

@@ -351,6 +351,11 @@ def test_doctor_names_the_file_vllm_itself_will_use(  # type: ignore[no-untyped-
     )
     bad = run("doctor", "--", "--model", model, "--no-such-flag")
     assert bad.code == 2 and "vllm: error: unrecognized arguments: --no-such-flag" in bad.err
+    fit = run("--format", "json", "doctor", "--", "--model", model, "--load-format", "dummy",
+              "--max-model-len", "-1")  # fmt: skip
+    said = [f["message"] for f in fit.json()["findings"] if f["check"] == "cache-location"]
+    assert len(said) == 2 and "keeps what it resolves at start as the arguments set it: " in said[1]
+    assert "--max-model-len -1 (fitted to free GPU memory at start" in said[1]
 
 
 def test_a_killed_imports_staging_dir_is_a_tmp_leftover_and_fix_removes_it(  # type: ignore[no-untyped-def]

@@ -105,3 +105,26 @@ def test_a_healthy_engine_does_not_wait_for_the_answer(store: Path) -> None:
     assert f.seeded == 0 and seconds < 30
     assert ("not seeding: Third was healthy before fi-cache knew which file it reads (it tuned "
             "without one)") in noted  # fmt: skip
+
+
+class Mispredicts(Third):
+    """Third whose answer names another hash dir than the one it then uses (vLLM's GPU worker
+    resolving CUDA-graph sizes or an auto-fitted --max-model-len otherwise than predicted)."""
+
+    def seed_targets(
+        self, run: Run, ns_dir: Path, store: Path, stop: Event | None = None
+    ) -> tuple[list[Path], str | None]:
+        return [self.cache_dir(ns_dir) / ("f" * 64) / "autotune_configs.json"], None
+
+
+def test_a_seed_in_a_dir_the_engine_did_not_use_is_removed_and_said(store: Path) -> None:
+    heard = Heard()
+    _, result = warm(Mispredicts(), request("m", "--max-num-seqs", "8"), WarmOptions(timeout=60),
+                     store, heard.report())  # fmt: skip
+    [f] = result.files
+    assert f.seeded == 0 and "f" * 64 not in f.path  # the file it tuned, not the stray seed
+    stray = result.namespace_dir / "third" / ("f" * 64)
+    assert not stray.exists()
+    [said] = [n for n in heard.noted if "not the seeded" in n]
+    assert said.startswith(f"Third used {result.namespace_dir / f.path}, not the seeded {stray}")
+    assert said.endswith("the unread seed is removed")

@@ -23,6 +23,7 @@ from fi_cache.versions import (
     SGLANG_CACHE_DIR_ENV,
     SGLANG_DIRECT_CACHES,
     SGLANG_FINALIZE_FROM,
+    SGLANG_KERNELS_LOCK,
     SGLANG_MEGAMOE_ENV,
     SGLANG_MEGAMOE_ENV_RANGE,
     SGLANG_PERSISTENT_CACHE,
@@ -165,7 +166,7 @@ class Sglang(ServerEngine):
         out.append(
             f"{SGLANG_CACHE_DIR_ENV}={self.cache_dir(ns_dir)} for SGLang (no release moves only "
             f"its autotune dir); kept in {user_cache_dir(environ)}: "
-            f"{', '.join([*kept, *SGLANG_DIRECT_CACHES])}"
+            f"{', '.join([*kept, *SGLANG_DIRECT_CACHES, SGLANG_KERNELS_LOCK])}, the P2P probe"
         )
         return out
 
@@ -207,8 +208,9 @@ class Sglang(ServerEngine):
         self, run: Run, ns_dir: Path, environ: Mapping[str, str], warm: bool
     ) -> dict[str, str]:
         """SGLang's dir in the namespace, made, with its links into the user's dir."""
+        gpus = len(run.target.env.gpus) or None  # the visible ones: torch's device count
         return launch.namespace_env(
-            self.cache_dir(ns_dir), environ, run.ns.finalize, _found(run.target).version
+            self.cache_dir(ns_dir), environ, run.ns.finalize, _found(run.target).version, gpus
         )
 
     def command(self, run: Run, port: int | None = None) -> list[str]:

@@ -3,14 +3,15 @@
 What fi-cache moves: SGLANG_CACHE_DIR, to `<namespace>/sglang`. No release up to 0.5.23 has a
 variable for the autotune part alone (docs/research/sglang-releases.md), so the rest is kept
 where the user had it: every cache variable SGLang derives from SGLANG_CACHE_DIR is set to the
-user's own value unless they set it (versions.SGLANG_DERIVED_CACHES), and the dirs SGLang joins to
-SGLANG_CACHE_DIR itself are links into the user's dir (versions.SGLANG_DIRECT_CACHES).
+user's own value unless they set it (versions.SGLANG_DERIVED_CACHES; inductor's and Triton's are
+links instead, as a diffusion worker reads them: SGLANG_LINKED_DERIVED), and the dirs and files
+SGLang joins to SGLANG_CACHE_DIR itself are links into the user's dir (links.py).
 """
 
 from __future__ import annotations
 
 import os
-from collections.abc import Mapping, Sequence
+from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, cast
@@ -24,7 +25,6 @@ from fi_cache.versions import (
     SGLANG_AUTOTUNE_EXTEND_ENV,
     SGLANG_CACHE_DIR_ENV,
     SGLANG_DETERMINISTIC_SKIPS_TUNE,
-    SGLANG_DIRECT_CACHES,
     SGLANG_FINALIZE_BEFORE_ENV,
     SGLANG_FINALIZE_ENV,
     SGLANG_FINALIZE_FROM,
@@ -207,15 +207,20 @@ def warnings(version: str, args: SglangArgs) -> list[str]:
 
 
 def launch_env(
-    base: Mapping[str, str], cache_dir: Path, finalize: str, version: str
+    base: Mapping[str, str],
+    cache_dir: Path,
+    finalize: str,
+    version: str,
+    linked: Collection[str] = (),
 ) -> dict[str, str]:
     """The environment SGLang runs with: SGLANG_CACHE_DIR in the namespace, the caches SGLang
-    `version` derives from it pinned to the user's own dir (unless set), the finalize mode
-    where the release reads it."""
+    `version` derives from it pinned to the user's own dir (unless set, or `linked`: their dir
+    in the namespace is a link to the user's), the finalize mode where the release reads it."""
     env = dict(base)
     theirs = user_cache_dir(base)
     for var, sub in sglang_caches_moved(version):
-        env.setdefault(var, os.path.join(theirs, sub) if sub else theirs)
+        if var not in linked:
+            env.setdefault(var, os.path.join(theirs, sub) if sub else theirs)
     ours = {SGLANG_CACHE_DIR_ENV: str(cache_dir)}
     v = parse_version(version)
     if v is not None and v >= SGLANG_FINALIZE_FROM:
@@ -228,25 +233,20 @@ def launch_env(
 
 
 def namespace_env(
-    cache_dir: Path, environ: Mapping[str, str], finalize: str, version: str
+    cache_dir: Path,
+    environ: Mapping[str, str],
+    finalize: str,
+    version: str,
+    gpus: int | None = None,
 ) -> dict[str, str]:
     """SGLang's environment on a namespace's SGLang dir `cache_dir`, which is made, with the
-    links into the user's dir (warm and serve start SGLang so)."""
+    links into the user's dir (warm and serve start SGLang so); `gpus`: how many GPUs SGLang
+    sees, which names its P2P probe file when CUDA_VISIBLE_DEVICES is unset."""
+    from fi_cache.engines.sglang import links
     from fi_cache.store.files import ensure_dir
 
     ensure_dir(cache_dir)
-    link_direct_caches(cache_dir, environ)
-    return launch_env(environ, cache_dir, finalize, version)
-
-
-def link_direct_caches(cache_dir: Path, environ: Mapping[str, str]) -> list[str]:
-    """Point the dirs SGLang joins to SGLANG_CACHE_DIR itself back into the user's dir (links
-    made once, kept); returns the ones that could not be linked."""
-    from fi_cache.store.files import ensure_link
-
-    theirs = Path(user_cache_dir(environ))
-    failed = []
-    for name in SGLANG_DIRECT_CACHES:
-        if not ensure_link(cache_dir / name, theirs / name):
-            failed.append(name)
-    return failed
+    links.link_direct_caches(cache_dir, environ)
+    links.link_user_files(cache_dir, environ, gpus)
+    linked = links.link_derived_caches(cache_dir, environ, version)
+    return launch_env(environ, cache_dir, finalize, version, linked)

@@ -219,9 +219,10 @@ class Vllm(ServerEngine):
             return [], "not seeding: no vLLM found to ask which file it will read"
         environ = self.environment(run, ns_dir, os.environ, warm=False)
         argv, python, kept = list(run.args.argv), run.env.python, state_dir(store)
+        asked = (python, info.version, argv, environ, kept)
         if ask:
-            where = predict.predict(python, info.version, argv, environ, kept, stop=stop)
-        elif (known := predict.cached(python, info.version, argv, environ, kept)) is None:
+            where = predict.predict(*asked, stop=stop, site=info.site)
+        elif (known := predict.cached(*asked, site=info.site)) is None:
             return None
         else:
             where = known

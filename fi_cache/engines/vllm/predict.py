@@ -44,6 +44,9 @@ class CacheLocation:
     # Every node's rank files (`files` are this node's): MoE with dp > 1 folds DP into one
     # world group, so rank r of DP rank d is `dp{d}_rank{d * tp * pp + r}` on its own node.
     all_files: tuple[str, ...] = ()
+    # What vLLM's GPU worker resolves before it hashes (CUDA-graph sizes, an auto-fitted
+    # --max-model-len): the answer holds only if it keeps them as the arguments set them.
+    depends_on: tuple[str, ...] = ()
 
     @property
     def paths(self) -> list[Path]:
@@ -56,14 +59,32 @@ _HASH_ENV = ("TORCH_COMPILE_DISABLE",)
 _HASH_ENV_PREFIXES = ("VLLM_", "HF_", "TRANSFORMERS_", "HUGGINGFACE_")
 
 
-def cache_key(python: str, vllm_version: str, argv: Sequence[str], env: Mapping[str, str]) -> str:
+def cache_key(
+    python: str,
+    vllm_version: str,
+    argv: Sequence[str],
+    env: Mapping[str, str],
+    site: str | None = None,
+) -> str:
+    """`site`: the directory vLLM is installed in; the releases installed beside it (transformers
+    parses the HF config vLLM hashes; torch, FlashInfer) are part of the answer's identity."""
     parts = [os.path.abspath(python), vllm_version, json.dumps(list(argv)), os.getcwd()]
-    parts += [f"{k}={env.get(k, '')}" for k in (*_PATH_ENV, *_HASH_ENV)]
+    parts += [f"{k}={env.get(k, '')}" for k in (*_PATH_ENV, *_HASH_ENV, "PYTHONPATH")]
+    parts += installed(site)
     # vLLM 0.25-0.29 hash every registered VLLM_* variable into the dir (envs.py compute_hash):
     # an answer for VLLM_FLASHINFER_MOE_FUSED_FINALIZE=1 is not one for =0.
     parts += sorted(f"{k}={v}" for k, v in env.items() if k.startswith(_HASH_ENV_PREFIXES))
     parts += named_contents(argv, env)
     return hashlib.sha256("\0".join(parts).encode()).hexdigest()[:24]
+
+
+def installed(site: str | None) -> list[str]:
+    """The distributions in `site` by name and version (their dist-info dirs: one listdir)."""
+    if not site:
+        return []
+    with contextlib.suppress(OSError):
+        return sorted(n for n in os.listdir(site) if n.endswith((".dist-info", ".egg-info")))
+    return []
 
 
 def named_contents(argv: Sequence[str], env: Mapping[str, str]) -> list[str]:
@@ -93,19 +114,19 @@ def cached(
     argv: Sequence[str],
     env: Mapping[str, str],
     state_dir: Path | None,
+    site: str | None = None,
 ) -> CacheLocation | None:
     """An earlier answer for exactly these inputs, without asking vLLM (None: none kept)."""
     if state_dir is None:
         return None
     with contextlib.suppress(OSError, ValueError, TypeError, KeyError):
-        return _from_json(json.loads(_kept(state_dir, python, vllm_version, argv, env).read_text()))
+        kept = _kept(state_dir, cache_key(python, vllm_version, argv, env, site))
+        return _from_json(json.loads(kept.read_text()))
     return None
 
 
-def _kept(
-    state_dir: Path, python: str, vllm_version: str, argv: Sequence[str], env: Mapping[str, str]
-) -> Path:
-    return state_dir / f"vllm-cache-{cache_key(python, vllm_version, argv, env)}.json"
+def _kept(state_dir: Path, key: str) -> Path:
+    return state_dir / f"vllm-cache-{key}.json"
 
 
 def predict(
@@ -116,16 +137,17 @@ def predict(
     state_dir: Path | None,
     timeout: float = 300.0,
     stop: threading.Event | None = None,
+    site: str | None = None,
 ) -> CacheLocation:
     """vLLM's own answer (cached). Raises Refused when vLLM rejects the argv, FiCacheError when
     the child fails or hangs, or `stop` is set (the child is killed then)."""
-    if (known := cached(python, vllm_version, argv, env, state_dir)) is not None:
+    if (known := cached(python, vllm_version, argv, env, state_dir, site)) is not None:
         return known
     answer = _ask(python, argv, env, timeout, stop)
     if state_dir is not None:
         from fi_cache.store.files import atomic_write
 
-        cache = _kept(state_dir, python, vllm_version, argv, env)
+        cache = _kept(state_dir, cache_key(python, vllm_version, argv, env, site))
         with contextlib.suppress(FiCacheError, OSError):  # a read-only store asks again next time
             atomic_write(cache, json.dumps(asdict(answer)).encode(), lock=False)
     return answer
@@ -157,8 +179,15 @@ def _from_json(data: dict[str, object]) -> CacheLocation:
         str(data["vllm_version"]), str(data["hash"]),
         None if data["dir"] is None else str(data["dir"]),
         tuple(str(f) for f in files), str(data["root_from"]), str(data.get("store", "v1")),
-        tuple(str(f) for f in every),
+        tuple(str(f) for f in every), tuple(str(d) for d in _listed(data, "depends_on")),
     )  # fmt: skip
+
+
+def _listed(data: dict[str, object], key: str) -> list[object]:
+    value = data.get(key, [])
+    if not isinstance(value, list):
+        raise TypeError(key)
+    return value
 
 
 def _ask(

@@ -156,6 +156,23 @@ def _rank_files(par: Any) -> tuple[list[str], list[str]]:
     return names(here_dp, range(local)), every
 
 
+def _worker_resolved(cfg: Any) -> list[str]:
+    """What vLLM's GPU worker changes in the hashed config before it hashes it, which this child
+    cannot redo without the GPU: the CUDA-graph mode and capture sizes, resolved from the
+    attention backend's support (gpu_model_runner.py 0.32:6825-6857, before kernel_warmup:
+    gpu_worker.py 0.32:950), and a --max-model-len -1 fitted to free GPU memory by the engine
+    core (core.py 0.32:323-337, kv_cache_utils.py 0.32:2635-2636)."""
+    out = []
+    mode = getattr(cfg.compilation_config, "cudagraph_mode", None)
+    if mode is not None and getattr(mode, "name", str(mode)) != "NONE":
+        out.append(f"CUDA-graph mode {getattr(mode, 'name', mode)} and its capture sizes (the "
+                   "GPU worker resolves them from its attention backend)")  # fmt: skip
+    if getattr(cfg.model_config, "original_max_model_len", None) == -1:
+        out.append("--max-model-len -1 (fitted to free GPU memory at start: "
+                   "--gpu-memory-utilization and --kv-cache-memory-bytes decide it)")  # fmt: skip
+    return out
+
+
 def predict(argv: list[str]) -> dict[str, Any]:
     import vllm
     from vllm import envs
@@ -168,7 +185,8 @@ def predict(argv: list[str]) -> dict[str, Any]:
     digest = fac.flashinfer_autotune_cache_hash(types.SimpleNamespace(vllm_config=cfg))
     moe_layers = list(cfg.compilation_config.static_all_moe_layers)
     par = cfg.parallel_config
-    facts = {"dp": par.data_parallel_size, "world": _world(par), "moe": bool(moe_layers)}
+    facts = {"dp": par.data_parallel_size, "world": _world(par), "moe": bool(moe_layers),
+             "depends_on": _worker_resolved(cfg)}  # fmt: skip
     v2 = _v2_root(fac, cfg)
     if v2 is not None:
         return {

@@ -187,3 +187,24 @@ def test_a_saved_answer_is_not_reused_when_what_vllm_hashes_changed(tmp_path: Pa
     assert ask({}) == 3
     assert ask({"TORCH_COMPILE_DISABLE": "1"}) == 4
     assert ask({"HF_HUB_OFFLINE": "1"}) == 5
+
+
+def test_a_saved_answer_is_not_reused_after_an_upgrade_beside_vllm(tmp_path: Path) -> None:
+    """transformers parses the HF config vLLM hashes: a new transformers installed beside vLLM
+    (or another PYTHONPATH) may be another dir (a STAND-IN child: it counts the asks)."""
+    asks, child, site = tmp_path / "asks", tmp_path / "python", tmp_path / "site"
+    answer = {"vllm_version": "0.32.0", "hash": "a" * 64, "dir": str(tmp_path), "files": [],
+              "root_from": "VLLM_CACHE_ROOT"}  # fmt: skip
+    child.write_text(f"#!/bin/sh\necho x >> {asks}\necho '{json.dumps(answer)}'\n")
+    child.chmod(0o755)
+    state = tmp_path / "state"
+    (site / "transformers-4.57.1.dist-info").mkdir(parents=True)
+
+    def ask(env: dict[str, str]) -> int:
+        predict(str(child), "0.32.0", ["m"], env, state, site=str(site))
+        return len(asks.read_text().splitlines())
+
+    assert ask({}) == 1 and ask({}) == 1
+    (site / "transformers-4.57.1.dist-info").rename(site / "transformers-5.0.0.dist-info")
+    assert ask({}) == 2
+    assert ask({"PYTHONPATH": "/elsewhere"}) == 3
