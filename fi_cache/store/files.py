@@ -141,17 +141,8 @@ def create_new(path: Path, data: bytes, *, mode: int = 0o644) -> Stamp | None:
     running engine about to save the same file wins, and never reads half of ours). Returns
     the placed file's stamp, None when something was there first."""
     refuse_destination(path, "file")
-    ensure_dir(path.parent)
+    tmp = _temp_file(path, data, mode)
     try:
-        fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=TMP_PREFIX, suffix=".tmp")
-    except OSError as exc:
-        raise Refused(f"cannot write here: {exc.strerror}", path.parent) from None
-    try:
-        with os.fdopen(fd, "wb") as f:
-            f.write(data)
-            f.flush()
-            os.fsync(f.fileno())
-        os.chmod(tmp, mode)
         st = os.stat(tmp)
         try:
             os.link(tmp, path)
@@ -228,7 +219,8 @@ def check_writable(directory: Path) -> None:
         return
 
 
-def _replace(path: Path, data: bytes, mode: int) -> None:
+def _temp_file(path: Path, data: bytes, mode: int) -> str:
+    """`data` in a fsynced temp file beside `path` (its dir made), ready to be renamed or linked."""
     ensure_dir(path.parent)
     try:
         fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=TMP_PREFIX, suffix=".tmp")
@@ -240,6 +232,18 @@ def _replace(path: Path, data: bytes, mode: int) -> None:
             f.flush()
             os.fsync(f.fileno())
         os.chmod(tmp, mode)
+    except BaseException as exc:
+        with contextlib.suppress(OSError):
+            os.unlink(tmp)
+        if isinstance(exc, OSError):
+            raise write_failure(exc, path) from None
+        raise
+    return tmp
+
+
+def _replace(path: Path, data: bytes, mode: int) -> None:
+    tmp = _temp_file(path, data, mode)
+    try:
         refuse_destination(path, "file")  # again: a node made while we waited or wrote
         os.replace(tmp, path)
     except BaseException as exc:

@@ -76,3 +76,14 @@ def test_a_lock_file_that_cannot_be_made_is_refused_at_once(run, tmp_path: Path)
         result = run("merge", GEMM_618, "-o", "/proc/self/status")
     assert result.code == 2 and result.err.count("\n") == 1, result.err
     assert result.err.startswith("fi-cache: /proc/self/status: cannot write here")
+
+
+def test_create_new_writes_only_where_nothing_is_and_leaves_no_temp_file(tmp_path: Path) -> None:
+    """A seed placed while the engine starts: the engine's own file, saved first, stays."""
+    from fi_cache.store.files import create_new, stamp_of
+
+    target = tmp_path / "hash" / "autotune_configs.json"
+    stamp = create_new(target, b'{"a": 1}')
+    assert stamp is not None and stamp == stamp_of(target) and target.read_bytes() == b'{"a": 1}'
+    assert create_new(target, b'{"b": 2}') is None and target.read_bytes() == b'{"a": 1}'
+    assert sorted(p.name for p in target.parent.iterdir()) == ["autotune_configs.json"]
