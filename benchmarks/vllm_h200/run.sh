@@ -309,7 +309,7 @@ s3_warm() {  # s3_warm KIND NAME [WARM OPTIONS] -- ARGS: fi-cache warm, /health 
   $PY -c "import json; print(int(json.load(open('$R/$name.json'))['wall_s']))" > $R/est-$kind
 }
 
-step3m() {
+s3_first() {  # the namespace's first warm (A, cold), its file copied for plain vLLM as pdir
   export VLLM_CACHE_ROOT=$V/vroot  # the same for every start but the cold ones
   rm -f $R/not-run.txt; echo "deadline in $(s3_left) s" | tee $R/deadline.txt
   s3_warm cold-warm 0-fc-warm-a-cold -- "${BASE[@]}" "${A[@]}" || return 1
@@ -317,6 +317,10 @@ step3m() {
   [ -n "$f" ] || { echo "no file from the cold warm"; return 1; }
   rm -rf $V/pdir && cp -r "${f%%/vllm/*}/vllm" $V/pdir  # plain vLLM's copy: the same file, unchanged
   echo "namespace file: $f" | tee $R/3m-files.txt
+}
+
+step3m() {
+  s3_first || return 1
   local r w
   for r in 1 2 3; do
     s3_plain same-file r$r-same-file VLLM_FLASHINFER_AUTOTUNE_CACHE_DIR=$V/pdir -- "${BASE[@]}" "${A[@]}"
@@ -350,13 +354,7 @@ gpu_watch() {  # gpu_watch FILE: every 0.5 s until killed
 }
 
 step3i() {
-  export VLLM_CACHE_ROOT=$V/vroot
-  rm -f $R/not-run.txt; echo "deadline in $(s3_left) s" | tee $R/deadline.txt
-  s3_warm cold-warm 0-fc-warm-a-cold -- "${BASE[@]}" "${A[@]}" || return 1
-  local f; f=$(find $V/store -path '*/vllm/*' -name autotune_configs.json | head -1)
-  [ -n "$f" ] || { echo "no file from the cold warm"; return 1; }
-  rm -rf $V/pdir && cp -r "${f%%/vllm/*}/vllm" $V/pdir
-  echo "namespace file: $f" | tee $R/3m-files.txt
+  s3_first || return 1
   local r w
   for r in 1 2 3; do
     s3_plain same-file r$r-same-file VLLM_FLASHINFER_AUTOTUNE_CACHE_DIR=$V/pdir -- "${BASE[@]}" "${A[@]}"
