@@ -6,32 +6,16 @@ has not warmed), and never warmed again until unpinned."""
 from __future__ import annotations
 
 import json
-import os
-import sys
 from pathlib import Path
 
 import pytest
 
-from tests.conftest import MOE_618_FUSED, ROOT
-from tests.engines.vllm.test_vllm_warm import FAKE, MODEL, Rig, _vllm_dist
+from tests.vllm_rig import MODEL, Rig, make_rig, vllm_dist
 
 
 @pytest.fixture
 def rig(tmp_path: Path) -> Rig:
-    record = tmp_path / "record"
-    record.mkdir()
-    wrapper = tmp_path / "bin" / "vllm"
-    wrapper.parent.mkdir()
-    wrapper.write_text(f'#!/bin/sh\nexec "{sys.executable}" "{FAKE}" "$@"\n')
-    wrapper.chmod(0o755)
-    env = {
-        **os.environ,
-        "FI_CACHE_VLLM": str(wrapper),
-        "FAKE_VLLM_RECORD": str(record),
-        "FAKE_VLLM_CACHE_SOURCE": str(MOE_618_FUSED),
-        "PYTHONPATH": str(ROOT),
-    }
-    return Rig(tmp_path / "store", record, env)
+    return make_rig(tmp_path)
 
 
 def test_a_pinned_namespace_is_served_read_only_and_never_warmed(rig: Rig) -> None:
@@ -43,14 +27,14 @@ def test_a_pinned_namespace_is_served_read_only_and_never_warmed(rig: Rig) -> No
     assert rig.run("pin", str(ns)).returncode == 0
     assert len(rig.starts()) == 1
 
-    served = rig.run("serve", "--", MODEL, **_vllm_dist(rig, "0.32.0"), FAKE_VLLM_MODE="exit-now")
+    served = rig.run("serve", "--", MODEL, **vllm_dist(rig, "0.32.0"), FAKE_VLLM_MODE="exit-now")
     assert served.returncode == 0, served.stderr
     assert "served read-only" in served.stderr and len(rig.starts()) == 2
 
-    old = rig.run("serve", "--", MODEL, **_vllm_dist(rig, "0.30.0"))
+    old = rig.run("serve", "--", MODEL, **vllm_dist(rig, "0.30.0"))
     assert old.returncode == 2 and "pinned" in old.stderr
     assert "vLLM 0.30.0 writes its autotune file at every start" in old.stderr
-    cold = rig.run("serve", "--", "other/model", **_vllm_dist(rig, "0.32.0"))
+    cold = rig.run("serve", "--", "other/model", **vllm_dist(rig, "0.32.0"))
     assert cold.returncode == 2 and "would tune these arguments and save" in cold.stderr
     forced = rig.run("serve", "--force", "--", "other/model")
     assert forced.returncode == 2 and "fi-cache unpin" in forced.stderr  # --force is no unpin

@@ -22,72 +22,15 @@ from fi_cache.store.namespace import NAMESPACES_DIR
 from tests.conftest import (
     H200_ROW,
     MOE_617_FUSED,
-    MOE_618_FUSED,
-    ROOT,
     fake_gpu_bin,
     flashinfer_dir,
 )
-
-FAKE = ROOT / "tests" / "fake_vllm.py"
-MODEL = "Qwen/Qwen3-30B-A3B"
+from tests.vllm_rig import FAKE, MODEL, Rig, make_rig, vllm_dist
 
 
 @pytest.fixture
-def rig(tmp_path: Path):  # type: ignore[no-untyped-def]
-    """A store, a `vllm` wrapper around the stand-in, and a record dir of its starts."""
-    record = tmp_path / "record"
-    record.mkdir()
-    wrapper = tmp_path / "bin" / "vllm"
-    wrapper.parent.mkdir()
-    wrapper.write_text(f'#!/bin/sh\nexec "{sys.executable}" "{FAKE}" "$@"\n')
-    wrapper.chmod(0o755)
-    env = {
-        **os.environ,
-        "FI_CACHE_VLLM": str(wrapper),
-        "FAKE_VLLM_RECORD": str(record),
-        "FAKE_VLLM_CACHE_SOURCE": str(MOE_618_FUSED),
-        "PYTHONPATH": str(ROOT),
-    }
-    return Rig(tmp_path / "store", record, env)
-
-
-class Rig:
-    def __init__(self, store: Path, record: Path, env: dict[str, str]) -> None:
-        self.store, self.record, self.env = store, record, env
-
-    def cmd(self, *args: str) -> list[str]:
-        return [sys.executable, "-m", "fi_cache", "--store", str(self.store), *args]
-
-    def run(self, *args: str, timeout: float = 60, **env: str) -> subprocess.CompletedProcess[str]:
-        return subprocess.run(
-            self.cmd(*args),
-            env={**self.env, **env},
-            capture_output=True,
-            text=True,
-            timeout=timeout,
-            check=False,
-        )
-
-    def popen(self, *args: str, **env: str) -> subprocess.Popen[str]:
-        return subprocess.Popen(
-            self.cmd(*args),
-            env={**self.env, **env},
-            text=True,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE,
-            # A shell running the tests in the background (`cmd &`) leaves SIGINT ignored, and
-            # Python keeps an ignored SIGINT: give the child the default a terminal user has.
-            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.default_int_handler),
-        )
-
-    def starts(self) -> list[dict]:  # type: ignore[type-arg]
-        path = self.record / "starts.jsonl"
-        if not path.exists():
-            return []
-        return [json.loads(line) for line in path.read_text().splitlines()]
-
-    def namespaces(self) -> list[Path]:
-        return sorted(p.parent for p in (self.store / NAMESPACES_DIR).rglob("manifest.json"))
+def rig(tmp_path: Path) -> Rig:
+    return make_rig(tmp_path)
 
 
 def _manifest(ns: Path) -> dict:  # type: ignore[type-arg]
@@ -417,20 +360,11 @@ def test_serve_works_on_a_prewarmed_read_only_store(rig: Rig) -> None:
         assert cold.returncode == 2 and "Read-only file system" in cold.stderr
         assert "Traceback" not in cold.stderr
         # vLLM 0.30 rewrites its file at every start: refused before it starts, not a crash later
-        old = rig.run("serve", "--", MODEL, **_vllm_dist(rig, "0.30.0"))
+        old = rig.run("serve", "--", MODEL, **vllm_dist(rig, "0.30.0"))
         assert old.returncode == 2 and "vLLM 0.30.0 writes its autotune file" in old.stderr
         assert len(rig.starts()) == 2
     finally:
         subprocess.run(["umount", str(rig.store)], check=False)
-
-
-def _vllm_dist(rig: Rig, version: str) -> dict[str, str]:
-    """fi-cache sees vLLM `version` installed (a dist-info, nothing to import)."""
-    site = rig.record / f"site-vllm-{version}"
-    meta = site / f"vllm-{version}.dist-info"
-    meta.mkdir(parents=True, exist_ok=True)
-    (meta / "METADATA").write_text(f"Metadata-Version: 2.1\nName: vllm\nVersion: {version}\n")
-    return {"PYTHONPATH": f"{rig.env['PYTHONPATH']}{os.pathsep}{site}"}
 
 
 def _cannot_write(path: Path) -> bool:
@@ -656,9 +590,9 @@ def test_a_cold_serve_with_autotune_off_starts_vllm_once(rig: Rig) -> None:
 def test_disable_flashinfer_autotune_before_0_33_is_refused_before_vllm_starts(rig: Rig) -> None:
     """vLLM 0.32's parser rejects --disable-flashinfer-autotune (0.33's flag): refused up
     front, with the spelling 0.32 reads; on 0.33 it is autotune off and vLLM starts once."""
-    old = rig.run("warm", "--", MODEL, "--disable-flashinfer-autotune", **_vllm_dist(rig, "0.32.0"))
+    old = rig.run("warm", "--", MODEL, "--disable-flashinfer-autotune", **vllm_dist(rig, "0.32.0"))
     assert old.returncode == 2 and rig.starts() == []
     assert "vLLM 0.32.0 has no --disable-flashinfer-autotune" in old.stderr
     assert "pass --no-enable-flashinfer-autotune" in old.stderr
-    new = rig.run("warm", "--", MODEL, "--disable-flashinfer-autotune", **_vllm_dist(rig, "0.33.0"))
+    new = rig.run("warm", "--", MODEL, "--disable-flashinfer-autotune", **vllm_dist(rig, "0.33.0"))
     assert new.returncode == 0, new.stderr
