@@ -475,3 +475,32 @@ def older_namespace_files(ns_dir: Path) -> list[Path]:
     from fi_cache.fleet import bundle
 
     return bundle.content_files(ns_dir, discover(ns_dir)[0])
+
+
+VLLM_026_FUSED = FIXTURES / "h200-vllm" / "vllm-0.26-fused-autotune_configs.json"
+VLLM_026_REL = f"vllm/{HASH_A}/autotune_configs.json"  # its place in a namespace
+
+
+def vllm_026_namespace(store: Path, warmed: bool = True) -> Path:
+    """A fused namespace holding the H200's vLLM 0.26 file (as FlashInfer writes it, 0600) and a
+    manifest; `warmed`: recording the warm that left it."""
+    import shutil
+
+    from fi_cache.model.fingerprint import Fingerprint
+    from fi_cache.store import manifest as manifests
+    from fi_cache.store.manifest import CacheFileRecord, WarmRecord
+    from fi_cache.store.namespace import Namespace
+
+    meta = json.loads(VLLM_026_FUSED.read_text())["_metadata"]
+    ns = Namespace(Fingerprint.from_metadata(meta, arch="90a"), "fused")
+    directory = ns.path(store)
+    (directory / VLLM_026_REL).parent.mkdir(parents=True)
+    shutil.copy(VLLM_026_FUSED, directory / VLLM_026_REL)
+    os.chmod(directory / VLLM_026_REL, 0o600)
+    m = manifests.Manifest.new(ns, now=1.0)
+    if warmed:
+        files = [CacheFileRecord(VLLM_026_REL, 42, 1)]
+        m = m.with_warm(WarmRecord(1.0, 2.0, "0.26.0", ["m"], "m", files, False))
+    manifests.save(directory, m)
+    return directory
+

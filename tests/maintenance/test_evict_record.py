@@ -12,27 +12,16 @@ import pytest
 
 from fi_cache.errors import FiCacheError
 from fi_cache.maintenance.evict import Selector, apply
-from fi_cache.model.fingerprint import Fingerprint
 from fi_cache.store import locks
 from fi_cache.store import manifest as manifests
-from fi_cache.store.manifest import CacheFileRecord, Manifest, WarmRecord
-from fi_cache.store.namespace import Namespace
-from tests.conftest import FIXTURES, HASH_A
+from tests.conftest import VLLM_026_FUSED, VLLM_026_REL, vllm_026_namespace
 
-FUSED = FIXTURES / "h200-vllm" / "vllm-0.26-fused-autotune_configs.json"
-REL = f"vllm/{HASH_A}/autotune_configs.json"
+FUSED, REL = VLLM_026_FUSED, VLLM_026_REL
 
 
 def _warmed(store: Path) -> Path:
     """A namespace as a vLLM 0.26 warm leaves it: its file and a manifest recording the warm."""
-    meta = json.loads(FUSED.read_text())["_metadata"]
-    ns = Namespace(Fingerprint.from_metadata(meta, arch="90a"), "fused")
-    directory = ns.path(store)
-    (directory / REL).parent.mkdir(parents=True)
-    shutil.copy(FUSED, directory / REL)
-    warm = WarmRecord(1.0, 2.0, "0.26.0", ["m"], "m", [CacheFileRecord(REL, 42, 1)], False)
-    manifests.save(directory, Manifest.new(ns, now=1.0).with_warm(warm))
-    return directory
+    return vllm_026_namespace(store)
 
 
 def test_the_manifest_records_each_evict_and_show_says_what_went(run, store: Path) -> None:  # type: ignore[no-untyped-def]

@@ -3,33 +3,22 @@ manifest and locks left writable), what unpin gives back, and a change made anyw
 
 from __future__ import annotations
 
-import json
 import os
-import shutil
 import stat
 from pathlib import Path
 
 import pytest
 
 from fi_cache.errors import Refused
-from fi_cache.model.fingerprint import Fingerprint
 from fi_cache.store import locks, pin
 from fi_cache.store import manifest as manifests
-from fi_cache.store.namespace import Namespace
-from tests.conftest import FIXTURES, HASH_A
+from tests.conftest import HASH_A, VLLM_026_FUSED, VLLM_026_REL, vllm_026_namespace
 
-FUSED = FIXTURES / "h200-vllm" / "vllm-0.26-fused-autotune_configs.json"
-REL = f"vllm/{HASH_A}/autotune_configs.json"
+FUSED, REL = VLLM_026_FUSED, VLLM_026_REL
 
 
 def _namespace(store: Path) -> Path:
-    meta = json.loads(FUSED.read_text())["_metadata"]
-    ns = Namespace(Fingerprint.from_metadata(meta, arch="90a"), "fused")
-    directory = ns.path(store)
-    (directory / REL).parent.mkdir(parents=True)
-    shutil.copy(FUSED, directory / REL)
-    os.chmod(directory / REL, 0o600)  # as FlashInfer writes it
-    manifests.save(directory, manifests.Manifest.new(ns, now=1.0))
+    directory = vllm_026_namespace(store, warmed=False)
     with locks.namespace_lock(directory, "warm"):
         pass  # the lock file a warm leaves
     return directory
