@@ -596,3 +596,15 @@ def test_disable_flashinfer_autotune_before_0_33_is_refused_before_vllm_starts(r
     assert "pass --no-enable-flashinfer-autotune" in old.stderr
     new = rig.run("warm", "--", MODEL, "--disable-flashinfer-autotune", **vllm_dist(rig, "0.33.0"))
     assert new.returncode == 0, new.stderr
+
+
+def test_the_machines_nccl_settings_reach_every_vllm_start(rig: Rig) -> None:
+    """A multi-GPU host that turns NCCL's NVLink multicast off (NCCL_NVLS_ENABLE=0, issue 26)
+    keeps it off in the warm's vLLM and in the one serve hands over to."""
+    nccl = {"NCCL_NVLS_ENABLE": "0", "NCCL_CUMEM_ENABLE": "0"}
+    assert rig.run("warm", "--", MODEL, **nccl).returncode == 0
+    served = rig.run("serve", "--", MODEL, FAKE_VLLM_MODE="exit-now", **nccl)
+    assert served.returncode == 0, served.stderr
+    warm_start, serve_start = rig.starts()
+    for start in (warm_start, serve_start):
+        assert {k: start["env"].get(k) for k in nccl} == nccl
