@@ -110,7 +110,7 @@ def complete_node(
         return []
     names = ", ".join(t.name for t in missing)
     try:
-        filled = fill(missing, deployments)
+        filled = fill(missing, deployments, store)  # under the namespace lock, as align
     except FiCacheError as exc:
         report.warn(f"this node's rank files {names} are missing: {exc.message}")
         return []

@@ -143,11 +143,14 @@ class Filled:
     refused: tuple[tuple[Deployment, str], ...]
 
 
-def fill(missing: Sequence[Path], deployments: Sequence[Deployment]) -> Filled:
+def fill(
+    missing: Sequence[Path], deployments: Sequence[Deployment], store: Path | None = None
+) -> Filled:
     """Write the rank files `missing` (this node's, none on disk yet) as the union of the other
     ranks of their deployment, so the engine finds every rank's file and nobody tunes again.
     A deployment align refuses (rank-keyed MoE entries only their own rank can tune, another
-    environment) gets nothing. Raises FiCacheError (a lock held too long)."""
+    environment) gets nothing. `store`: its namespaces are locked and their pin checked, as
+    align does. Raises FiCacheError (a lock held too long), Refused (pinned meanwhile)."""
     expected = [
         Expected(dep.engine, (*dep.ranks, *mine), mine, dep.key)
         for dep in deployments
@@ -155,7 +158,7 @@ def fill(missing: Sequence[Path], deployments: Sequence[Deployment]) -> Filled:
     ]
     if not expected:
         return Filled((), ())
-    plans = apply(sorted({p.parent for p in missing}), expected=expected)
+    plans = apply(sorted({p.parent for p in missing}), expected=expected, store=store)
     written = tuple(p for gp in plans if gp.aligned is not None for p, _ in gp.writes)
     refused = tuple((gp.deployment, gp.problem or "") for gp in plans if gp.aligned is None)
     return Filled(written, refused)

@@ -13,6 +13,7 @@ import pytest
 
 from fi_cache.engines.api import Run, WarmFailed
 from fi_cache.environment import Environment, Gpu, VllmInfo
+from fi_cache.errors import Refused
 from fi_cache.lifecycle.report import Report
 from fi_cache.lifecycle.serve import ServeOptions, serve
 from fi_cache.lifecycle.warm import WarmOptions, warm
@@ -180,3 +181,32 @@ def test_a_failed_pull_is_a_warning_and_serve_goes_on(
                      heard.report())  # fmt: skip
     assert handover.warmed is not None  # cold: warmed as without --pull
     assert any(w.startswith(f"pull from {url} failed") for w in heard.warned)
+
+
+def test_serve_fills_a_rank_file_only_under_the_namespace_lock_and_pin(
+    store: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A pin that lands after serve's own check and before the fill: the fill, under the
+    namespace lock as align, sees it and writes nothing (a warning)."""
+    from fi_cache.maintenance import align
+    from fi_cache.store import pin
+
+    monkeypatch.setenv("FAKE_VLLM_RANKS", "2")
+    monkeypatch.setenv("FAKE_VLLM_CACHE_SOURCE", str(GEMM_618))
+    _, result = warm(TwoRanks(), _request("m"), WarmOptions(timeout=60), store, Report())
+    _rank0, rank1 = sorted(result.namespace_dir / f.path for f in result.files)
+    rank1.unlink()
+    first_plan = align.plan
+
+    def pinned_meanwhile(*args, **kwargs):  # type: ignore[no-untyped-def]
+        pin.pin(result.namespace_dir)
+        return first_plan(*args, **kwargs)
+
+    monkeypatch.setattr(align, "plan", pinned_meanwhile)
+    heard = Heard()
+    with pytest.raises(Refused, match="pinned"):  # then the pinned namespace is no warm's either
+        serve(TwoRanks(), _request("m", warm=False), ServeOptions(timeout=60), store,
+              heard.report())  # fmt: skip
+    assert not rank1.exists()
+    assert any("rank files autotune_configs_dp0_rank1.json are missing" in w and "pinned" in w
+               for w in heard.warned)  # fmt: skip
