@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from fi_cache.engines.sglang import launch
+from fi_cache.engines.sglang import launch, links
 from fi_cache.engines.sglang.args import parse_sglang_args, split_launcher
 from fi_cache.errors import Refused
 from tests.sglang_layout import WHEELS
@@ -161,11 +161,11 @@ def test_sglangs_own_code_keeps_every_derived_cache_where_the_user_had_it(
 def test_direct_cache_dirs_are_links_into_the_users_dir(tmp_path: Path) -> None:
     ns = tmp_path / "ns" / "sglang"
     env = {"SGLANG_CACHE_DIR": str(tmp_path / "mine")}
-    assert launch.link_direct_caches(ns, env) == []
+    assert links.link_direct_caches(ns, env) == []
     link = ns / "torch_compile_cache"
     assert link.is_symlink() and link.resolve() == (tmp_path / "mine" / "torch_compile_cache")
     (tmp_path / "mine" / "torch_compile_cache" / "x").write_text("kept")
-    assert launch.link_direct_caches(ns, env) == []  # a second start keeps the links
+    assert links.link_direct_caches(ns, env) == []  # a second start keeps the links
     assert (link / "x").read_text() == "kept"
 
 
@@ -176,16 +176,16 @@ def test_the_links_follow_the_users_dir_and_survive_its_removal(tmp_path: Path) 
 
     ns = tmp_path / "ns" / "sglang"
     link = ns / "torch_compile_cache"
-    launch.link_direct_caches(ns, {"SGLANG_CACHE_DIR": str(tmp_path / "a")})
-    assert launch.link_direct_caches(ns, {"SGLANG_CACHE_DIR": str(tmp_path / "b")}) == []
+    links.link_direct_caches(ns, {"SGLANG_CACHE_DIR": str(tmp_path / "a")})
+    assert links.link_direct_caches(ns, {"SGLANG_CACHE_DIR": str(tmp_path / "b")}) == []
     assert link.resolve() == tmp_path / "b" / "torch_compile_cache"
     shutil.rmtree(tmp_path / "b")
-    assert launch.link_direct_caches(ns, {"SGLANG_CACHE_DIR": str(tmp_path / "b")}) == []
+    assert links.link_direct_caches(ns, {"SGLANG_CACHE_DIR": str(tmp_path / "b")}) == []
     assert link.is_dir()  # not dangling: SGLang's makedirs succeeds
     real = ns / "model_streamer"
     real.unlink()
     real.mkdir()  # a real dir someone made there: kept as it is
-    assert launch.link_direct_caches(ns, {"SGLANG_CACHE_DIR": str(tmp_path / "c")}) == []
+    assert links.link_direct_caches(ns, {"SGLANG_CACHE_DIR": str(tmp_path / "c")}) == []
     assert real.is_dir() and not real.is_symlink()
 
 
@@ -228,8 +228,8 @@ _CALLERS = {
     "sglang/srt/compilation/backend.py": "torch_compile_cache: linked",
     "sglang/srt/utils/runai_utils.py": "model_streamer: linked",
     "sglang/srt/rust_extensions/loader.py": "rust_extensions: linked",
-    "sglang/srt/distributed/device_communicators/custom_all_reduce_utils.py": "p2p probe: not kept",
-    "sglang/kernels/ops/attention/flash_attention_v3.py": "kernels.lock: not kept",
+    "sglang/srt/distributed/device_communicators/custom_all_reduce_utils.py": "p2p probe: linked",
+    "sglang/kernels/ops/attention/flash_attention_v3.py": "kernels.lock: linked",
     "sglang/srt/entrypoints/engine.py": "0.5.18: a log line naming the dir",
     "sglang/multimodal_gen/runtime/pipelines_core/stages/model_specific_stages/flux3_image.py": (
         "flashinfer/autotune/flux3_prims_ts: moves with the autotune dir"
