@@ -38,9 +38,14 @@ def resolve_namespaces(store: Path, which: str | None) -> list[Path]:
         modes = FINALIZE_MODES if which == "here" else (which,)
         wanted = {Namespace(fp, m).path(store) for m in modes}  # type: ignore[arg-type]
         return [p for p in everything if p in wanted]
+    known = {p.resolve() for p in everything}
     for candidate in (Path(which), store / which, store / NAMESPACES_DIR / which):
-        if candidate.resolve() in {p.resolve() for p in everything}:
-            return [candidate.resolve()]
+        try:
+            resolved = candidate.resolve()
+        except (OSError, RuntimeError):  # RuntimeError: a symlink loop (Python < 3.13)
+            continue  # no namespace: a loop leads nowhere
+        if resolved in known:
+            return [resolved]
     raise Refused(f"no namespace {which!r} in the store (see `fi-cache ls`)", store)
 
 

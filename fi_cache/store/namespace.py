@@ -76,7 +76,7 @@ def namespace_parts(path: Path, store: Path) -> dict[str, str] | None:
     """version/arch/gpu/finalize read back from a path inside the store's namespaces dir."""
     try:
         rel = path.resolve().relative_to((store / NAMESPACES_DIR).resolve())
-    except (ValueError, OSError):
+    except (ValueError, OSError, RuntimeError):  # RuntimeError: a symlink loop (Python < 3.13)
         return None
     parts = rel.parts
     if len(parts) < 4 or "-" not in parts[3]:
