@@ -244,6 +244,10 @@ class ServerEngine(Engine):
         while the engine starts, which reads its file only at its kernel warm-up."""
         return self.seed_targets(run, ns_dir, store)
 
+    def one_rank(self, run: Run) -> bool:
+        """This start is one rank on one node: it has no other rank's file to agree with."""
+        return False
+
     def rank_names(self, run: Run) -> Expected | None:
         """The deployment's rank files by name (every rank and this node's) where the engine's
         dir for them is known only on its worker (SGLang's key hash), so seed_targets cannot

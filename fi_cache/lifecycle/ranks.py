@@ -92,8 +92,14 @@ def complete_node(
     root = engine.autotune_dir(ns_dir)
     if not _names_rank_files(root):
         return []  # the common case, decided from names alone: serve's overhead stays small
+    if engine.one_rank(run):
+        return []  # no other rank's file to fill from, and no reason to ask the engine (seconds)
     told = engine.rank_names(run)  # by name (SGLang): then the deployment's dir says the rest
-    targets = engine.seed_targets(run, ns_dir, store)[0] if told is None else []
+    try:
+        targets = engine.seed_targets(run, ns_dir, store)[0] if told is None else []
+    except FiCacheError as exc:  # the engine cannot be asked: start as it is, say why
+        report.warn(f"cannot tell whether this node's rank files are all here: {exc.message}")
+        return []
     if told is None and all(t.exists() for t in targets):
         return []  # this node's own files are there (one GPU on 0.32+): nothing to read
     from fi_cache.caches.inventory import scan

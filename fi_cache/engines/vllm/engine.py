@@ -193,6 +193,11 @@ class Vllm(ServerEngine):
         except Refused:
             return False
 
+    def one_rank(self, run: Run) -> bool:
+        # tp * pp * dp workers (a dense model's dp ranks are engines of their own, but each
+        # names its own dp{d}_rank0 file in one dir: a deployment of dp files)
+        return bool(run.args.world_size == 1 and run.args.nnodes == 1)
+
     def seed_targets(
         self, run: Run, ns_dir: Path, store: Path, stop: Event | None = None
     ) -> tuple[list[Path], str | None]:

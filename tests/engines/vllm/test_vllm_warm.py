@@ -608,3 +608,23 @@ def test_the_machines_nccl_settings_reach_every_vllm_start(rig: Rig) -> None:
     warm_start, serve_start = rig.starts()
     for start in (warm_start, serve_start):
         assert {k: start["env"].get(k) for k in nccl} == nccl
+
+
+def test_serve_on_one_gpus_rank_file_asks_vllm_nothing(rig: Rig) -> None:
+    """vLLM 0.32+ names even one GPU's file by rank (dp0_rank0): serve's check for other ranks'
+    files has nothing to do there, and must neither wait for vLLM's answer (~25 s on the H200's
+    host) nor fail when vLLM cannot give one (here: a stand-in, no vLLM to import)."""
+    dist = {**vllm_dist(rig, "0.32.0"), "FAKE_VLLM_PER_RANK": "1"}
+    assert rig.run("warm", "--", MODEL, **dist).returncode == 0
+    served = rig.run("serve", "--", MODEL, FAKE_VLLM_MODE="exit-now", **dist)
+    assert served.returncode == 0, served.stderr
+    assert "could not compute" not in served.stderr and len(rig.starts()) == 2
+
+
+def test_serve_says_so_when_it_cannot_tell_whether_every_rank_file_is_here(rig: Rig) -> None:
+    dist = {**vllm_dist(rig, "0.32.0"), "FAKE_VLLM_RANKS": "2"}
+    assert rig.run("warm", "--", MODEL, "-tp", "2", **dist).returncode == 0
+    served = rig.run("serve", "--", MODEL, "-tp", "2", FAKE_VLLM_MODE="exit-now", **dist)
+    assert served.returncode == 0, served.stderr  # the start goes on, as it would have
+    assert ("cannot tell whether this node's rank files are all here: vLLM could not compute its "
+            "cache location") in served.stderr  # fmt: skip
