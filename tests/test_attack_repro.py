@@ -33,7 +33,8 @@ shared/attack/repro.sh's one-line reproductions, each held elsewhere (not repeat
   13 push '' / push -: fleet/test_transfer.py test_a_url_that_names_no_remote_place_is_refused
 
 Held here: what the attack's scripts still found (fs_hazards.py: a symlink loop given where a
-command names an output file or a namespace was a RuntimeError traceback).
+command names an output file or a namespace was a RuntimeError traceback; `merge -o LINK` read
+the link's target first, then replaced the link with the union and left the target as it was).
 """
 
 from __future__ import annotations
@@ -43,7 +44,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import GEMM_617, Result
+from tests.conftest import GEMM_617, GEMM_618, Result, vllm_026_namespace
 
 
 def _loop(tmp_path: Path) -> Path:
@@ -81,3 +82,27 @@ def test_a_namespace_named_by_a_symlink_loop_is_no_namespace(
     line = _one_line_refusal(r)
     assert f"no namespace {str(loop)!r} in the store" in line, line
     assert not out.exists()
+
+
+def test_an_output_that_is_a_link_is_written_through_and_the_link_stays(
+    run: Callable[..., Result], tmp_path: Path, store: Path
+) -> None:
+    """As `cp` and a shell redirection: `-o LINK` writes LINK's target (merge read it first)."""
+    from fi_cache.model import v1
+
+    target, link = tmp_path / "shared" / "cache.json", tmp_path / "cache.json"
+    target.parent.mkdir()
+    whole = v1.loads(GEMM_618.read_bytes())
+    part = v1.CacheFile(whole.metadata, dict(list(whole.entries.items())[3:]), None, None)
+    target.write_text(v1.dumps(part))
+    link.symlink_to(target)
+    before = set(whole.entries)
+    r = run("merge", GEMM_618, "-o", link)
+    assert r.code == 0, r.err
+    assert link.is_symlink() and set(v1.loads(target.read_bytes()).entries) == before
+    bundle_target, bundle_link = tmp_path / "shared" / "b.tar.gz", tmp_path / "b.tar.gz"
+    bundle_link.symlink_to(bundle_target)  # dangling: its target is made
+    ns = vllm_026_namespace(store)
+    r = run("export", ns, "-o", bundle_link)
+    assert r.code == 0, r.err
+    assert bundle_link.is_symlink() and bundle_target.is_file()

@@ -104,6 +104,7 @@ def export_command(namespace: str | None, output: Path) -> int:
     from fi_cache.store import files
 
     ctx = _ctx()
+    output = files.through_links(output)
     files.refuse_destination(output, "bundle file", parent_must_exist=True)
     dirs = resolve_namespaces(ctx.store, namespace)
     bm = bundle.export(ctx.store, dirs, output)

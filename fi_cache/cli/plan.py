@@ -123,6 +123,7 @@ def plan_command(
     if output is not None:
         from fi_cache.store import files
 
+        output = files.through_links(output)
         files.refuse_destination(output, "plan file", parent_must_exist=True)
         files.atomic_write(output, text.encode(), lock=False)
         render.warn(f"wrote {output} ({len(plan.ops)} op{'s' if len(plan.ops) > 1 else ''})")

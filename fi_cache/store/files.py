@@ -171,6 +171,20 @@ def stamp_of(path: Path) -> Stamp | None:
     return st.st_ino, st.st_mtime_ns, st.st_size
 
 
+def through_links(path: Path) -> Path:
+    """The file an output option (`-o OUT`) names: through a symlink, its target (the link
+    stays, as `cp` and a shell redirection write through it; a dangling link's target is made);
+    `path` itself otherwise. The store's own files are never written through links."""
+    if not os.path.islink(path):
+        return path
+    try:
+        return Path(os.path.realpath(path, strict=True))
+    except OSError as exc:
+        if exc.errno == errno.ELOOP:
+            raise Refused(f"cannot write through it: {exc.strerror}", path) from None
+        return Path(os.path.realpath(path))
+
+
 def refuse_destination(path: Path, what: str, *, parent_must_exist: bool = False) -> None:
     """Refused (exit 2) when `path` (through links) is a directory, FIFO, device, socket or any
     other non-regular file: a writer replaces only files, never the /dev/null or pipe a user
