@@ -95,6 +95,29 @@ def ensure_link(link: Path, target: Path) -> bool:
     return True
 
 
+def ensure_file_link(link: Path, target: Path, replace_real: bool = False) -> bool:
+    """`link` -> `target` (a file, which need not exist); a link to elsewhere is pointed at
+    `target` again, a real file at `link` is kept unless `replace_real`. False when it cannot
+    be made."""
+    if os.path.lexists(link):
+        if link.is_symlink():
+            with contextlib.suppress(OSError):
+                if os.readlink(link) == str(target):
+                    return True
+        elif not replace_real:
+            return True
+    tmp = link.with_name(f".{link.name}.{os.getpid()}.tmp")
+    try:
+        link.parent.mkdir(parents=True, exist_ok=True)
+        tmp.symlink_to(target)
+        os.replace(tmp, link)  # two starts racing: one link wins, both are the same
+    except OSError:
+        with contextlib.suppress(OSError):
+            tmp.unlink()
+        return False
+    return True
+
+
 def prune_empty(root: Path) -> None:
     """Remove `root` if it holds only links and empty dirs (what a failed first start leaves);
     anything with a file in it stays, whole. Links are removed, never followed."""

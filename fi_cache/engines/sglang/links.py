@@ -12,6 +12,8 @@ from collections.abc import Mapping
 from pathlib import Path
 
 from fi_cache.engines.sglang.layout import effective, user_cache_dir
+from fi_cache.errors import FiCacheError
+from fi_cache.store.files import ensure_dir, ensure_file_link, remove_file
 from fi_cache.versions import (
     SGLANG_CACHE_DIR_ENV,
     SGLANG_DIRECT_CACHES,
@@ -70,42 +72,19 @@ def link_user_files(cache_dir: Path, environ: Mapping[str, str], gpus: int | Non
     # kernels.lock: read from SGLANG_CACHE_DIR as given (no `~` expansion), never written.
     given = effective(environ, SGLANG_CACHE_DIR_ENV)
     lock_dir = os.path.abspath(given) if given is not None else user_cache_dir(environ)
-    if not _link_file(cache_dir / SGLANG_KERNELS_LOCK, Path(lock_dir, SGLANG_KERNELS_LOCK), False):
+    if not ensure_file_link(cache_dir / SGLANG_KERNELS_LOCK, Path(lock_dir, SGLANG_KERNELS_LOCK)):
         failed.append(SGLANG_KERNELS_LOCK)
     name = p2p_file_name(environ, gpus)
     if name is None:
         return failed
     probe, target = cache_dir / name, Path(user_cache_dir(environ), name)
     # A dangling link is written through: the user's dir must take the file, else no link.
-    with contextlib.suppress(OSError):
-        target.parent.mkdir(parents=True, exist_ok=True)
+    with contextlib.suppress(FiCacheError):
+        ensure_dir(target.parent)
     if target.exists() or os.access(target.parent, os.W_OK):
-        if _link_file(probe, target, True):  # a probe of another host is no answer here
+        if ensure_file_link(probe, target, True):  # a probe of another host is no answer here
             return failed
     elif probe.is_symlink():
-        with contextlib.suppress(OSError):
-            probe.unlink()  # SGLang writes its own in the namespace rather than failing
+        with contextlib.suppress(FiCacheError):
+            remove_file(probe)  # SGLang writes its own in the namespace rather than failing
     return [*failed, name]
-
-
-def _link_file(link: Path, target: Path, replace_real: bool) -> bool:
-    """`link` -> `target` (a file, which need not exist); a link to elsewhere is pointed at
-    `target` again, a real file at `link` is kept unless `replace_real`. False when it cannot
-    be made."""
-    if os.path.lexists(link):
-        if link.is_symlink():
-            with contextlib.suppress(OSError):
-                if os.readlink(link) == str(target):
-                    return True
-        elif not replace_real:
-            return True
-    tmp = link.with_name(f".{link.name}.{os.getpid()}.tmp")
-    try:
-        link.parent.mkdir(parents=True, exist_ok=True)
-        tmp.symlink_to(target)
-        os.replace(tmp, link)  # two starts racing: one link wins, both are the same
-    except OSError:
-        with contextlib.suppress(OSError):
-            tmp.unlink()
-        return False
-    return True
