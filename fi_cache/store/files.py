@@ -263,32 +263,33 @@ def _temp_file(path: Path, data: bytes, mode: int) -> str:
         fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=TMP_PREFIX, suffix=".tmp")
     except OSError as exc:
         raise Refused(f"cannot write here: {exc.strerror}", path.parent) from None
-    try:
+    with _cleaned_up(tmp, path):
         with os.fdopen(fd, "wb") as f:
             f.write(data)
             f.flush()
             os.fsync(f.fileno())
         os.chmod(tmp, mode)
+    return tmp
+
+
+@contextlib.contextmanager
+def _cleaned_up(tmp: str, path: Path) -> Iterator[None]:
+    """On any failure the temp file goes, and an OSError is one line naming `path`."""
+    try:
+        yield
     except BaseException as exc:
         with contextlib.suppress(OSError):
             os.unlink(tmp)
         if isinstance(exc, OSError):
             raise write_failure(exc, path) from None
         raise
-    return tmp
 
 
 def _replace(path: Path, data: bytes, mode: int) -> None:
     tmp = _temp_file(path, data, mode)
-    try:
+    with _cleaned_up(tmp, path):
         refuse_destination(path, "file")  # again: a node made while we waited or wrote
         os.replace(tmp, path)
-    except BaseException as exc:
-        with contextlib.suppress(OSError):
-            os.unlink(tmp)
-        if isinstance(exc, OSError):
-            raise write_failure(exc, path) from None
-        raise
     fsync_dir(path.parent)
 
 
