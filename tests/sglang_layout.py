@@ -118,12 +118,18 @@ def sglang_paths(
         rank_file: Path = glb["flashinfer_autotune_cache_path"](runner)
         return rank_file, glb["runs_file"](rank_file)
     finally:
-        for name, mod in saved.items():
-            if mod is None:
-                sys.modules.pop(name, None)
-            else:
-                sys.modules[name] = mod
+        restore_modules(saved)
         if env_value is None:
             os.environ.pop("SGLANG_CACHE_DIR", None)
         else:
             os.environ["SGLANG_CACHE_DIR"] = env_value
+
+
+def restore_modules(saved: dict[str, Any]) -> None:
+    """Put back the sys.modules entries stand-ins replaced (None: there was none)."""
+    for name, mod in saved.items():
+        if mod is None:
+            sys.modules.pop(name, None)
+        else:
+            sys.modules[name] = mod
+

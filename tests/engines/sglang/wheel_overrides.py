@@ -21,7 +21,7 @@ import types
 from collections.abc import Iterable
 from typing import Any
 
-from tests.sglang_layout import sglang_module
+from tests.sglang_layout import restore_modules, sglang_module
 
 _OVERRIDES = "sglang/srt/arg_groups/overrides.py"
 _DEEPSEEK = "sglang/srt/arg_groups/model_overrides/deepseek_v2.py"
@@ -136,11 +136,7 @@ def model_override(
             code = _take(sglang_module(version, _DEEPSEEK), names, glb, _DEEPSEEK)
             found = code["_deepseek_family_overrides"](view, hf_config)
     finally:
-        for name, mod in saved.items():
-            if mod is None:
-                sys.modules.pop(name, None)
-            else:
-                sys.modules[name] = mod
+        restore_modules(saved)
     return a2a_passes(version, {**vars(view), **found})
 
 
