@@ -60,10 +60,6 @@ class Seeding:
         self._notes: list[str] = []
         self._lock = threading.Lock()
 
-    @property
-    def pending(self) -> bool:
-        return self._work is not None
-
     def start(self) -> None:
         """The engine has just been launched: work out its files meanwhile."""
         if self._work is None or self._thread is not None:
@@ -75,6 +71,8 @@ class Seeding:
                 self._placed += work(self._stop, self._say, since)
             except (FiCacheError, OSError) as exc:
                 self._say(f"not seeding: {self._who} {self._late(exc)}")
+            except Exception as exc:  # a thread's traceback would reach the user's terminal
+                self._say(f"not seeding: {type(exc).__name__}: {exc}")
 
         self._thread = threading.Thread(target=run, name="fi-cache-seed", daemon=True)
         self._thread.start()

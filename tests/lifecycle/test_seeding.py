@@ -128,3 +128,21 @@ def test_a_seed_in_a_dir_the_engine_did_not_use_is_removed_and_said(store: Path)
     [said] = [n for n in heard.noted if "not the seeded" in n]
     assert said.startswith(f"Third used {result.namespace_dir / f.path}, not the seeded {stray}")
     assert said.endswith("the unread seed is removed")
+
+
+class Breaks(SlowToAnswer):
+    def seed_targets(
+        self, run: Run, ns_dir: Path, store: Path, stop: Event | None = None
+    ) -> tuple[list[Path], str | None]:
+        raise RuntimeError("boom")
+
+
+def test_a_seeding_thread_that_breaks_is_one_note_and_no_traceback(
+    store: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    heard = Heard()
+    _, result = warm(Breaks(0), request("m", "--max-num-seqs", "8"), WarmOptions(timeout=60),
+                     store, heard.report())  # fmt: skip
+    assert [f.seeded for f in result.files] == [0]
+    assert "not seeding: RuntimeError: boom" in heard.noted
+    assert "Traceback" not in capsys.readouterr().err
