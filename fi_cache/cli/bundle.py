@@ -104,10 +104,9 @@ def export_command(namespace: str | None, output: Path) -> int:
     from fi_cache.store import files
 
     ctx = _ctx()
-    output = files.through_links(output)
-    files.refuse_destination(output, "bundle file", parent_must_exist=True)
+    files.refuse_destination(output, "bundle file", parent_must_exist=True)  # as the user named it
     dirs = resolve_namespaces(ctx.store, namespace)
-    bm = bundle.export(ctx.store, dirs, output)
+    bm = bundle.export(ctx.store, dirs, files.through_links(output))
     if ctx.json:
         render.emit_json({"bundle": str(output), **_summary(bm)})
     else:

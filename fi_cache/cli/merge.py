@@ -128,11 +128,13 @@ def merge_command(sources: tuple[Path, ...], output: Path, prefer: str) -> int:
     """Union of v1 cache files with equal _metadata into OUT; conflicts are reported."""
     ctx = _ctx()
     from fi_cache.maintenance.merge import merge_into
-    from fi_cache.store.files import through_links
+    from fi_cache.store.files import refuse_destination, through_links
 
+    refuse_destination(output, "cache file")  # named as the user gave it
     # an OUT that is a link: its target is read first and written (the link stays)
-    output = through_links(output)
-    report = merge_into(list(sources), output, cast("Prefer", prefer), store=ctx.store)
+    report = merge_into(
+        list(sources), through_links(output), cast("Prefer", prefer), store=ctx.store
+    )
     if ctx.json:
         render.emit_json(report_json(report))
         return 0

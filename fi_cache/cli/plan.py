@@ -123,9 +123,8 @@ def plan_command(
     if output is not None:
         from fi_cache.store import files
 
-        output = files.through_links(output)
         files.refuse_destination(output, "plan file", parent_must_exist=True)
-        files.atomic_write(output, text.encode(), lock=False)
+        files.atomic_write(files.through_links(output), text.encode(), lock=False)
         render.warn(f"wrote {output} ({len(plan.ops)} op{'s' if len(plan.ops) > 1 else ''})")
     if ctx.json:  # one document: the plan's TOML is a field of it, not the output
         render.emit_json({"output": str(output) if output else None, "toml": text, **_doc(plan)})
