@@ -319,22 +319,31 @@ s3_first() {  # the namespace's first warm (A, cold), its file copied for plain 
   echo "namespace file: $f" | tee $R/3m-files.txt
 }
 
-step3m() {
-  s3_first || return 1
-  local r w
-  for r in 1 2 3; do
-    s3_plain same-file r$r-same-file VLLM_FLASHINFER_AUTOTUNE_CACHE_DIR=$V/pdir -- "${BASE[@]}" "${A[@]}"
-    gpu_watch $R/r$r-seeded-gpu.txt & w=$!
-    s3_warm seeded r$r-seeded -- "${BASE[@]}" --max-model-len "${S3_L[r-1]}"
-    kill $w 2>/dev/null; wait $w 2>/dev/null
-  done
-  for r in 1 2 3; do
-    s3_plain noseed r$r-noseed VLLM_FLASHINFER_AUTOTUNE_CACHE_DIR=$V/pdir -- "${BASE[@]}" --max-model-len "${S3_N[r-1]}"
-    s3_plain cold r$r-cold VLLM_CACHE_ROOT=$V/cold$r -- "${BASE[@]}" "${A[@]}"
-  done
+s3_start() {  # s3_start KIND ROUND: one start of KIND in that round (step 3m and 3i alike)
+  local r=$2 w
+  case $1 in
+    same-file) s3_plain same-file r$r-same-file VLLM_FLASHINFER_AUTOTUNE_CACHE_DIR=$V/pdir -- "${BASE[@]}" "${A[@]}" ;;
+    seeded)
+      gpu_watch $R/r$r-seeded-gpu.txt & w=$!
+      s3_warm seeded r$r-seeded -- "${BASE[@]}" --max-model-len "${S3_SEEDED[r-1]}"
+      kill $w 2>/dev/null; wait $w 2>/dev/null ;;
+    noseed) s3_plain noseed r$r-noseed VLLM_FLASHINFER_AUTOTUNE_CACHE_DIR=$V/pdir -- "${BASE[@]}" --max-model-len "${S3_N[r-1]}" ;;
+    cold) s3_plain cold r$r-cold VLLM_CACHE_ROOT=$V/cold$r -- "${BASE[@]}" "${A[@]}" ;;
+  esac
+}
+
+s3_end() {  # the files as they ended, and the medians
   find $V/pdir $V/store -name 'autotune_configs.json' -printf '%p %s\n' >> $R/3m-files.txt 2>/dev/null
   cp -r $V/pdir $R/pdir-final 2>/dev/null
   $PY $V/bench/vserve.py stats $R > $R/step3m.md; cat $R/step3m.md
+}
+
+step3m() {
+  S3_SEEDED=("${S3_L[@]}"); s3_first || return 1
+  local r k
+  for r in 1 2 3; do for k in same-file seeded; do s3_start $k $r; done; done
+  for r in 1 2 3; do for k in noseed cold; do s3_start $k $r; done; done
+  s3_end
 }
 
 # Step 3i: the four kinds interleaved, round by round (same-file, seeded, no seeding, cold), so
@@ -343,8 +352,7 @@ step3m() {
 # `seed_placed_s` against FlashInfer's `loaded` moment says whether the seed was in time;
 # `-gpu.txt` samples the GPU's compute processes and fi-cache's prediction children (does the
 # prediction, running beside vLLM, hold any GPU memory?).
-S3I_L=(576 608 672)    # seeded: new lengths, each a new hash
-S3I_N=(1280 1536 1792) # no seeding
+S3I_L=(576 608 672)  # seeded: new lengths, each a new hash (no seeding: S3_N, as in 3m)
 
 gpu_watch() {  # gpu_watch FILE: every 0.5 s until killed
   while :; do
@@ -354,19 +362,10 @@ gpu_watch() {  # gpu_watch FILE: every 0.5 s until killed
 }
 
 step3i() {
-  s3_first || return 1
-  local r w
-  for r in 1 2 3; do
-    s3_plain same-file r$r-same-file VLLM_FLASHINFER_AUTOTUNE_CACHE_DIR=$V/pdir -- "${BASE[@]}" "${A[@]}"
-    gpu_watch $R/r$r-seeded-gpu.txt & w=$!
-    s3_warm seeded r$r-seeded -- "${BASE[@]}" --max-model-len "${S3I_L[r-1]}"
-    kill $w 2>/dev/null; wait $w 2>/dev/null
-    s3_plain noseed r$r-noseed VLLM_FLASHINFER_AUTOTUNE_CACHE_DIR=$V/pdir -- "${BASE[@]}" --max-model-len "${S3I_N[r-1]}"
-    s3_plain cold r$r-cold VLLM_CACHE_ROOT=$V/cold$r -- "${BASE[@]}" "${A[@]}"
-  done
-  find $V/pdir $V/store -name 'autotune_configs.json' -printf '%p %s\n' >> $R/3m-files.txt 2>/dev/null
-  cp -r $V/pdir $R/pdir-final 2>/dev/null
-  $PY $V/bench/vserve.py stats $R > $R/step3m.md; cat $R/step3m.md
+  S3_SEEDED=("${S3I_L[@]}"); s3_first || return 1
+  local r k
+  for r in 1 2 3; do for k in same-file seeded noseed cold; do s3_start $k $r; done; done
+  s3_end
 }
 
 _steps() {
