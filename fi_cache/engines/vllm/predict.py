@@ -120,7 +120,12 @@ def cached(
     if state_dir is None:
         return None
     with contextlib.suppress(OSError, ValueError, TypeError, KeyError):
-        kept = _kept(state_dir, cache_key(python, vllm_version, argv, env, site))
+        return _lookup(_kept(state_dir, cache_key(python, vllm_version, argv, env, site)))
+    return None
+
+
+def _lookup(kept: Path) -> CacheLocation | None:
+    with contextlib.suppress(OSError, ValueError, TypeError, KeyError):
         return _from_json(json.loads(kept.read_text()))
     return None
 
@@ -141,15 +146,16 @@ def predict(
 ) -> CacheLocation:
     """vLLM's own answer (cached). Raises Refused when vLLM rejects the argv, FiCacheError when
     the child fails or hangs, or `stop` is set (the child is killed then)."""
-    if (known := cached(python, vllm_version, argv, env, state_dir, site)) is not None:
+    # the key once: it lists vLLM's site and hashes the files the arguments name
+    kept = _kept(state_dir, cache_key(python, vllm_version, argv, env, site)) if state_dir else None
+    if kept is not None and (known := _lookup(kept)) is not None:
         return known
     answer = _ask(python, argv, env, timeout, stop)
-    if state_dir is not None:
+    if kept is not None:
         from fi_cache.store.files import atomic_write
 
-        cache = _kept(state_dir, cache_key(python, vllm_version, argv, env, site))
         with contextlib.suppress(FiCacheError, OSError):  # a read-only store asks again next time
-            atomic_write(cache, json.dumps(asdict(answer)).encode(), lock=False)
+            atomic_write(kept, json.dumps(asdict(answer)).encode(), lock=False)
     return answer
 
 
