@@ -320,16 +320,17 @@ s3_first() {  # the namespace's first warm (A, cold), its file copied for plain 
 }
 
 s3_start() {  # s3_start KIND ROUND: one start of KIND in that round (step 3m and 3i alike)
-  local r=$2 w
+  local r=$2 w=
+  # round 1 only, every kind alike: nvidia-smi twice a second costs the start it watches
+  [ "$r" = 1 ] && { gpu_watch $R/r$r-$1-gpu.txt & w=$!; }
   case $1 in
     same-file) s3_plain same-file r$r-same-file VLLM_FLASHINFER_AUTOTUNE_CACHE_DIR=$V/pdir -- "${BASE[@]}" "${A[@]}" ;;
-    seeded)
-      gpu_watch $R/r$r-seeded-gpu.txt & w=$!
-      s3_warm seeded r$r-seeded -- "${BASE[@]}" --max-model-len "${S3_SEEDED[r-1]}"
-      kill $w 2>/dev/null; wait $w 2>/dev/null ;;
+    seeded) s3_warm seeded r$r-seeded -- "${BASE[@]}" --max-model-len "${S3_SEEDED[r-1]}" ;;
     noseed) s3_plain noseed r$r-noseed VLLM_FLASHINFER_AUTOTUNE_CACHE_DIR=$V/pdir -- "${BASE[@]}" --max-model-len "${S3_N[r-1]}" ;;
     cold) s3_plain cold r$r-cold VLLM_CACHE_ROOT=$V/cold$r -- "${BASE[@]}" "${A[@]}" ;;
   esac
+  [ -n "$w" ] && { kill $w 2>/dev/null; wait $w 2>/dev/null; }
+  return 0
 }
 
 s3_end() {  # the files as they ended, and the medians
@@ -350,8 +351,8 @@ step3m() {
 # the session's drift falls on all alike; 3 rounds as the deadline allows. The seeded warm now
 # starts vLLM at once and places the seed while vLLM loads (lifecycle/seeding.py): its
 # `seed_placed_s` against FlashInfer's `loaded` moment says whether the seed was in time;
-# `-gpu.txt` samples the GPU's compute processes and fi-cache's prediction children (does the
-# prediction, running beside vLLM, hold any GPU memory?).
+# `r1-KIND-gpu.txt` samples the GPU's compute processes and fi-cache's prediction children (does
+# the prediction, running beside vLLM, hold any GPU memory?), in round 1 for every kind alike.
 S3I_L=(576 608 672)  # seeded: new lengths, each a new hash (no seeding: S3_N, as in 3m)
 
 gpu_watch() {  # gpu_watch FILE: every 0.5 s until killed
