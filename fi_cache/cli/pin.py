@@ -86,7 +86,9 @@ def unpin_command(namespace: str) -> int:
 
     rows = []
     for ns in _namespaces(namespace):
-        m, done = pin.unpin(ns)
+        m, done, skipped = pin.unpin(ns)
+        for line in skipped:  # a tampered record: the path is never touched
+            render.warn(line)
         rows.append(_row(ns, m, done))
         if not _ctx().json:
             shown = render.display_path(ns)

@@ -27,10 +27,12 @@ from fi_cache.store.locks.api import HOLDER_NAME, LOCK_NAME
 from fi_cache.store.locks.in_use import IN_USE_NAME
 from fi_cache.store.manifest import Manifest, PinRecord
 from fi_cache.store.namespace import namespace_parts
+from fi_cache.store.paths import Unconfined, confined
 
 # fi-cache's own files in a namespace: they stay writable (last use, unpin, locks).
 _OURS = frozenset({manifests.MANIFEST_NAME, LOCK_NAME, HOLDER_NAME, IN_USE_NAME})
 _WRITE_BITS = stat.S_IWUSR | stat.S_IWGRP | stat.S_IWOTH
+_PERMISSION_BITS = 0o777  # never setuid, setgid or sticky: pin records only what engines made
 
 
 def engine_paths(ns_dir: Path) -> list[Path]:
@@ -67,10 +69,17 @@ def _rel(path: Path, ns_dir: Path) -> str:
 
 def pin(ns_dir: Path, timeout: float = DEFAULT_LOCK_TIMEOUT) -> tuple[Manifest, bool]:
     """Pin `ns_dir` under its lock: (its manifest, False when it was pinned already). Refused
-    for a namespace without a manifest (nothing was ever warmed into it)."""
+    for a namespace without a manifest (nothing was ever warmed into it).
+
+    The pin record (the modes unpin gives back) is saved before any mode changes: a pin killed
+    half-way leaves a pinned namespace that unpin restores whole, never read-only files that no
+    record names. Pinning a pinned namespace takes the write bits again (finishing such a pin)."""
     with namespace_lock(ns_dir, "pin", timeout):
         m = _manifest(ns_dir)
         if m.pin is not None:
+            usable, _ = _recorded(ns_dir, m.pin)
+            with contextlib.suppress(Refused):  # what it cannot change stays as it is
+                _set_modes(ns_dir, {r: mode & ~_WRITE_BITS for r, mode in usable.items()}, {})
             return m, False
         paths = engine_paths(ns_dir)
         try:
@@ -78,28 +87,49 @@ def pin(ns_dir: Path, timeout: float = DEFAULT_LOCK_TIMEOUT) -> tuple[Manifest, 
             digests = {_rel(p, ns_dir): _sha256(p) for p in paths if p.is_file()}
         except OSError as exc:
             raise Refused(f"cannot read it to pin it: {exc.strerror}", exc.filename) from None
-        _set_modes(ns_dir, {rel: mode & ~_WRITE_BITS for rel, mode in modes.items()}, modes)
         pinned = replace(m, pin=PinRecord(time.time(), modes, digests))
+        manifests.save(ns_dir, pinned)  # the intent first
         try:
-            manifests.save(ns_dir, pinned)
-        except BaseException:
-            _set_modes(ns_dir, modes, {})  # not pinned after all: as it was
-            raise
+            _set_modes(ns_dir, {rel: mode & ~_WRITE_BITS for rel, mode in modes.items()}, modes)
+        except Refused:
+            manifests.save(ns_dir, m)  # not pinned after all: _set_modes put the modes back
+            raise  # (killed or interrupted: the record stays, and unpin gives the modes back)
     return pinned, True
 
 
-def unpin(ns_dir: Path, timeout: float = DEFAULT_LOCK_TIMEOUT) -> tuple[Manifest, bool]:
+def unpin(ns_dir: Path, timeout: float = DEFAULT_LOCK_TIMEOUT) -> tuple[Manifest, bool, list[str]]:
     """Give every path its mode from before the pin, then drop the pin: (its manifest, False
-    when it was not pinned)."""
+    when it was not pinned, a note for each record skipped). Only a path inside the namespace
+    (no `..`, not absolute, no symlink on the way) gets a mode, and only its permission bits:
+    a tampered manifest cannot chmod anything else, nor add setuid, setgid or sticky bits."""
     with namespace_lock(ns_dir, "unpin", timeout):
         m = _manifest(ns_dir)
         if m.pin is None:
-            return m, False
-        present = {r: mode for r, mode in m.pin.modes.items() if os.path.lexists(ns_dir / r)}
+            return m, False, []
+        present, skipped = _recorded(ns_dir, m.pin)
         _set_modes(ns_dir, present, {})
         unpinned = replace(m, pin=None)
         manifests.save(ns_dir, unpinned)
-    return unpinned, True
+    return unpinned, True, skipped
+
+
+def _recorded(ns_dir: Path, record: PinRecord) -> tuple[dict[str, int], list[str]]:
+    """The pin's modes for the paths still there that may be changed: the recorded permission
+    bits, the setuid/setgid/sticky bits each has now (never one added); and a note for each
+    path that may not be (outside the namespace, through a symlink)."""
+    usable: dict[str, int] = {}
+    skipped: list[str] = []
+    for rel, mode in record.modes.items():
+        try:
+            path = confined(ns_dir, rel)
+            now = path.lstat().st_mode
+        except Unconfined as exc:
+            skipped.append(f"{ns_dir / manifests.MANIFEST_NAME}: pin record {exc}: skipped")
+            continue
+        except OSError:
+            continue  # gone since: nothing to give back
+        usable[rel] = (mode & _PERMISSION_BITS) | (stat.S_IMODE(now) & ~_PERMISSION_BITS)
+    return usable, skipped
 
 
 def _manifest(ns_dir: Path) -> Manifest:

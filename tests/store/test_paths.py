@@ -1,4 +1,5 @@
-"""fi_cache/store/paths.py: the store a command works on is a directory, or nothing yet."""
+"""fi_cache/store/paths.py: the store a command works on is a directory, or nothing yet; a path
+read from store state stays inside its dir."""
 
 from __future__ import annotations
 
@@ -8,6 +9,7 @@ from pathlib import Path
 
 import pytest
 
+from fi_cache.store.paths import Unconfined, confined, relative_problem, within
 from tests.conftest import Result, no_hang
 
 COMMANDS = [["ls"], ["env"], ["verify"], ["prune", "--dry-run"], ["import", "b.tar.gz"]]
@@ -61,3 +63,34 @@ def test_fi_cache_dir_is_checked_as_store_is(
     out, err = capsys.readouterr()
     assert err == f"fi-cache: {store}: symlink loop: cannot be the store\n"
     assert '"exit_code": 2' in out
+
+
+@pytest.mark.parametrize(
+    ("rel", "why"),
+    [
+        ("/etc/passwd", "is absolute"),
+        ("../../victim/x.json", "not normalised"),
+        ("vllm/../../x.json", "not normalised"),
+        ("vllm//x.json", "not normalised"),
+        ("./x.json", "not normalised"),
+        ("", "is empty"),
+        ("vllm\\..\\x.json", "backslash"),
+        ("vllm/x\n.json", "control character"),
+    ],
+)
+def test_a_path_from_store_state_must_be_plain_and_relative(rel: str, why: str) -> None:
+    assert why in (relative_problem(rel) or "")
+    with pytest.raises(Unconfined, match=why.split()[-1]):
+        confined(Path("/store/ns"), rel)
+
+
+def test_a_confined_path_never_passes_through_a_symlink(tmp_path: Path) -> None:
+    (tmp_path / "ns" / "vllm").mkdir(parents=True)
+    (tmp_path / "ns" / "out").symlink_to(tmp_path)
+    assert confined(tmp_path / "ns", "vllm/abc/x.json") == tmp_path / "ns" / "vllm/abc/x.json"
+    with pytest.raises(Unconfined, match="symlink"):
+        confined(tmp_path / "ns", "out/ns/vllm")
+    assert within(tmp_path / "ns", tmp_path / "ns" / "vllm" / "x.json") == "vllm/x.json"
+    for outside in (tmp_path / "x.json", tmp_path / "ns" / "vllm" / ".." / ".." / "x.json"):
+        with pytest.raises(Unconfined):
+            within(tmp_path / "ns", outside)

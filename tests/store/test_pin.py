@@ -3,8 +3,12 @@ manifest and locks left writable), what unpin gives back, and a change made anyw
 
 from __future__ import annotations
 
+import json
 import os
+import signal
 import stat
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -39,8 +43,8 @@ def test_pin_takes_the_write_bits_and_unpin_gives_the_modes_back(tmp_path: Path)
     again, done = pin.pin(ns)
     assert not done and again.pin == m.pin  # pinned already: nothing changes
     assert pin.changed(ns, m.pin) == []
-    unpinned, done = pin.unpin(ns)
-    assert done and unpinned.pin is None and manifests.load(ns).pin is None  # type: ignore[union-attr]
+    unpinned, done, skipped = pin.unpin(ns)
+    assert done and not skipped and unpinned.pin is None and manifests.load(ns).pin is None  # type: ignore[union-attr]
     assert {p: _mode(p) for p in before} == before  # 0600 file, 0755 dirs: as they were
     assert pin.unpin(ns)[1] is False
 
@@ -76,3 +80,59 @@ def test_refusal_names_the_namespace_and_how_to_unpin(tmp_path: Path) -> None:
         pin.refuse_if_pinned(ns / REL, store, "evict")
     assert info.value.path == str(ns) and f"fi-cache unpin {ns}" in info.value.message
     pin.refuse_if_pinned(tmp_path / "elsewhere.json", store, "evict")  # outside the store
+
+
+def _tamper(ns: Path, modes: dict[str, int]) -> None:
+    data = json.loads((ns / "manifest.json").read_text())
+    data["pinned"]["modes"].update(modes)
+    (ns / "manifest.json").write_text(json.dumps(data))
+
+
+def test_unpin_changes_no_mode_outside_the_namespace_and_adds_no_setuid(tmp_path: Path) -> None:
+    ns = _namespace(tmp_path / "store")
+    victim = tmp_path / "victim"
+    victim.mkdir(mode=0o755)
+    (victim / "file").write_text("secret")
+    (victim / "file").chmod(0o600)
+    (ns / "vllm" / "out").symlink_to(victim)  # a link planted in the namespace
+    pin.pin(ns)
+    escape = os.path.relpath(victim, ns)  # ../../../../../../victim
+    _tamper(ns, {str(victim / "file"): 0o6777, escape: 0o777, "vllm/out/file": 0o777,
+                 REL: 0o6777, "vllm/./x": 0o777})  # fmt: skip
+    _, done, skipped = pin.unpin(ns)
+    assert done
+    assert _mode(victim) == 0o755 and _mode(victim / "file") == 0o600  # untouched
+    assert _mode(ns / REL) == 0o777  # its own file: permission bits only, no setuid/setgid
+    assert len(skipped) == 4 and all(line.startswith(f"{ns}/manifest.json: ") for line in skipped)
+    assert any("is absolute" in line for line in skipped)
+    assert any("symlink" in line for line in skipped)
+
+
+_KILLED_PIN = """
+import os, signal, sys
+from pathlib import Path
+from fi_cache.store import pin
+calls = []
+real = os.chmod
+def chmod(*args, **kwargs):  # SIGKILL once the second path lost its write bits
+    real(*args, **kwargs)
+    if kwargs.get("follow_symlinks") is False:  # pin's own, not the lock's or the manifest's
+        calls.append(args[0])
+    if len(calls) == 2:
+        os.kill(os.getpid(), signal.SIGKILL)
+os.chmod = chmod
+pin.pin(Path(sys.argv[1]))
+"""
+
+
+def test_a_pin_killed_half_way_is_undone_by_unpin(tmp_path: Path) -> None:
+    ns = _namespace(tmp_path / "store")
+    before = {p: _mode(p) for p in pin.engine_paths(ns)}
+    child = subprocess.run([sys.executable, "-c", _KILLED_PIN, str(ns)], check=False)
+    assert child.returncode == -signal.SIGKILL
+    assert any(_mode(p) != before[p] for p in before)  # it got half-way
+    pinned_again, done = pin.pin(ns)  # a later pin records the modes from before the first
+    assert not done and pinned_again.pin is not None
+    assert all(_mode(p) & 0o222 == 0 for p in before)  # ... and finishes taking write bits
+    assert pin.unpin(ns)[1]
+    assert {p: _mode(p) for p in before} == before
