@@ -46,6 +46,11 @@ def _choice(c: Any) -> dict[str, Any]:
     }  # fmt: skip
 
 
+def _choice_of(value: Any) -> Any:
+    """Runner and tactic; anything else as it is (align refuses values verify rejects)."""
+    return value[:2] if isinstance(value, list) else value
+
+
 def _lines(gp: GroupPlan, dry_run: bool) -> list[str]:
     from fi_cache.ranks.deployment import rank_name
 
@@ -65,7 +70,7 @@ def _lines(gp: GroupPlan, dry_run: bool) -> list[str]:
         "answered differently kept the lowest rank's"
     ]
     for c in gp.chosen[:_SHOWN]:
-        kept, dropped = json.dumps(c.kept[:2]), json.dumps(c.dropped[:2])
+        kept, dropped = json.dumps(_choice_of(c.kept)), json.dumps(_choice_of(c.dropped))
         out.append(
             f"  chose {kept} from {rank_name(c.kept_from)} over {dropped} from "
             f"{rank_name(c.dropped_from)}: {c.key}"

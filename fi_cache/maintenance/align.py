@@ -18,6 +18,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from fi_cache.caches import inventory
+from fi_cache.caches.discover import ScanProblem, classify_file
 from fi_cache.errors import Refused
 from fi_cache.model import v1
 from fi_cache.model.union import Conflict
@@ -55,7 +56,16 @@ def _read(path: Path) -> bytes | None:
         return None
 
 
-def _plan_group(dep: Deployment, group: Sequence[str]) -> GroupPlan:
+def _plan_group(
+    dep: Deployment, group: Sequence[str], unreadable: Sequence[ScanProblem] = ()
+) -> GroupPlan:
+    if unreadable:  # aligned, that rank's file would be replaced and its own entries lost
+        bad = unreadable[0]
+        why = (
+            f"cannot read {rank_name(bad.path)}'s file {bad.path}: {bad.message}; aligning "
+            "would replace it and lose its entries (fix it or move it aside; see fi-cache doctor)"
+        )
+        return GroupPlan(dep, tuple(group), None, why, (), 0)
     files = [rf for rf in dep.rank_files() if rf.rank in group]
     try:
         aligned = align(files)
@@ -80,6 +90,7 @@ def plan(paths: Sequence[Path], expected: Sequence[Expected] = ()) -> list[Group
     inv = inventory.scan([p for p in paths if p not in absent])
     copies = [p for p in paths if p in absent or p.is_dir()]
     deployments = gather(inv.caches, copies, expected)
+    _refuse_lone_unreadable(inv.problems, deployments)
     for path in absent:
         if not any(path.name == dep.key for dep in deployments):
             why = "no such file or directory (a new copy is named after its hash dir)"
@@ -90,9 +101,36 @@ def plan(paths: Sequence[Path], expected: Sequence[Expected] = ()) -> list[Group
             "`rank_tp*_pp*_dp*.json`); align works on a deployment's hash dir",
             paths[0] if len(paths) == 1 else None,
         )
+    plans = []
+    for dep in deployments:
+        bad = _unreadable(dep, inv.problems)
+        groups = [[rf.rank for rf in group] for group in dep.groups()]
+        known = {rank for group in groups for rank in group}
+        for group in groups:  # a rank no group names (its only file unreadable): all refused
+            mine = [p for p in bad if rank_name(p.path) in group or rank_name(p.path) not in known]
+            plans.append(_plan_group(dep, group, mine))
+    return plans
+
+
+def _unreadable(dep: Deployment, problems: Sequence[ScanProblem]) -> list[ScanProblem]:
+    """The rank files of `dep`, in any copy, that could not be read (corrupt, not UTF-8, no
+    permission): each is that rank's only record of its entries."""
     return [
-        _plan_group(dep, [rf.rank for rf in group]) for dep in deployments for group in dep.groups()
+        p
+        for p in problems
+        if p.path.parent in dep.copies and p.path.name == file_name(dep.engine, rank_name(p.path))
     ]
+
+
+def _refuse_lone_unreadable(
+    problems: Sequence[ScanProblem], deployments: Sequence[Deployment]
+) -> None:
+    """A rank file no deployment holds: every rank file of its dir is unreadable."""
+    for p in problems:
+        if classify_file(p.path).rank is not None and not any(
+            p in _unreadable(dep, [p]) for dep in deployments
+        ):
+            raise p.error()
 
 
 def _mode(copy: Path) -> int:

@@ -10,7 +10,6 @@ merges into one OUT accumulate instead of overwriting each other.
 
 from __future__ import annotations
 
-import dataclasses
 import os
 import stat
 from collections.abc import Sequence
@@ -32,6 +31,7 @@ from fi_cache.model.union import (
     check_metadata,
     finalize_conflicts,
     merge,
+    unloadable,
     wants_generation,
 )
 from fi_cache.store.files import DEFAULT_LOCK_TIMEOUT, atomic_write, locked, refuse_destination
@@ -91,17 +91,8 @@ def _refuse_non_v1(path: Path) -> None:
 def _check_usable(path: Path, cf: v1.CacheFile) -> None:
     if cf.metadata is None and not cf.entries and cf.unknown:
         raise Refused("not a FlashInfer v1 cache file (no _metadata, no entries)", path)
-    # A stale `_generation` is not checked: merge recomputes it, and hashing is the costly part.
-    defect = next(
-        (
-            d
-            for d in v1.defects(dataclasses.replace(cf, generation=None), limit=1)
-            if d.check == "corrupt-file"
-        ),
-        None,
-    )
-    if defect is not None:
-        raise CorruptCache(f"{defect.message}; not merged (see `fi-cache verify`)", path)
+    if (why := unloadable(cf)) is not None:
+        raise CorruptCache(f"{why}; not merged (see `fi-cache verify`)", path)
 
 
 def _read_existing(out: Path) -> tuple[v1.CacheFile, int] | None:

@@ -108,6 +108,17 @@ def finalize_conflicts(conflicts: Sequence[Conflict]) -> FinalizeConflicts:
     return FinalizeConflicts(counts[2], counts[1])
 
 
+def unloadable(cf: v1.CacheFile) -> str | None:
+    """The first defect `fi-cache verify` calls corrupt in `cf` (a value FlashInfer's loader
+    crashes on, a key that does not parse, ...), or None. Every writer (merge, align, evict)
+    refuses such a file: rewritten or joined, it would spread what the loader cannot read.
+    A stale `_generation` is no defect here: the writers recompute it."""
+    plain = dataclasses.replace(cf, generation=None)  # hashing is the costly part
+    found = (d for d in v1.defects(plain, limit=1) if d.check == "corrupt-file")
+    defect = next(found, None)
+    return None if defect is None else defect.message
+
+
 def check_metadata(files: Sequence[tuple[str, v1.CacheFile]]) -> None:
     """Raise FiCacheError naming the first differing field when `_metadata` is not equal."""
     if not files:

@@ -6,7 +6,8 @@ such choice reported). Rank-keyed MoE entries (FlashInfer 0.6.18-0.7.1) are uniq
 and kept as they are: every rank hits its own. That satisfies vLLM's gate (equal `_metadata`,
 equal counts) and SGLang's digest (equal content on every TP rank).
 
-Refused, nothing changed, where aligning would make things worse: ranks from different
+Refused, nothing changed, where aligning would make things worse: a rank file `fi-cache verify`
+rejects (its bad value would reach every rank), ranks from different
 environments (their `_metadata` differ: that rank must be tuned on its own stack), and a rank
 that lacks its own entry for a MoE shape other ranks tuned (the gate would pass, that rank would
 then profile alone inside a collective the others skip: the hang of vllm #57423).
@@ -19,7 +20,7 @@ from dataclasses import dataclass
 
 from fi_cache.errors import FiCacheError
 from fi_cache.model import v1
-from fi_cache.model.union import Conflict, merge
+from fi_cache.model.union import Conflict, merge, unloadable
 from fi_cache.ranks.agreement import RankFile
 from fi_cache.ranks.keys import rank_free
 
@@ -57,6 +58,9 @@ def align(group: Sequence[RankFile]) -> Aligned:
     present = [(rf.rank, rf.file) for rf in group if rf.file is not None]
     if not present:
         raise CannotAlign("no rank has a readable file: warm the deployment first")
+    for rf in group:  # what verify rejects would reach every rank (merge refuses it too)
+        if rf.file is not None and (why := unloadable(rf.file)) is not None:
+            raise CannotAlign(f"{rf.rank}'s file {rf.path}: {why} (see `fi-cache verify`)")
     gaps = _own_gaps(group)
     if gaps:
         shown = ", ".join(f"{r} ({n})" for r, n in list(gaps.items())[:6])

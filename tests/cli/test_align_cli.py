@@ -72,3 +72,64 @@ def test_no_rank_files_is_a_refusal(run, tmp_path: Path) -> None:  # type: ignor
     (tmp_path / "x" / "autotune_configs.json").write_text(GEMM_618.read_text())
     r = run("align", tmp_path / "x")
     assert r.code == 2 and "no per-rank files here" in r.err
+
+
+def _bytes(hdir: Path) -> dict[Path, bytes]:
+    return {p: p.read_bytes() for p in sorted(hdir.iterdir()) if p.suffix == ".json"}
+
+
+# Issue 42 F9: a rank file align cannot read is that rank's only copy of its entries.
+UNREADABLE = {
+    "truncated": (lambda good: good[: len(good) // 2], "truncated"),
+    "not UTF-8": (lambda good: good.replace(b"NVIDIA H200", b"NVIDIA H200\xff"), "UTF-8"),
+}
+
+
+def test_a_rank_file_it_cannot_read_is_named_and_nothing_is_written(run, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+    for how, (spoil, why) in UNREADABLE.items():
+        hdir = _deployment(tmp_path / how.replace(" ", "-"), GEMM_618, {"dp1_rank1": 3})
+        bad = hdir / "autotune_configs_dp0_rank0.json"  # align used to "create" it anew
+        bad.write_bytes(spoil(bad.read_bytes()))
+        before = _bytes(hdir)
+        r = run("align", hdir)
+        assert r.code == 1 and r.err.count("\n") == 1, (how, r.err)
+        assert "not aligned" in r.err and str(bad) in r.err and why in r.err, (how, r.err)
+        assert "Traceback" not in r.err and r.out == ""
+        assert _bytes(hdir) == before, how  # dp0_rank0's own entries are still there
+        dry = run("--format", "json", "align", hdir, "--dry-run")
+        [group] = dry.json()["groups"]
+        assert dry.code == 1 and not group["aligned"] and group["writes"] == [], how
+
+
+# Issue 42 F3: never write what `fi-cache verify` rejects (merge already refuses it).
+BAD_VALUES = {"one element": lambda v: v[:1], "an object": lambda v: {"x": 1}}
+
+
+def test_a_rank_file_verify_rejects_is_refused_untouched(run, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+    for how, spoil in BAD_VALUES.items():
+        hdir = _deployment(tmp_path / how.replace(" ", "-"), GEMM_618, {})
+        rank0 = hdir / "autotune_configs_dp0_rank0.json"
+        cf = v1.loads(rank0.read_bytes())
+        key = next(iter(cf.entries))
+        rank1 = v1.loads((hdir / "autotune_configs_dp1_rank1.json").read_bytes())
+        rank1.entries[key] = [rank1.entries[key][0], 3]  # rank1 answers it differently, well
+        (hdir / "autotune_configs_dp1_rank1.json").write_text(v1.dumps(rank1))
+        cf.entries[key] = spoil(cf.entries[key])
+        rank0.write_text(v1.dumps(cf))
+        assert run("verify", rank0).code == 1
+        before = _bytes(hdir)
+        r = run("align", hdir)
+        assert r.code == 1 and r.err.count("\n") == 1, (how, r.err)
+        assert "not aligned" in r.err and str(rank0) in r.err and "fi-cache verify" in r.err
+        assert "Traceback" not in r.err
+        assert _bytes(hdir) == before, how  # rank1's good value was not overwritten
+
+
+def test_a_deployment_whose_every_rank_file_is_unreadable_is_named(run, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+    hdir = _deployment(tmp_path, GEMM_618, {})
+    (hdir / "autotune_configs_dp1_rank1.json").unlink()
+    rank0 = hdir / "autotune_configs_dp0_rank0.json"
+    rank0.write_bytes(rank0.read_bytes()[:100])
+    r = run("align", hdir)
+    assert r.code == 1 and f"{rank0}: truncated" in r.err and r.err.count("\n") == 1, r.err
+    assert len(rank0.read_bytes()) == 100
