@@ -1,4 +1,4 @@
-"""vLLM 0.33.0/0.34.0's and FlashInfer 0.7.4's own code, read from their release wheels at test time.
+"""vLLM 0.33.0/0.34.0's and FlashInfer 0.7.4's own code, read from their wheels at test time.
 
 No CPU build of vLLM exists after 0.32 and `pip install vllm==0.34.0` cannot resolve (it pins
 flashinfer-python 0.7.3, which the index lacks), so scripts/test.sh downloads the wheels with
