@@ -3,8 +3,9 @@
 Reads every per-rank file under the PATHs (hash dirs of vLLM 0.32+ or SGLang, on one node or
 several nodes' copies), groups them into deployments (ranks/deployment.py), aligns each tune
 group (ranks/align.py) and writes the aligned file to every rank of the group in every copy:
-a cold node's empty hash dir given as a PATH gets the whole set. Locked per copy, each file
-written atomically; a deployment that cannot be aligned is left exactly as it was. A copy in a
+a cold node's empty hash dir given as a PATH gets the whole set. Locked per copy; every file
+is staged (written and fsynced) before any is renamed into place, so a full disk replaces
+none; a deployment that cannot be aligned is left exactly as it was. A copy in a
 store namespace is changed under that namespace's lock, and refused there when it is pinned.
 """
 
@@ -26,7 +27,7 @@ from fi_cache.ranks.align import Aligned, CannotAlign, align
 from fi_cache.ranks.deployment import Deployment, Expected, file_name, gather, rank_name
 from fi_cache.store import locks
 from fi_cache.store import pin as pins
-from fi_cache.store.files import DEFAULT_LOCK_TIMEOUT, atomic_write, locked
+from fi_cache.store.files import DEFAULT_LOCK_TIMEOUT, locked, replace_all
 
 DEFAULT_MODE = 0o644  # as merge: a rank file is read by every rank's process
 _LOCK_NAME = "fi-cache-align"  # one `.fi-cache-align.lock` per copy: the whole set changes at once
@@ -163,13 +164,15 @@ def apply(
         for copy in copies:  # sorted: two aligns of overlapping copies cannot deadlock
             stack.enter_context(locked(copy / _LOCK_NAME, timeout))
         plans = plan(paths, expected)
+        writes = []
         for gp in plans:
             if gp.aligned is None:
                 continue
             data = v1.dumps(gp.aligned.file).encode()
             for path, created in gp.writes:
                 mode = _mode(path.parent) if created else stat.S_IMODE(path.stat().st_mode)
-                atomic_write(path, data, mode=mode, lock=False)
+                writes.append((path, data, mode))
+        replace_all(writes)  # all staged, then all renamed: a full disk replaces none
     return plans
 
 

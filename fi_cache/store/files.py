@@ -12,7 +12,7 @@ import errno
 import os
 import stat
 import tempfile
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 
 from fi_cache.errors import FiCacheError, Refused, special_kind
@@ -291,6 +291,46 @@ def _replace(path: Path, data: bytes, mode: int) -> None:
         refuse_destination(path, "file")  # again: a node made while we waited or wrote
         os.replace(tmp, path)
     fsync_dir(path.parent)
+
+
+def replace_all(
+    writes: Sequence[tuple[Path, bytes, int]], before_rename: Callable[[], None] | None = None
+) -> None:
+    """Replace several files as one set, (path, data, mode) each, under the caller's locks:
+    every temp file is written and fsynced first, then all are renamed. A failure while
+    staging (a full disk) or a refusal from `before_rename` (a last check) removes the temps
+    and replaces nothing; a rename that fails after others (rare: each temp sits beside its
+    target) says which were replaced."""
+    for path, _, _ in writes:
+        refuse_destination(path, "file")
+    staged: list[tuple[str, Path]] = []
+    done: list[Path] = []
+    try:
+        for path, data, mode in writes:
+            staged.append((_temp_file(path, data, mode), path))
+        if before_rename is not None:
+            before_rename()
+        for tmp, path in staged:
+            try:
+                refuse_destination(path, "file")  # again: a node made while we wrote
+                os.replace(tmp, path)
+            except (OSError, FiCacheError) as exc:
+                if not done:
+                    raise write_failure(exc, path) if isinstance(exc, OSError) else exc from None
+                why = exc.strerror if isinstance(exc, OSError) else exc.message
+                names = ", ".join(p.name for p in done)
+                raise FiCacheError(
+                    f"cannot replace: {why}; {len(done)} of {len(writes)} files were replaced "
+                    f"already ({names}), the rest not",
+                    path,
+                ) from None
+            done.append(path)
+    finally:
+        for tmp, _ in staged:  # a renamed one is gone already
+            with contextlib.suppress(OSError):
+                os.unlink(tmp)
+        for directory in sorted({p.parent for p in done}):
+            fsync_dir(directory)
 
 
 def write_failure(exc: OSError, path: Path) -> FiCacheError:
