@@ -33,6 +33,7 @@ from fi_cache.lifecycle.report import Report
 from fi_cache.maintenance import seed
 from fi_cache.store.files import Stamp
 from fi_cache.store.manifest import Manifest, WarmRecord
+from fi_cache.store.paths import Unconfined, within
 
 
 @dataclass(frozen=True)
@@ -188,6 +189,9 @@ def _place(
     if why:
         say(why)
         return []
+    if outside := [t for t in targets if not _inside(ns_dir, t)]:  # a planted saved answer
+        say(f"not seeding {outside[0]}: not inside the namespace {ns_dir} (nothing written there)")
+        targets = [t for t in targets if t not in outside]
 
     def usable(warm: WarmRecord) -> bool:
         return engine.seed_source(run, warm)
@@ -218,6 +222,14 @@ def _place(
         say(f"seeded {s.entries} entries from {len(s.sources)} earlier file(s): {s.target}{when}")
         placed.append(Placed(s, str(s.target.relative_to(ns_dir)), stamp, running is not None))
     return placed
+
+
+def _inside(ns_dir: Path, target: Path) -> bool:
+    try:
+        within(ns_dir, target)
+    except Unconfined:
+        return False
+    return True
 
 
 def _after(engine: ServerEngine, running: tuple[threading.Event, float]) -> str:

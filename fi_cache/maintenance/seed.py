@@ -33,6 +33,7 @@ from fi_cache.store.files import (
     stamp_of,
 )
 from fi_cache.store.manifest import Manifest, WarmRecord
+from fi_cache.store.paths import Unconfined, confined
 
 
 @dataclass(frozen=True)
@@ -72,7 +73,10 @@ def sources_for(
         if not warm.ok or warm.engine != engine or not usable(warm):
             continue
         for f in warm.files:
-            path = ns_dir / f.path
+            try:  # never a file outside the namespace, whatever the manifest says
+                path = confined(ns_dir, f.path)
+            except Unconfined:
+                continue
             fits = path.name == name and path.is_file() and path.resolve() not in skip
             if fits and path not in found:
                 found.append(path)

@@ -18,9 +18,13 @@ from fi_cache.model import jsoncheck
 from fi_cache.model.fingerprint import FINGERPRINT_FIELDS, Fingerprint
 from fi_cache.store.files import atomic_write
 from fi_cache.store.namespace import Namespace
+from fi_cache.store.paths import relative_problem
 
 MANIFEST_NAME = "manifest.json"
 SCHEMA = 1
+# Warm and evict records kept, newest first: one warm per start or config, so years of use; a
+# manifest read by every ls, doctor and serve stays a few hundred kB at most.
+MAX_RECORDS = 1000
 
 
 @dataclass(frozen=True)
@@ -89,10 +93,11 @@ class Manifest:
         return cls(ns.fingerprint, ns.finalize, t, t)
 
     def with_warm(self, warm: WarmRecord) -> Manifest:
-        return replace(self, warms=(*self.warms, warm), last_used=warm.started + warm.seconds)
+        warms = (*self.warms, warm)[-MAX_RECORDS:]
+        return replace(self, warms=warms, last_used=warm.started + warm.seconds)
 
     def with_eviction(self, evict: EvictRecord) -> Manifest:
-        return replace(self, evictions=(*self.evictions, evict))
+        return replace(self, evictions=(*self.evictions, evict)[-MAX_RECORDS:])
 
     def evictions_of(self, rel: str) -> list[tuple[EvictRecord, EvictedFile]]:
         """Every evict that took entries from the file `rel` (relative to the namespace)."""
@@ -192,6 +197,7 @@ def _file(f: Any) -> CacheFileRecord:
     _check(isinstance(f, dict), "warms: files")
     rec = CacheFileRecord(**{k: v for k, v in f.items() if k in _FILE_FIELDS})
     _check(isinstance(rec.path, str), "warms: files: path")
+    _confined(rec.path, "warms: files: path")
     for n in (rec.entries, rec.size, rec.seeded):
         _check(isinstance(n, int) and not isinstance(n, bool), "warms: files: entries/size")
     return rec
@@ -205,6 +211,7 @@ def _evict(e: Any) -> EvictRecord:
     files = []
     for f in _list(e.get("files"), "evictions: files"):
         _check(isinstance(f, dict) and isinstance(f.get("path"), str), "evictions: files: path")
+        _confined(f["path"], "evictions: files: path")
         keys = _list(f.get("evicted"), "evictions: files: evicted")
         _check(all(isinstance(k, str) for k in keys), "evictions: files: evicted")
         kept = f.get("kept")
@@ -231,6 +238,12 @@ def _list(value: Any, what: str) -> list[Any]:
 def _number(value: Any, what: str) -> float:
     _check(isinstance(value, (int, float)) and not isinstance(value, bool), what)
     return float(value)
+
+
+def _confined(rel: str, what: str) -> None:
+    """A file record's path names a file inside the namespace: seeding reads it, push sends it."""
+    if (why := relative_problem(rel)) is not None:
+        raise ValueError(f"{what} {rel!r} {why}: not a path inside the namespace")
 
 
 def _check(ok: bool, what: str) -> None:

@@ -110,3 +110,36 @@ def test_a_manifest_that_is_not_utf8_or_a_fifo_is_a_corrupt_cache(tmp_path: Path
     os.mkfifo(fifo / "manifest.json")
     with no_hang(), pytest.raises(CorruptCache, match="FIFO"):
         m.load(fifo)
+
+
+def _with_file(path: str, where: str = "warms") -> str:
+    if where == "warms":
+        file = json.dumps({"path": path, "entries": 1, "size": 1})
+        return "{" + _OK + ', "warms": [{' + _WARM + ', "argv": [], "files": [' + file + "]}]}"
+    file = json.dumps({"path": path, "evicted": ["k"], "kept": 1})
+    return "{" + _OK + ', "evictions": [{"at": 1, "selector": {}, "files": [' + file + "]}]}"
+
+
+@pytest.mark.parametrize("where", ["warms", "evictions"])
+@pytest.mark.parametrize(
+    "path", ["/etc/passwd", "../../../../../../victim/autotune_configs.json", "vllm/../../x.json"]
+)
+def test_a_manifest_naming_a_file_outside_its_namespace_is_refused(
+    tmp_path: Path, path: str, where: str
+) -> None:
+    (tmp_path / "manifest.json").write_text(_with_file(path, where))
+    with pytest.raises(CorruptCache, match="not a path inside the namespace") as info:
+        m.load(tmp_path)
+    assert repr(path) in info.value.message
+    (tmp_path / "manifest.json").write_text(_with_file("vllm/abc/autotune_configs.json", where))
+    assert m.load(tmp_path) is not None
+
+
+def test_the_manifest_keeps_the_newest_records_only() -> None:
+    man = m.Manifest.new(NS, now=0)
+    gone = m.EvictedFile("vllm/abc/autotune_configs.json", ["('k',)"], 31)
+    for i in range(m.MAX_RECORDS + 5):
+        man = man.with_warm(_warm(float(i))).with_eviction(m.EvictRecord(i, {}, [gone]))
+    assert len(man.warms) == len(man.evictions) == m.MAX_RECORDS
+    assert man.warms[0].started == 5.0 and man.warms[-1].started == m.MAX_RECORDS + 4
+    assert man.evictions[0].at == 5.0

@@ -31,6 +31,9 @@ _PATH_ENV = (
 )  # fmt: skip
 
 
+SWEEP_NOT_REPORTED = "not reported (an answer from an earlier fi-cache)"
+
+
 @dataclass(frozen=True)
 class CacheLocation:
     """The hash dir and file names vLLM will use (`dir` None: it keeps no cache there)."""
@@ -47,6 +50,10 @@ class CacheLocation:
     # What vLLM's GPU worker resolves before it hashes (CUDA-graph sizes, an auto-fitted
     # --max-model-len): the answer holds only if it keeps them as the arguments set them.
     depends_on: tuple[str, ...] = ()
+    # The largest token count of each pass of vLLM's tuning sweep for this config (None: not
+    # known, `sweep_unknown` says why): what a seed must hold on 0.33+ (maintenance/sweep.py).
+    sweep_tokens: tuple[int, ...] | None = None
+    sweep_unknown: str = SWEEP_NOT_REPORTED
 
     @property
     def paths(self) -> list[Path]:
@@ -120,14 +127,32 @@ def cached(
     if state_dir is None:
         return None
     with contextlib.suppress(OSError, ValueError, TypeError, KeyError):
-        return _lookup(_kept(state_dir, cache_key(python, vllm_version, argv, env, site)))
+        return _lookup(_kept(state_dir, cache_key(python, vllm_version, argv, env, site)), env)
     return None
 
 
-def _lookup(kept: Path) -> CacheLocation | None:
+def _lookup(kept: Path, env: Mapping[str, str]) -> CacheLocation | None:
+    """A saved answer, unless it names files outside the cache dir fi-cache gave vLLM (one
+    planted in the store's state dir would have warm seed them anywhere): asked again then."""
     with contextlib.suppress(OSError, ValueError, TypeError, KeyError):
-        return _from_json(json.loads(kept.read_text()))
+        found = _from_json(json.loads(kept.read_text()))
+        root = env.get("VLLM_FLASHINFER_AUTOTUNE_CACHE_DIR")
+        return found if _in_cache_dir(found, root) else None
     return None
+
+
+def _in_cache_dir(found: CacheLocation, root: str | None) -> bool:
+    from fi_cache.store.paths import Unconfined, relative_problem, within
+
+    if any(relative_problem(f) or "/" in f for f in (*found.files, *found.all_files)):
+        return False
+    if found.store != "v1" or found.dir is None or root is None or found.dir == root:
+        return True  # (a v2 store's files are never seeded: its root may lie anywhere)
+    try:
+        within(Path(root), Path(found.dir))
+    except Unconfined:
+        return False
+    return True
 
 
 def _kept(state_dir: Path, key: str) -> Path:
@@ -148,7 +173,7 @@ def predict(
     the child fails or hangs, or `stop` is set (the child is killed then)."""
     # the key once: it lists vLLM's site and hashes the files the arguments name
     kept = _kept(state_dir, cache_key(python, vllm_version, argv, env, site)) if state_dir else None
-    if kept is not None and (known := _lookup(kept)) is not None:
+    if kept is not None and (known := _lookup(kept, env)) is not None:
         return known
     answer = _ask(python, argv, env, timeout, stop)
     if kept is not None:
@@ -186,7 +211,22 @@ def _from_json(data: dict[str, object]) -> CacheLocation:
         None if data["dir"] is None else str(data["dir"]),
         tuple(str(f) for f in files), str(data["root_from"]), str(data.get("store", "v1")),
         tuple(str(f) for f in every), tuple(str(d) for d in _listed(data, "depends_on")),
+        *_sweep(data),
     )  # fmt: skip
+
+
+def _sweep(data: dict[str, object]) -> tuple[tuple[int, ...] | None, str]:
+    """(sweep_tokens, sweep_unknown) from the child's `sweep` or a kept answer's two fields."""
+    found = data.get("sweep", {"tokens": data.get("sweep_tokens"),
+                               "unknown": data.get("sweep_unknown", SWEEP_NOT_REPORTED)})  # fmt: skip
+    if not isinstance(found, dict):
+        raise TypeError("sweep")
+    tokens, unknown = found.get("tokens"), str(found.get("unknown") or "")
+    if tokens is None:
+        return None, unknown or SWEEP_NOT_REPORTED
+    if not isinstance(tokens, list) or not all(type(t) is int and t > 0 for t in tokens):
+        raise TypeError("sweep tokens")
+    return tuple(tokens), ""
 
 
 def _listed(data: dict[str, object], key: str) -> list[object]:
