@@ -134,7 +134,7 @@ def test_vllm_envs_support_is_read_as_text() -> None:
 
 
 def test_probe_runs_without_gpu_torch_or_vllm() -> None:
-    env = envmod.probe()  # this CI box: no GPU; must not raise or import heavy packages
+    env = envmod.probe()  # no GPU here: must not raise (imports: tests/test_read_only_imports.py)
     assert isinstance(env.gpus, tuple)
 
 
