@@ -12,6 +12,7 @@ namespace's manifest records the evict: when, by which selector, which keys went
 from __future__ import annotations
 
 import contextlib
+import os
 import stat
 import time
 from collections.abc import Iterator, Sequence
@@ -24,10 +25,11 @@ from fi_cache.caches.discover import classify_file
 from fi_cache.errors import CorruptCache, Refused
 from fi_cache.model import keys as keymod
 from fi_cache.model import v1
+from fi_cache.model.union import unloadable
 from fi_cache.store import locks
 from fi_cache.store import manifest as manifests
 from fi_cache.store import pin as pins
-from fi_cache.store.files import DEFAULT_LOCK_TIMEOUT, atomic_write, locked
+from fi_cache.store.files import DEFAULT_LOCK_TIMEOUT, locked, replace_all
 from fi_cache.store.manifest import EvictedFile, EvictRecord, Manifest
 from fi_cache.store.namespace import namespace_parts
 
@@ -78,6 +80,8 @@ class FilePlan:
     kept: int
     namespace: Path | None = None  # the store namespace holding the file
     recorded: bool = False  # its manifest records the evict (apply, a namespace with a manifest)
+    # (st_dev, st_ino) of the file's dir when planned: apply rewrites only in that dir
+    dir_id: tuple[int, int] | None = None
 
 
 def select(cf: v1.CacheFile, selector: Selector) -> tuple[str, ...]:
@@ -103,7 +107,28 @@ def _read(path: Path) -> v1.CacheFile:
     cache = inventory.read(classify_file(path))
     if any(d.check == "corrupt-file" for d in cache.read_defects):
         raise CorruptCache("cannot be read whole: verify it first", path)
+    if (why := unloadable(cache.file)) is not None:  # merge and align refuse it too
+        raise CorruptCache(f"{why}; not evicted (see `fi-cache verify`)", path)
     return cache.file
+
+
+def _identity(path: Path) -> tuple[int, int] | None:
+    try:
+        st = os.stat(path)
+    except OSError:
+        return None
+    return st.st_dev, st.st_ino
+
+
+def _refuse_moved(planned: FilePlan) -> None:
+    """Refused when the file's dir is no longer the one planned on (moved away, or swapped for
+    a link to another): the rewrite would read and replace a file nobody planned on."""
+    if _identity(planned.path.parent) != planned.dir_id:
+        raise Refused(
+            "its directory was replaced since evict read it (moved, or swapped for a link); "
+            "nothing written: run evict again",
+            planned.path,
+        )
 
 
 def plan(paths: Sequence[Path], selector: Selector, store: Path | None = None) -> list[FilePlan]:
@@ -116,7 +141,8 @@ def plan(paths: Sequence[Path], selector: Selector, store: Path | None = None) -
         cf = _read(path)
         gone = select(cf, selector)
         ns = _namespace(path, store)
-        out.append(FilePlan(path, gone, len(cf.entries) - len(gone), ns))
+        here = _identity(path.parent)
+        out.append(FilePlan(path, gone, len(cf.entries) - len(gone), ns, dir_id=here))
     for ns in {p.namespace for p in out if p.namespace is not None and p.evicted}:
         _refuse_pinned(ns, manifests.load(ns))  # a broken manifest: CorruptCache naming it
     return out
@@ -182,14 +208,23 @@ def _namespace_locked(ns: Path | None, timeout: float) -> Iterator[None]:
 
 
 def _rewrite(first: FilePlan, selector: Selector, timeout: float) -> FilePlan:
+    _refuse_moved(first)  # before a lock file is made in another dir
     with locked(first.path, timeout):
+        read = _identity(first.path)
         cf = _read(first.path)  # what another writer left is what we cut from
         gone = set(select(cf, selector))
         kept = {k: v for k, v in cf.entries.items() if k not in gone}
         out = v1.CacheFile(cf.metadata, kept, cf.records, cf.generation, cf.unknown,
                            cf.reserved)  # fmt: skip
+
+        def unchanged() -> None:  # the last moment before the rename: the file read, its dir
+            _refuse_moved(first)
+            if _identity(first.path) != read:
+                raise Refused("changed while evict read it; nothing written: run evict again",
+                              first.path)  # fmt: skip
+
         if gone:
             mode = stat.S_IMODE(first.path.stat().st_mode)
-            atomic_write(first.path, v1.dumps(out).encode(), mode=mode, lock=False)
+            replace_all([(first.path, v1.dumps(out).encode(), mode)], before_rename=unchanged)
     evicted = tuple(k for k in cf.entries if k in gone)
     return FilePlan(first.path, evicted, len(kept), first.namespace)

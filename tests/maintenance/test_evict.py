@@ -84,3 +84,46 @@ def test_the_cli_says_what_went_and_json_lists_it(run, tmp_path: Path) -> None: 
     assert len(json.loads(path.read_text())) == 40 + 1  # the entries and `_metadata`
     bad = run("evict", path)
     assert bad.code == 2 and len(bad.err.strip().splitlines()) == 1
+
+
+def test_a_file_verify_rejects_is_refused_untouched(run, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+    """Issue 42 F12: evict rewrote such a file and said "evicted"; merge and align refuse it."""
+    path = _copy(tmp_path)
+    raw = json.loads(path.read_text())
+    key = next(k for k in raw if "gemm1" in k)
+    raw[key] = raw[key][:1]  # FlashInfer's loader crashes on it (IndexError)
+    path.write_text(json.dumps(raw, indent=2))
+    before = path.read_bytes()
+    assert run("verify", path).code == 1
+    for dry in ([], ["--dry-run"]):
+        r = run("evict", path, "--op", "gemm2", "--tactic", "104", *dry)
+        assert r.code == 1 and r.err.count("\n") == 1, r.err
+        assert str(path) in r.err and "fi-cache verify" in r.err and "Traceback" not in r.err
+    assert path.read_bytes() == before
+
+
+def test_a_dir_swapped_after_the_plan_is_not_written_through(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Issue 42 F16: the dir planned on is replaced by a link to another before the rewrite."""
+    from fi_cache.maintenance import evict
+
+    here, outside = tmp_path / "D", tmp_path / "outside" / "D"
+    here.mkdir()
+    outside.mkdir(parents=True)
+    shutil.copy(FUSED, here / "autotune_configs.json")
+    shutil.copy(FUSED, outside / "autotune_configs.json")
+    real_plan = evict.plan
+
+    def plan_then_swap(*args, **kwargs):  # type: ignore[no-untyped-def]
+        planned = real_plan(*args, **kwargs)
+        here.rename(tmp_path / "D.old")
+        here.symlink_to(outside, target_is_directory=True)
+        return planned
+
+    monkeypatch.setattr(evict, "plan", plan_then_swap)
+    with pytest.raises(Refused, match="directory was replaced since evict read it"):
+        apply([here / "autotune_configs.json"], Selector(op="gemm2", tactic=104))
+    assert (outside / "autotune_configs.json").read_bytes() == FUSED.read_bytes()
+    assert (tmp_path / "D.old" / "autotune_configs.json").read_bytes() == FUSED.read_bytes()
+    assert sorted(p.name for p in outside.iterdir()) == ["autotune_configs.json"]  # no lock
