@@ -1,4 +1,4 @@
-"""How much `fi-cache serve` adds before vLLM starts, on a warm namespace (goal: < 0.3 s).
+"""How much `fi-cache serve` adds before vLLM starts, on a warm namespace (goal: <= 50 ms).
 
 Measures wall time of the stand-in vLLM (tests/fake_vllm.py, FAKE_VLLM_MODE=exit-now: it records
 its start and exits at once) run directly, versus through `fi-cache serve` on a namespace warmed
@@ -27,6 +27,8 @@ ROOT = Path(__file__).resolve().parent.parent
 FAKE = ROOT / "tests" / "fake_vllm.py"
 FIXTURE = ROOT / "tests" / "fixtures" / "flashinfer" / "fi-0.6.18-moe-fused.json"
 MODEL = "Qwen/Qwen3-30B-A3B"
+# The goal docs/benchmarks.md states (issue 43: <= 50 ms in all three installs; issue 23: 100).
+GOAL_MS = 50.0
 
 
 def timed(cmd: list[str], env: dict[str, str]) -> float:
@@ -99,8 +101,9 @@ def main() -> None:
         f"through fi-cache serve     median {s * 1000:7.1f} ms  (min {min(served) * 1000:.1f}, "
         f"max {max(served) * 1000:.1f}, n={runs})"
     )
-    verdict = "met" if s - d < 0.3 else "MISSED"
-    print(f"overhead (median - median) {(s - d) * 1000:7.1f} ms  goal < 300 ms: {verdict}")
+    verdict = "met" if (s - d) * 1000 <= GOAL_MS else "MISSED"
+    overhead = (s - d) * 1000
+    print(f"overhead (median - median) {overhead:7.1f} ms  goal <= {GOAL_MS:.0f} ms: {verdict}")
 
 
 if __name__ == "__main__":
