@@ -51,6 +51,10 @@ SCHEMA = 1
 # model served in that environment: thousands at most. A manifest lists each file in ~260 bytes.
 MAX_FILES = 50_000
 _MAX_MANIFEST_BYTES = 16 * 1024 * 1024
+# A namespace's own manifest is a few kB (a store keeps its newest 1000 warm and evict records,
+# store/manifest.py MAX_RECORDS); every ls, doctor and serve reads it, so a bundle's is bounded.
+MAX_NAMESPACE_MANIFEST_BYTES = 4 * 1024 * 1024
+MAX_NAMESPACE_RECORDS = 10_000
 # tarfile reads a PAX or GNU long-name header whole into memory before anyone sees the member;
 # an export's are a few hundred bytes (one long path).
 _MAX_EXTENDED_HEADER = 4096
@@ -417,6 +421,15 @@ def _vet_manifest(bm: BundleManifest, bundle: Path) -> None:
                 f"{_member_limit()}",
                 bundle,
             )
+        if parts[_NS_DEPTH:] == (manifests.MANIFEST_NAME,) and (
+            f.size > MAX_NAMESPACE_MANIFEST_BYTES
+        ):
+            raise Refused(
+                f"namespace manifest {f.path!r} declares {f.size / MB:.1f} MB, over the "
+                f"{MAX_NAMESPACE_MANIFEST_BYTES // MB} MB limit (a namespace's manifest is a "
+                "few kB)",
+                bundle,
+            )
 
 
 def _vet_members(tar: tarfile.TarFile, bm: BundleManifest, bundle: Path) -> list[tarfile.TarInfo]:
@@ -538,6 +551,12 @@ def _check_contents(
             raise Refused(f"namespace {n.path}: {exc.message}", bundle) from None
         if m is None or m.fingerprint != n.fingerprint or m.finalize != n.finalize:
             raise Refused(f"namespace {n.path}: its manifest does not match the bundle's", bundle)
+        if (records := len(m.warms) + len(m.evictions)) > MAX_NAMESPACE_RECORDS:
+            raise Refused(
+                f"namespace {n.path}: its manifest holds {records} warm and evict records, "
+                f"over the limit of {MAX_NAMESPACE_RECORDS}",
+                bundle,
+            )
         inv = scan([ns_dir], explicit=False)
         for p in inv.problems:
             raise Refused(f"bundled cache {_member(p.path, staging)}: {p.message}", bundle)

@@ -804,3 +804,66 @@ def test_the_same_bundle_with_sound_caches_imports(  # type: ignore[no-untyped-d
     r = run("import", _bundle_of(tmp_path, {"fused": good, "unfused": good}))
     assert r.code == 0, r.err
     assert len(list((store / "namespaces").rglob("autotune_configs.json"))) == 2
+
+
+def _with_namespace_manifest(tmp_path: Path, store: Path, edit) -> Path:  # type: ignore[no-untyped-def]
+    """A well-formed bundle whose namespace manifest `edit` changed (and the bundle's manifest
+    lists as export would: its size and sha256)."""
+    man, members = _good_parts(store)
+    info, data = members[0]
+    ns_manifest = json.loads(data)
+    edit(ns_manifest)
+    data = json.dumps(ns_manifest).encode()
+    man["files"][0].update(size=len(data), sha256=_sha(data))
+    members[0] = _file(info.name, data)
+    return _tar(tmp_path / "b.tar.gz", _with_manifest(man, members))
+
+
+_WARM_RECORD = {"started": 1.0, "seconds": 1.0, "vllm_version": "0.30.0", "argv": ["m"],
+                "argv_key": "m", "supports_finalize_env": None}  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    ("where", "path"),
+    [
+        ("warms", "/tmp/victim/autotune_configs.json"),
+        ("warms", "../../../../../../victim/x/autotune_configs.json"),
+        ("evictions", "/etc/passwd"),
+    ],
+)
+def test_a_namespace_manifest_naming_files_outside_it_is_refused(
+    run,  # type: ignore[no-untyped-def]
+    store: Path,
+    tmp_path: Path,
+    here: Fingerprint,
+    where: str,
+    path: str,
+) -> None:
+    def edit(ns_manifest: dict) -> None:  # type: ignore[type-arg]
+        if where == "warms":
+            file = {"path": path, "entries": 1, "size": 1}
+            ns_manifest["warms"] = [{**_WARM_RECORD, "files": [file]}]
+        else:
+            file = {"path": path, "evicted": ["k"], "kept": 1}
+            ns_manifest["evictions"] = [{"at": 1.0, "selector": {}, "files": [file]}]
+
+    bad = _with_namespace_manifest(tmp_path, tmp_path / "src", edit)
+    r = run("import", bad)
+    assert r.code == 2 and r.err.count("\n") == 1, r.err
+    assert f"{where}: files: path {path!r}" in r.err and "not a path inside the namespace" in r.err
+    assert not (store / "namespaces").exists(), "nothing installed"
+
+
+def test_a_namespace_manifest_over_its_size_cap_is_refused_unread(tmp_path: Path) -> None:
+    store = tmp_path / "s"
+    big = "x" * bundle.MAX_NAMESPACE_MANIFEST_BYTES
+    path = _with_namespace_manifest(tmp_path, store, lambda d: d.update(padding=big))
+    _refused(store, path, "namespace manifest .* declares 4.0 MB, over the 4 MB limit")
+    assert not store.exists(), "refused before a byte is written"
+
+
+def test_a_namespace_manifest_with_too_many_records_is_refused(tmp_path: Path) -> None:
+    store = tmp_path / "s"
+    warms = [{**_WARM_RECORD, "files": []}] * (bundle.MAX_NAMESPACE_RECORDS + 1)
+    path = _with_namespace_manifest(tmp_path, store, lambda d: d.update(warms=warms))
+    _refused(store, path, "holds 10001 warm and evict records, over the limit of 10000")
