@@ -15,14 +15,17 @@ from fi_cache.errors import Refused
 # Flags whose value is not part of "what is served": where it listens.
 _ADDRESS_FLAGS = {"--port", "--host", "--uds"}
 # `vllm serve` flags that take no value, so the token after them may be the model: every
-# `--no-*`, `--enable-*` and `--disable-*` flag of 0.32 (BooleanOptionalAction) and 0.33
-# (EnableDisableAction) but one, and these; listed from the nargs=0 actions of both releases'
-# own serve parsers (entrypoints/cli/serve.py `subparser_init`).
+# `--no-*`, `--enable-*` and `--disable-*` flag of 0.32 (BooleanOptionalAction) and 0.33/0.34
+# (EnableDisableAction) but one, and these; listed from the nargs=0 actions of 0.32's own serve
+# parser (entrypoints/cli/serve.py `subparser_init`) and, for 0.33 and 0.34, derived from their
+# wheels' argparse calls (tests/engines/vllm/serve_flags.py). 0.34 adds two (engine/arg_utils.py
+# 0.34:1074-1077 --checkpoint-prepare-on-startup, 1117-1120 --shuffle-safetensors-files).
 _BOOL_PREFIXES = ("--no-", "--enable-", "--disable-")
 _VALUE_FLAGS_WITH_BOOL_PREFIX = {"--disable-access-log-for-endpoints"}
 _BOOL_FLAGS = {
     "--aggregate-engine-logging", "--allow-credentials", "--allow-deprecated-quantization",
-    "--async-scheduling", "--cohere-is-reasoning-model", "--cudagraph-metrics",
+    "--async-scheduling", "--checkpoint-prepare-on-startup", "--cohere-is-reasoning-model",
+    "--cudagraph-metrics",
     "--data-parallel-external-lb", "--data-parallel-hybrid-lb",
     "--data-parallel-multi-port-external-lb", "--dcp-q-replicate", "--enforce-eager",
     "--exclude-tools-when-tool-choice-none", "--fail-on-environ-validation",
@@ -31,7 +34,8 @@ _BOOL_FLAGS = {
     "--language-model-only", "--log-error-stack", "--long-prefill-token-threshold-adaptive",
     "--mm-device-do-normalize", "--mm-encoder-only", "--monokernel", "--numa-bind",
     "--ray-workers-use-nsight", "--return-sampling-mask", "--return-tokens-as-token-ids",
-    "--scheduler-reserve-full-isl", "--skip-mm-profiling", "--skip-tokenizer-init",
+    "--scheduler-reserve-full-isl", "--shuffle-safetensors-files", "--skip-mm-profiling",
+    "--skip-tokenizer-init",
     "--sleep-mode-offload-cudagraph", "--specialize-active-lora", "--swa-bounded-replay",
     "--tokens-only", "--trust-remote-code", "--trust-request-chat-template",
     "--trust-request-mm-kwargs", "--use-fp64-gumbel", "--use-replayssm", "--use-tqdm-on-load",
