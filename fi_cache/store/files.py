@@ -47,8 +47,9 @@ def locked(path: Path, timeout: float = DEFAULT_LOCK_TIMEOUT) -> Iterator[None]:
 
 def _make_lock_file(lock_file: Path, path: Path) -> None:
     """Refused (exit 2) when the lock file cannot be made (/proc/self/, a read-only dir):
-    filelock would retry that until its timeout. O_NONBLOCK: a FIFO planted there never waits."""
-    flags = os.O_RDWR | os.O_CREAT | os.O_NONBLOCK | getattr(os, "O_NOCTTY", 0)
+    filelock would retry that until its timeout. O_NONBLOCK: a FIFO planted there never waits.
+    O_NOFOLLOW: a symlink planted at the lock name is refused, nothing made at its target."""
+    flags = os.O_RDWR | os.O_CREAT | os.O_NONBLOCK | os.O_NOFOLLOW | getattr(os, "O_NOCTTY", 0)
     for attempt in range(3):
         try:
             os.close(os.open(lock_file, flags, 0o644))
@@ -57,6 +58,9 @@ def _make_lock_file(lock_file: Path, path: Path) -> None:
             if isinstance(exc, FileNotFoundError) and attempt < 2 and not lock_file.parent.is_dir():
                 ensure_dir(lock_file.parent)  # moved away by a concurrent import or prune
                 continue
+            if exc.errno == errno.ELOOP or os.path.islink(lock_file):
+                why = f"its lock file {lock_file.name} is a symlink: refusing to follow it"
+                raise Refused(f"cannot write here: {why}", path) from None
             why = f"cannot create its lock file {lock_file.name} ({exc.strerror})"
             raise Refused(f"cannot write here: {why}", path) from None
 

@@ -87,3 +87,30 @@ def test_create_new_writes_only_where_nothing_is_and_leaves_no_temp_file(tmp_pat
     assert stamp is not None and stamp == stamp_of(target) and target.read_bytes() == b'{"a": 1}'
     assert create_new(target, b'{"b": 2}') is None and target.read_bytes() == b'{"a": 1}'
     assert sorted(p.name for p in target.parent.iterdir()) == ["autotune_configs.json"]
+
+
+@pytest.mark.parametrize("command", ["evict", "merge -o", "locked"])
+def test_a_symlink_at_a_lock_name_is_refused_and_nothing_is_made_at_its_target(
+    run,  # type: ignore[no-untyped-def]
+    tmp_path: Path,
+    command: str,
+) -> None:
+    cache = tmp_path / "c2.json"
+    cache.write_bytes(GEMM_618.read_bytes())
+    victim = tmp_path / "victim"
+    victim.mkdir()
+    (tmp_path / ".c2.json.lock").symlink_to(victim / "new1")  # dangling: O_CREAT would make it
+    if command == "locked":
+        with (
+            pytest.raises(Refused, match=r"lock file \.c2\.json\.lock is a symlink"),
+            files.locked(cache),
+        ):
+            pass
+    else:
+        argv = ["evict", cache, "--tactic", "0"] if command == "evict" else [
+            "merge", GEMM_618, "-o", cache]  # fmt: skip
+        result = run(*argv)
+        assert result.code == 2 and result.err.count("\n") == 1, result.err
+        assert "is a symlink" in result.err
+    assert not (victim / "new1").exists() and list(victim.iterdir()) == []
+    assert cache.read_bytes() == GEMM_618.read_bytes()
