@@ -41,17 +41,24 @@ class Job:
     # a process of its own because FlashInfer <= 0.7.3 keys GEMMs by the size of a workspace that
     # the first cuDNN call grows: tuning must start from the sizes a fresh engine starts with.
     stage: str = "tune"
+    repeat: int = 1  # tune: > 1 keeps each bucket's robust winner over that many rounds (bench.py)
+    bench: dict[str, Any] | None = None  # stage "bench": bench.BenchSettings as JSON
 
     @classmethod
     def from_json(cls, data: dict[str, Any]) -> Job:
         ops = tuple(op_from_json(o) for o in data["ops"])
+        bench = data.get("bench")
         return cls(str(data["mode"]), ops, bool(data.get("tune", True)),
-                   str(data.get("device", "cuda")), str(data.get("stage", "tune")))  # fmt: skip
+                   str(data.get("device", "cuda")), str(data.get("stage", "tune")),
+                   int(data.get("repeat", 1)), dict(bench) if bench else None)  # fmt: skip
 
     def to_json(self) -> dict[str, Any]:
         ops = [op_to_json(o) for o in self.ops]
-        return {"mode": self.mode, "ops": ops, "tune": self.tune, "device": self.device,
-                "stage": self.stage}  # fmt: skip
+        out = {"mode": self.mode, "ops": ops, "tune": self.tune, "device": self.device,
+               "stage": self.stage, "repeat": self.repeat}  # fmt: skip
+        if self.bench is not None:
+            out["bench"] = self.bench
+        return out
 
 
 class Stop(Exception):
@@ -90,6 +97,8 @@ def _run(job: Job, emit: Emit, receive: Receive, adapters: dict[str, Any] | None
     adapters = adapters if adapters is not None else dict(ops_mod.ADAPTERS)
     device = torch.device(job.device)
     cc, name = _device(torch, device)
+    if job.stage == "bench":
+        job = _runnable(job, adapters, cc, device, emit)
     _check(job, adapters, cc, torch, device)
     from flashinfer.autotuner import autotuner as fi_autotuner
 
@@ -101,6 +110,9 @@ def _run(job: Job, emit: Emit, receive: Receive, adapters: dict[str, Any] | None
         return
     emit({"event": "ready", **about})
     answer = receive()
+    if job.stage == "bench" and answer.get("bench"):
+        _bench(job, adapters, device, torch, emit)
+        return
     if "cache" not in answer:
         raise Stop("stopped", "the parent stopped the run before tuning", EXIT_REFUSED)
     cache = str(answer["cache"])
@@ -112,6 +124,12 @@ def _run(job: Job, emit: Emit, receive: Receive, adapters: dict[str, Any] | None
     current = {"i": 0}
     if job.tune:
         _report_buckets(emit, lambda: current["i"])
+    if job.tune and job.repeat > 1:
+        from flashinfer.autotuner import AutoTuner
+
+        from fi_cache.engines.flashinfer.bench import install_repeat
+
+        install_repeat(AutoTuner.get(), job.repeat, emit)
     parent = os.getppid()
     started = time.perf_counter()
     with flashinfer.autotune(job.tune, cache=cache):
@@ -148,6 +166,57 @@ def _run(job: Job, emit: Emit, receive: Receive, adapters: dict[str, Any] | None
     if lookups is not None:
         done.update(hits=lookups.hits, misses=lookups.misses)
     emit(done)
+
+
+def _runnable(job: Job, adapters: dict[str, Any], cc: int, device: Any, emit: Emit) -> Job:
+    """bench: an op this GPU or FlashInfer cannot run is one `op_skipped` line, not a refusal."""
+    keep = []
+    for op in job.ops:
+        adapter = adapters.get(op.op)
+        why = [f"op {op.index}: no tuner for {op.op!r}"] if adapter is None else []
+        if adapter is not None and device.type == "cuda":
+            why = adapter.problems(op, cc)
+        if why:
+            emit({"event": "op_skipped", "op": op.label, "why": "; ".join(why)})
+        else:
+            keep.append(op)
+    return Job(job.mode, tuple(keep), job.tune, job.device, job.stage, job.repeat, job.bench)
+
+
+def _bench(job: Job, adapters: dict[str, Any], device: Any, torch: Any, emit: Emit) -> None:
+    """Time the cached entries the plan's calls reach (bench.py); a call that fails is one
+    `call_failed` line and the run goes on."""
+    from flashinfer.autotuner import AutoTuner
+
+    from fi_cache.engines.flashinfer.bench import BenchSettings, install_bench
+
+    install_bench(AutoTuner.get(), BenchSettings.from_json(job.bench or {}), emit)
+    started = time.perf_counter()
+    n = sum(op.n_calls for op in job.ops)
+    i = 0
+    for op in job.ops:
+        calls = adapters[op.op].calls(op, device, job.mode)
+        while True:
+            try:
+                call = next(calls)
+            except StopIteration:
+                break
+            except Exception as exc:  # the op's inputs or function cannot be made here
+                emit({"event": "op_skipped", "op": op.label, "why": _first_line(exc)})
+                break
+            i += 1
+            emit({"event": "call", "i": i, "n": n, "op": op.label, "backend": call.backend,
+                  "tokens": call.tokens})  # fmt: skip
+            t0 = time.perf_counter()
+            try:
+                call.run()
+                if device.type == "cuda":
+                    torch.cuda.synchronize(device)
+            except Exception as exc:  # this call's entries stay untimed; the others go on
+                emit({"event": "call_failed", "op": call.label, "tokens": call.tokens,
+                      "message": _first_line(exc)})  # fmt: skip
+            emit({"event": "called", "i": i, "seconds": round(time.perf_counter() - t0, 4)})
+    emit({"event": "done", "seconds": round(time.perf_counter() - started, 3)})
 
 
 def _device(torch: Any, device: Any) -> tuple[int, str]:
