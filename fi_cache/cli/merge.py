@@ -36,6 +36,7 @@ def report_json(report: MergeReport) -> dict[str, Any]:
     from fi_cache.maintenance.merge import finalize_conflicts
 
     return {
+        "dry_run": report.dry_run,
         "output": str(report.output),
         "sources": report.sources,
         "entries": report.result.entries,
@@ -88,8 +89,9 @@ def _count(n: int, one: str, many: str) -> str:
 def _summary(report: MergeReport, prefer: str) -> str:
     out = render.display_path(report.output)
     conflicts = len(report.result.conflicts)
+    verb = "would merge" if report.dry_run else "merged"
     return (
-        f"merged {_count(report.sources, 'file', 'files')} into {out}: "
+        f"{verb} {_count(report.sources, 'file', 'files')} into {out}: "
         f"{_count(report.result.entries, 'entry', 'entries')} ({report.new} new), "
         f"{_count(conflicts, 'conflict', 'conflicts')} kept from {prefer}"
     )
@@ -100,6 +102,7 @@ def _summary(report: MergeReport, prefer: str) -> str:
     epilog=render.examples(
         "fi-cache merge autotune_configs_dp0_rank*.json -o autotune_configs.json",
         "fi-cache merge old.json new.json -o merged.json --prefer last",
+        "fi-cache merge a.json b.json -o merged.json --dry-run",
     ),
 )
 @click.argument(
@@ -124,16 +127,39 @@ def _summary(report: MergeReport, prefer: str) -> str:
     show_default=True,
     help="Which file's tactic wins when two disagree (an existing OUT comes first).",
 )
-def merge_command(sources: tuple[Path, ...], output: Path, prefer: str) -> int:
-    """Union of v1 cache files with equal _metadata into OUT; conflicts are reported."""
+@click.option(
+    "--allow-mixed-finalize",
+    is_flag=True,
+    help="Merge MoE GEMM2 entries that disagree in FlashInfer <= 0.6.17 keys (no finalize "
+    "mode in them) anyway: only for files tuned in one finalize mode.",
+)
+@click.option("--dry-run", is_flag=True, help="Show what would be written; write nothing.")
+def merge_command(
+    sources: tuple[Path, ...],
+    output: Path,
+    prefer: str,
+    allow_mixed_finalize: bool,
+    dry_run: bool,
+) -> int:
+    """Union of v1 cache files with equal _metadata into OUT; conflicts are reported.
+
+    Files of FlashInfer <= 0.6.17 tuned in different MoE finalize modes (fused and unfused)
+    are refused (exit 1): their keys cannot say the mode, and the union crashes or runs other
+    kernels; --allow-mixed-finalize merges them anyway.
+    """
     ctx = _ctx()
     from fi_cache.maintenance.merge import merge_into
     from fi_cache.store.files import refuse_destination, through_links
 
-    refuse_destination(output, "cache file")  # named as the user gave it
+    refuse_destination(output, "cache file", parent_must_exist=True)  # named as given
     # an OUT that is a link: its target is read first and written (the link stays)
     report = merge_into(
-        list(sources), through_links(output), cast("Prefer", prefer), store=ctx.store
+        list(sources),
+        through_links(output),
+        cast("Prefer", prefer),
+        store=ctx.store,
+        allow_mixed_finalize=allow_mixed_finalize,
+        dry_run=dry_run,
     )
     if ctx.json:
         render.emit_json(report_json(report))

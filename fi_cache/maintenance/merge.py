@@ -5,11 +5,15 @@ merging them gives one cache a fresh start can load whole.
 
 `merge` is pure (model/union.py); `merge_into` reads the files, holds OUT's lock across
 the whole read-modify-write, and includes an existing OUT as the first source, so concurrent
-merges into one OUT accumulate instead of overwriting each other.
+merges into one OUT accumulate instead of overwriting each other. It refuses (nothing
+written) what would make a cache worse than its sources: a source `fi-cache verify` rejects,
+another environment, and files of FlashInfer <= 0.6.17 tuned in different MoE finalize modes
+(unless allowed). `dry_run` computes the same report and writes nothing, no lock file either.
 """
 
 from __future__ import annotations
 
+import contextlib
 import os
 import stat
 from collections.abc import Sequence
@@ -18,7 +22,7 @@ from pathlib import Path
 
 from fi_cache.caches import inventory
 from fi_cache.caches.discover import classify_file, is_v2_env_dir
-from fi_cache.errors import CorruptCache, Refused
+from fi_cache.errors import CorruptCache, FiCacheError, Refused
 from fi_cache.model import v1, v2
 
 # The pure core lives in model/union.py; these names are merge's API too.
@@ -36,11 +40,12 @@ from fi_cache.model.union import (
 )
 from fi_cache.store.files import DEFAULT_LOCK_TIMEOUT, atomic_write, locked, refuse_destination
 from fi_cache.store.pin import refuse_if_pinned
+from fi_cache.versions import FLASHINFER_FINALIZE_IN_KEY
 
 __all__ = [
     "PREFER_CHOICES", "Conflict", "FinalizeConflicts", "MergeReport", "MergeResult", "Prefer",
     "check_metadata", "finalize_conflicts", "merge", "merge_into", "read_source",
-    "wants_generation",
+    "refuse_mixed_finalize", "wants_generation",
 ]  # fmt: skip
 
 # FlashInfer's own save mode is 0600; a merged file is usually shared between ranks or users.
@@ -59,6 +64,7 @@ class MergeReport:
     sources: int  # SRC files given (an existing OUT is merged too but not counted here)
     new: int  # entries OUT did not have before
     existed: bool  # OUT existed and was merged in as the first source
+    dry_run: bool = False  # nothing was written: what a real merge would write
 
     @property
     def generation(self) -> bool:
@@ -109,30 +115,57 @@ def _read_existing(out: Path) -> tuple[v1.CacheFile, int] | None:
     return cf, stat.S_IMODE(out.stat().st_mode)
 
 
+def refuse_mixed_finalize(result: MergeResult) -> None:
+    """FiCacheError (exit 1) when MoE GEMM2 entries whose keys cannot say their finalize mode
+    (FlashInfer <= 0.6.17) conflict: the sign of a fused and an unfused tune, whose union
+    replays one mode's tactic ids in the other (doctor's stale-gemm2-profile)."""
+    gemm2 = [c for c in result.conflicts if finalize_conflicts([c]).gemm2]
+    if not gemm2:
+        return
+    first = gemm2[0]
+    raise FiCacheError(
+        f"cannot merge {first.kept_from} and {first.dropped_from}: {len(gemm2)} MoE GEMM2 "
+        f"{'entry differs' if len(gemm2) == 1 else 'entries differ'} and their keys "
+        f"(FlashInfer < {FLASHINFER_FINALIZE_IN_KEY}) cannot say their finalize mode: files "
+        "tuned in different MoE finalize modes (fused and unfused), whose union crashes or runs "
+        "other kernels (`Invalid gemm2 profile id`); nothing written: keep each mode in a cache "
+        "of its own, or pass --allow-mixed-finalize if both were tuned in one mode"
+    )
+
+
 def merge_into(
     sources: Sequence[Path],
     out: Path,
     prefer: Prefer = "first",
     timeout: float = DEFAULT_LOCK_TIMEOUT,
     store: Path | None = None,
+    *,
+    allow_mixed_finalize: bool = False,
+    dry_run: bool = False,
 ) -> MergeReport:
     """Merge `sources` into `out` (created, or merged with what it holds). Nothing is written
-    when anything is refused (OUT in a pinned namespace of `store` too); readers of `out` see
-    the old or the new file, never a mix."""
+    when anything is refused (OUT in a pinned namespace of `store` too, a directory that does
+    not exist, finalize modes mixed unless allowed); readers of `out` see the old or the new
+    file, never a mix. `dry_run`: the same report, nothing written, no lock taken."""
     files = [(str(p), read_source(p)) for p in sources]
-    check_metadata(files)  # refuse before creating OUT's directory or lock file
-    refuse_destination(out, "cache file")  # before its lock file is made: nothing written
-    if store is not None:
+    check_metadata(files)  # refuse before creating OUT's lock file
+    # before its lock file is made: nothing written; a typo grows no directory tree (F14)
+    refuse_destination(out, "cache file", parent_must_exist=True)
+    if store is not None and not dry_run:
         refuse_if_pinned(out, store, "merge -o")
-    with locked(out, timeout):
-        if store is not None:
+    with contextlib.nullcontext() if dry_run else locked(out, timeout):
+        if store is not None and not dry_run:
             refuse_if_pinned(out, store, "merge -o")  # pinned while we waited for the lock
         existing = _read_existing(out)
         inputs = files if existing is None else [(str(out), existing[0]), *files]
         result = merge(inputs, prefer)
+        if not allow_mixed_finalize:
+            refuse_mixed_finalize(result)
         # A mode chosen for an existing OUT (FlashInfer's 0600, say) is the owner's to keep.
         mode = DEFAULT_MODE if existing is None else existing[1]
-        data = v1.dumps(result.file).encode()
-        atomic_write(out, data, mode=mode, lock=False)
+        if not dry_run:
+            atomic_write(out, v1.dumps(result.file).encode(), mode=mode, lock=False)
     before = 0 if existing is None else len(existing[0].entries)
-    return MergeReport(out, result, len(sources), result.entries - before, existing is not None)
+    return MergeReport(
+        out, result, len(sources), result.entries - before, existing is not None, dry_run
+    )

@@ -24,17 +24,19 @@ for _command in COMMANDS:
     cli.add_command(_command)  # the lead registers it in fi_cache.cli; idempotent here
 
 MERGE_FIELDS = {
-    "output", "sources", "entries", "new", "conflicts", "generation", "gemm2_finalize_conflicts"
+    "dry_run", "output", "sources", "entries", "new", "conflicts", "generation",
+    "gemm2_finalize_conflicts",
 }  # fmt: skip
 CONFLICT_FIELDS = {"key", "kept", "dropped", "kept_from", "dropped_from"}
 
 
 def test_json_follows_the_contract(run, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
     out = tmp_path / "out.json"
-    r = run("--format", "json", "merge", MOE_617_FUSED, MOE_617_UNFUSED, "-o", out)
+    both = (MOE_617_FUSED, MOE_617_UNFUSED, "-o", out, "--allow-mixed-finalize")
+    r = run("--format", "json", "merge", *both)
     assert r.code == 0, r.err  # conflicts are reported and resolved, not a failure
     doc = r.json()
-    assert set(doc) == MERGE_FIELDS
+    assert set(doc) == MERGE_FIELDS and doc["dry_run"] is False
     assert doc["output"] == str(out) and doc["sources"] == 2
     assert doc["entries"] == doc["new"] == 32 and doc["generation"] is False
     assert doc["conflicts"] and all(set(c) == CONFLICT_FIELDS for c in doc["conflicts"])
@@ -48,8 +50,9 @@ def test_json_follows_the_contract(run, tmp_path: Path) -> None:  # type: ignore
 def test_prefer_last_keeps_the_later_file(run, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
     out = tmp_path / "out.json"
     r = run(
-        "--format", "json", "merge", MOE_617_FUSED, MOE_617_UNFUSED, "-o", out, "--prefer", "last"
-    )
+        "--format", "json", "merge", MOE_617_FUSED, MOE_617_UNFUSED, "-o", out, "--prefer", "last",
+        "--allow-mixed-finalize",
+    )  # fmt: skip
     assert r.code == 0
     assert all(c["kept_from"] == str(MOE_617_UNFUSED) for c in r.json()["conflicts"])
     assert out.read_bytes() == MOE_617_UNFUSED.read_bytes()
@@ -57,7 +60,7 @@ def test_prefer_last_keeps_the_later_file(run, tmp_path: Path) -> None:  # type:
 
 def test_human_output_lists_each_conflict_then_a_summary(run, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
     out = tmp_path / "out.json"
-    r = run("merge", MOE_617_FUSED, MOE_617_UNFUSED, "-o", out)
+    r = run("merge", MOE_617_FUSED, MOE_617_UNFUSED, "-o", out, "--allow-mixed-finalize")
     assert r.code == 0
     *conflicts, summary = r.out.splitlines()
     assert conflicts and all(
@@ -162,13 +165,63 @@ def test_a_full_disk_is_a_storage_failure_naming_out(run, tmp_path: Path, monkey
 def test_fused_and_unfused_gemm2_conflicts_are_named_for_what_they_are(run, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
     """<= 0.6.17 keys do not record the finalize mode: a fused and an unfused file collide on
     every GEMM2 key and agree on GEMM1, and merge says so instead of listing bare conflicts."""
-    r = run("merge", MOE_617_FUSED, MOE_617_UNFUSED, "-o", tmp_path / "out.json")
+    both = (MOE_617_FUSED, MOE_617_UNFUSED, "--allow-mixed-finalize")
+    r = run("merge", *both, "-o", tmp_path / "out.json")
     conflicts = [line for line in r.out.splitlines() if line.startswith("conflict ")]
     [why] = r.err.splitlines()
     assert f"{len(conflicts)} conflicts are MoE GEMM2 entries" in why
     assert "different MoE finalize modes (fused and unfused)" in why
     assert "Invalid gemm2 profile id" in why and "fi-cache serve --deterministic" in why
-    doc = run("--format", "json", "merge", MOE_617_FUSED, MOE_617_UNFUSED, "-o", tmp_path / "j")
+    doc = run("--format", "json", "merge", *both, "-o", tmp_path / "j")
     assert doc.json()["gemm2_finalize_conflicts"] == len(conflicts) == 16
     plain = run("merge", GEMM_617, GEMM_617, "-o", tmp_path / "gemm.json")
     assert plain.err == ""
+
+
+RUN_617 = Path(__file__).parent.parent / "fixtures" / "h200-moe-run" / "0.6.17"
+FUSED_NS, UNFUSED_NS = RUN_617 / "fused-namespace.json", RUN_617 / "unfused-namespace.json"
+
+
+def test_a_fused_and_an_unfused_0617_file_are_not_mixed_unless_asked(run, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+    """Issue 42: the two namespace files a real H200 warm wrote (FlashInfer 0.6.17): merged, the
+    file doctor calls stale-gemm2-profile, the crash the tool exists to prevent."""
+    out = tmp_path / "out.json"
+    r = run("merge", FUSED_NS, UNFUSED_NS, "-o", out)
+    assert r.code == 1 and r.err.count("\n") == 1 and "Traceback" not in r.err, r.err
+    assert str(FUSED_NS) in r.err and str(UNFUSED_NS) in r.err
+    assert "12 MoE GEMM2 entries" in r.err and "finalize modes" in r.err
+    assert "--allow-mixed-finalize" in r.err and "nothing written" in r.err
+    assert not out.exists()
+    out.write_bytes(FUSED_NS.read_bytes())  # into an existing OUT alike: it is a source too
+    r = run("merge", UNFUSED_NS, "-o", out)
+    assert r.code == 1 and out.read_bytes() == FUSED_NS.read_bytes()
+    asked = run("merge", UNFUSED_NS, "-o", out, "--allow-mixed-finalize")
+    assert asked.code == 0 and "finalize modes" in asked.err  # merged, and still warned
+    assert "24 entries (0 new), 15 conflicts kept from first" in asked.out
+
+
+def test_dry_run_says_what_would_be_written_and_writes_nothing(run, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+    out = tmp_path / "out.json"
+    out.write_bytes(GEMM_617.read_bytes())
+    real = tmp_path / "real.json"
+    real.write_bytes(GEMM_617.read_bytes())
+    dry = run("merge", MOE_617_FUSED, "-o", out, "--dry-run")
+    done = run("merge", MOE_617_FUSED, "-o", real)
+    assert dry.code == done.code == 0, dry.err
+    assert dry.out == done.out.replace("merged 1 file into", "would merge 1 file into").replace(
+        str(real), str(out)
+    )
+    assert out.read_bytes() == GEMM_617.read_bytes() and real.read_bytes() != out.read_bytes()
+    assert not (tmp_path / ".out.json.lock").exists()  # no lock taken either
+    j = run("--format", "json", "merge", MOE_617_FUSED, "-o", out, "--dry-run").json()
+    assert j["dry_run"] is True and j["entries"] == 38 + 32 and j["new"] == 32
+    mixed = run("merge", MOE_617_FUSED, MOE_617_UNFUSED, "-o", out, "--dry-run")
+    assert mixed.code == 1 and "--allow-mixed-finalize" in mixed.err  # what the real run does
+
+
+def test_out_in_a_missing_directory_is_refused_as_export_does(run, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+    """Issue 42 F14: merge -o made the missing tree; export -o and plan -o refuse it."""
+    out = tmp_path / "nonexist" / "dir" / "o.json"
+    r = run("merge", GEMM_618, "-o", out)
+    assert r.code == 2 and f"{out.parent}: no such directory" in r.err and r.err.count("\n") == 1
+    assert not (tmp_path / "nonexist").exists()

@@ -77,6 +77,7 @@ def test_halves_of_a_real_file_merge_back_byte_for_byte(fixture: Path, tmp_path:
     text = fixture.read_text()
     a, b = split(load(fixture), 2)
     out = tmp_path / "out" / "autotune_configs.json"
+    out.parent.mkdir()  # merge -o grows no directory tree (issue 42 F14)
     report = merge_into([write(tmp_path / "rank0.json", a), write(tmp_path / "rank1.json", b)], out)
     assert out.read_text() == text  # _generation recomputed for 0.6.18, absent for 0.6.17
     assert ('"_generation"' in text) == report.generation
@@ -241,11 +242,12 @@ def test_metadata_mismatch_writes_nothing(tmp_path: Path) -> None:
 def test_existing_out_is_merged_first(tmp_path: Path) -> None:
     out = tmp_path / "out.json"
     out.write_bytes(MOE_617_FUSED.read_bytes())
-    report = merge_into([MOE_617_UNFUSED], out)  # same keys; GEMM2 tactics differ
+    # same keys; GEMM2 tactics differ (fused and unfused: allowed here, refused by default)
+    report = merge_into([MOE_617_UNFUSED], out, allow_mixed_finalize=True)
     assert report.existed and report.new == 0 and report.result.conflicts
     assert all(c.kept_from == str(out) for c in report.result.conflicts)
     assert out.read_bytes() == MOE_617_FUSED.read_bytes()  # OUT's tactics win with --prefer first
-    merge_into([MOE_617_UNFUSED], out, "last")
+    merge_into([MOE_617_UNFUSED], out, "last", allow_mixed_finalize=True)
     assert out.read_bytes() == MOE_617_UNFUSED.read_bytes()
 
 
@@ -320,6 +322,7 @@ def test_16_concurrent_merges_into_one_out_lose_nothing(tmp_path: Path) -> None:
         write(tmp_path / f"autotune_configs_dp0_rank{i}.json", p) for i, p in enumerate(pieces)
     ]
     out = tmp_path / "merged" / "autotune_configs.json"
+    out.parent.mkdir()
     procs = [cli_merge(tmp_path / "store", src, "-o", out) for src in sources]
     results = [(p.wait(timeout=60), p.stderr.read() if p.stderr else b"") for p in procs]
     assert [code for code, _ in results] == [0] * 16, results
