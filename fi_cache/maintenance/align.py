@@ -20,7 +20,7 @@ from pathlib import Path
 
 from fi_cache.caches import inventory
 from fi_cache.caches.discover import ScanProblem, classify_file
-from fi_cache.errors import Refused
+from fi_cache.errors import Refused, refuse_special
 from fi_cache.model import v1
 from fi_cache.model.union import Conflict
 from fi_cache.ranks.align import Aligned, CannotAlign, align
@@ -51,6 +51,7 @@ class GroupPlan:
 
 
 def _read(path: Path) -> bytes | None:
+    refuse_special(path, "rank file")  # a FIFO at a rank's name: reading it waits forever
     try:
         return path.read_bytes()
     except OSError:

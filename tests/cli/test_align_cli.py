@@ -4,10 +4,12 @@ node's copy, the files vLLM's gate then accepts, what is refused, exit codes."""
 from __future__ import annotations
 
 import json
+import os
+import stat
 from pathlib import Path
 
 from fi_cache.model import v1
-from tests.conftest import GEMM_618, MOE_618_FUSED
+from tests.conftest import GEMM_618, MOE_618_FUSED, no_hang
 
 HASH = "c" * 64
 
@@ -133,3 +135,15 @@ def test_a_deployment_whose_every_rank_file_is_unreadable_is_named(run, tmp_path
     r = run("align", hdir)
     assert r.code == 1 and f"{rank0}: truncated" in r.err and r.err.count("\n") == 1, r.err
     assert len(rank0.read_bytes()) == 100
+
+
+def test_a_fifo_at_a_ranks_name_is_refused_at_once(run, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+    hdir = _deployment(tmp_path, GEMM_618, {"dp1_rank1": 3})
+    fifo = hdir / "autotune_configs_dp0_rank0.json"
+    fifo.unlink()
+    os.mkfifo(fifo)  # rank0 is inferred missing; reading its name used to wait forever
+    for dry in ([], ["--dry-run"]):
+        with no_hang():
+            r = run("align", hdir, *dry)
+        assert r.code == 2 and f"{fifo}: is a FIFO" in r.err and r.err.count("\n") == 1, r.err
+    assert stat.S_ISFIFO(fifo.stat().st_mode)
