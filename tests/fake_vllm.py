@@ -38,7 +38,7 @@ import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 USAGE = "usage: vllm serve [model_tag] [options]  (fake_vllm.py: a test stand-in, not vLLM)"
-ENV_PREFIXES = ("VLLM_", "FLASHINFER_", "FI_CACHE_", "NCCL_")
+ENV_PREFIXES = ("VLLM_", "FLASHINFER_", "FI_CACHE_", "NCCL_", "CUBLAS_", "PYTHONPATH")
 DEFAULT_CACHE = {
     "_metadata": {
         "flashinfer_version": "0.6.18",

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass
+from typing import Literal
 
 from fi_cache.versions.release import V as V  # re-exported, as are the three below
 from fi_cache.versions.release import Version as Version
@@ -387,6 +388,76 @@ MOE_KEY_HAS_RANKS = VersionRange(
     V("0.6.18rc2"), V("0.7.2rc3"),
     "fused_moe/core.py 0.6.18:707-736, 0.7.1:770-799; none in 0.7.2:770-800",
 )  # SGLang passes them: layers/moe/moe_runner/flashinfer_cutlass.py 0.5.21:321-324
+
+
+# --- Unfused MoE finalize on vLLM: how a (vLLM, FlashInfer) pair reaches it -----------------------
+# Three routes, decided by `unfused_route` (docs/serving.md "Deterministic MoE finalize"):
+# - "env": the vLLM reads VLLM_FLASHINFER_MOE_FUSED_FINALIZE (PR #54948 builds; no release yet)
+#   and passes use_fused_finalize= to FlashInfer itself.
+# - "plugin": FlashInfer >= 0.7.4 and a vLLM that passes no use_fused_finalize. FlashInfer 0.7.4's
+#   cutlass_fused_moe takes `use_fused_finalize: Optional[bool] = None` and then runs unfused when
+#   torch.are_deterministic_algorithms_enabled() (flashinfer/fused_moe/core.py 0.7.4:1572,
+#   1811-1812; cutlass_fused_moe_workspace_size alike :1986, 2037-2038), so fi-cache's vLLM general
+#   plugin (fi_cache/engines/vllm/plugin/) turns torch's deterministic algorithms on in every
+#   vLLM process. vLLM's FlashInfer CUTLASS experts call it without the flag
+#   (model_executor/layers/fused_moe/experts/flashinfer_cutlass_moe.py 0.32.0:365-389,
+#   0.33.0:365-389, 0.34.0:372-396; no `use_fused_finalize` outside models/flint in any of the
+#   three). vLLM loads `vllm.general_plugins` in the API server, the engine core and every
+#   worker (v1/worker/worker_base.py 0.32.0:276, 0.33.0:289, 0.34.0:305; v1/engine/core.py
+#   0.32.0:129, 0.34.0:149), only those named in VLLM_PLUGINS when it is set (a plain
+#   comma split: envs.py 0.34.0:1232-1236; plugins/__init__.py 0.32.0-0.34.0:64).
+# - "impossible": FlashInfer < 0.7.4 (`use_fused_finalize: bool = True`, core.py
+#   0.7.2.post1:1309; 0.7.3 not checked), or a vLLM that passes use_fused_finalize but does not
+#   read the variable.
+FLASHINFER_FINALIZE_FOLLOWS_TORCH = V("0.7.4")
+# Releases whose flashinfer_cutlass_moe.py was read: none passes use_fused_finalize.
+VLLM_NO_FINALIZE_ARG_CHECKED = frozenset({V("0.32.0"), V("0.33.0"), V("0.34.0")})
+# The file that calls FlashInfer's CUTLASS MoE (fused_moe/experts/ from 0.32), read at launch.
+VLLM_CUTLASS_MOE_FILE = "flashinfer_cutlass_moe.py"
+VLLM_CUTLASS_MOE_DIR = "vllm/model_executor/layers/fused_moe"
+FINALIZE_ARG = "use_fused_finalize"
+# fi-cache's plugin: its entry point name (what VLLM_PLUGINS must name) and its switch.
+PLUGIN_NAME = "fi_cache_deterministic"
+PLUGIN_ENV = "FI_CACHE_DETERMINISTIC"  # "1": warn-only; "strict": torch raises
+# torch refuses deterministic cuBLAS without it (torch docs, use_deterministic_algorithms).
+CUBLAS_WORKSPACE_ENV = "CUBLAS_WORKSPACE_CONFIG"
+CUBLAS_WORKSPACE_DEFAULT = ":4096:8"
+
+UnfusedRoute = Literal["env", "plugin", "impossible"]
+
+
+def unfused_route(
+    reads_env: bool | None, flashinfer: str | None, passes_arg: bool | None
+) -> tuple[UnfusedRoute | None, str]:
+    """How a vLLM start reaches unfused finalize, and why; None: cannot tell. `reads_env`: its
+    envs.py names VLLM_FLASHINFER_MOE_FUSED_FINALIZE; `passes_arg`: its CUTLASS MoE call passes
+    use_fused_finalize (None: not known)."""
+    if reads_env:
+        return "env", f"vLLM reads {VLLM_FINALIZE_ENV}"
+    # Not knowing whether it reads the variable, a vLLM the plugin cannot reach may still.
+    out: UnfusedRoute | None = "impossible" if reads_env is False else None
+    if passes_arg:
+        return out, f"this vLLM passes {FINALIZE_ARG} to FlashInfer itself"
+    fi = parse_version(flashinfer)
+    if fi is None:
+        return None, "no FlashInfer version to judge"
+    if fi < FLASHINFER_FINALIZE_FOLLOWS_TORCH:
+        return out, (
+            f"FlashInfer {fi} runs fused finalize whatever torch's deterministic mode "
+            f"(FlashInfer {FLASHINFER_FINALIZE_FOLLOWS_TORCH} follows it)"
+        )
+    if passes_arg is None:
+        return None, f"cannot read this vLLM's {VLLM_CUTLASS_MOE_FILE}"
+    return "plugin", (
+        f"FlashInfer {fi} runs unfused finalize under torch's deterministic algorithms, which "
+        "fi-cache's vLLM plugin turns on"
+    )
+
+
+def vllm_passes_finalize_arg(version: str | None) -> bool | None:
+    """From the table alone (no vLLM to read): False for the releases checked, else None."""
+    v = parse_version(version)
+    return False if v in VLLM_NO_FINALIZE_ARG_CHECKED else None
 
 
 from fi_cache.versions.sglang import *  # noqa: E402, F403  (one import path for every fact)

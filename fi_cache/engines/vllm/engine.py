@@ -24,7 +24,6 @@ from fi_cache.errors import Refused
 from fi_cache.versions import (
     VLLM_CACHE_DIR_ENV,
     VLLM_DISABLE_AUTOTUNE_FLAG,
-    VLLM_FINALIZE_ENV,
     VLLM_PERSISTENT_CACHE,
     parse_version,
 )
@@ -116,22 +115,15 @@ class Vllm(ServerEngine):
         return Target(Namespace(env.fingerprint, mode), env, env.vllm.version, path, argv, notes)
 
     def mode_problem(self, target: Target, verb: str) -> ModeProblem | None:
-        """The unfused path on a vLLM that would silently ignore it."""
-        if target.ns.finalize != "unfused":
-            return None
-        info = target.env.vllm
-        if info.supports_finalize_env is False:
-            return ModeProblem(
-                refusal=f"vLLM {info.version} does not read {VLLM_FINALIZE_ENV} "
-                f"({info.envs_path}): it would {verb} with fused (non-deterministic) finalize; "
-                f"{launch.ALTERNATIVES}"
-            )
-        if info.supports_finalize_env is None:
-            return ModeProblem(
-                warning="cannot inspect the vLLM package from here; make sure it supports "
-                f"{VLLM_FINALIZE_ENV}, or the unfused namespace gets fused tactics"
-            )
-        return None
+        """The unfused path on a vLLM that would silently ignore it (engines/vllm/deterministic.py:
+        the variable, fi-cache's plugin, or refused)."""
+        from fi_cache.engines.vllm import deterministic
+
+        try:
+            uses_ray = args.parse_serve_args(target.argv).uses_ray
+        except Refused:
+            uses_ray = False  # bind refuses these arguments, after this
+        return deterministic.mode_problem(target, verb, uses_ray)
 
     def announce(self, target: Target, ns_dir: Path, environ: Mapping[str, str]) -> list[str]:
         """A namespace named by undetected fields (shared with every machine whose detection
@@ -159,8 +151,10 @@ class Vllm(ServerEngine):
         return Run(target, parsed, launcher, nothing_to_tune(target.env, parsed))
 
     def checked_against(self, run: Run) -> Versions:
-        info = run.env.vllm
-        return Versions(vllm=info.version, supports_finalize=info.supports_finalize_env)
+        from fi_cache.engines.vllm.deterministic import passes_mode_on
+
+        supports = passes_mode_on(run.env, run.ns.finalize)  # the plugin route passes it on
+        return Versions(vllm=run.env.vllm.version, supports_finalize=supports)
 
     def read_only_problem(self, run: Run) -> str | None:
         return layout.read_only_problem(run.env.vllm.version, run.args)
@@ -173,10 +167,15 @@ class Vllm(ServerEngine):
             from fi_cache.store.files import ensure_dir
 
             ensure_dir(root)
+        from fi_cache.engines.vllm import deterministic
+
         info = run.env.vllm
-        return launch.launch_env(
+        env = launch.launch_env(
             dict(environ), root, run.ns.finalize, run.args.uses_ray, info.supports_finalize_env
         )
+        if run.ns.finalize == "unfused" and deterministic.route(run.env)[0] == "plugin":
+            return launch.plugin_env(env, run.args.uses_ray)
+        return env
 
     def command(self, run: Run, port: int | None = None) -> list[str]:
         # Warming never needs outside traffic: listen on loopback, on our port (last flag wins).
@@ -185,7 +184,9 @@ class Vllm(ServerEngine):
         return cmd
 
     def identity(self, run: Run) -> Identity:
-        return Identity(run.env.vllm.version, run.env.vllm.supports_finalize_env)
+        from fi_cache.engines.vllm.deterministic import passes_mode_on
+
+        return Identity(run.env.vllm.version, passes_mode_on(run.env, run.ns.finalize))
 
     def same_model(self, run: Run, argv: Sequence[str]) -> bool:
         try:

@@ -6,6 +6,7 @@ pattern: a new session, `GET /health` until 200, the group stopped SIGINT, SIGTE
 
 from __future__ import annotations
 
+import os
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -14,17 +15,28 @@ from typing import TYPE_CHECKING
 from fi_cache.engines.scripts import interpreter, resolve_launcher
 from fi_cache.engines.vllm.args import API_SERVER_MODULE, with_model_flag
 from fi_cache.errors import Refused
-from fi_cache.versions import VLLM_CACHE_DIR_ENV, VLLM_FINALIZE_ENV
+from fi_cache.versions import (
+    CUBLAS_WORKSPACE_DEFAULT,
+    CUBLAS_WORKSPACE_ENV,
+    PLUGIN_ENV,
+    PLUGIN_NAME,
+    VLLM_CACHE_DIR_ENV,
+    VLLM_FINALIZE_ENV,
+)
 
 if TYPE_CHECKING:
     from fi_cache.store.namespace import FinalizeMode
 
 VLLM_ENV = "FI_CACHE_VLLM"
 RAY_PREFIXES_ENV = "VLLM_RAY_EXTRA_ENV_VAR_PREFIXES_TO_COPY"
+PLUGINS_ENV = "VLLM_PLUGINS"  # vLLM loads only the plugins it names, when set
+# The module and dist-info vLLM's Python finds fi-cache's plugin by (engines/vllm/plugin/).
+PLUGIN_DIR = Path(__file__).parent / "plugin"
 
 ALTERNATIVES = (
     "alternatives: VLLM_BATCH_INVARIANT=1 (vLLM 0.19+; keeps MoE off FlashInfer kernels), "
-    "or --moe-backend triton; or a vLLM with PR #54948 (VLLM_FLASHINFER_MOE_FUSED_FINALIZE)"
+    "or --moe-backend triton; or FlashInfer >= 0.7.4 (fi-cache's vLLM plugin); or a vLLM with "
+    "PR #54948 (VLLM_FLASHINFER_MOE_FUSED_FINALIZE)"
 )
 
 
@@ -125,3 +137,52 @@ def vllm_python(explicit: str | None) -> str | None:
         return find_launcher(explicit).python
     except Refused:
         return None
+
+
+# --- Unfused finalize through fi-cache's vLLM plugin (versions: unfused_route "plugin") ---------
+
+
+def _with_prefixes(env: dict[str, str], wanted: Sequence[str]) -> None:
+    """Ray copies only variables with these prefixes to its workers (VLLM_, NCCL_, HF_... own)."""
+    prefixes = [p for p in env.get(RAY_PREFIXES_ENV, "").split(",") if p]
+    prefixes += [w for w in wanted if w not in prefixes]
+    env[RAY_PREFIXES_ENV] = ",".join(prefixes)
+
+
+def plugin_env(base: Mapping[str, str], uses_ray: bool) -> dict[str, str]:
+    """`base` with fi-cache's plugin switched on in every vLLM process: its switch (the user's
+    "strict" kept), cuBLAS's deterministic workspace unless the user chose one, the plugin named
+    in the user's VLLM_PLUGINS, and its directory first on PYTHONPATH (vLLM's Python finds the
+    entry point there whether or not fi-cache is installed in it; if it is, both entry points
+    carry one name and vLLM calls one)."""
+    env = dict(base)
+    if env.get(PLUGIN_ENV, "") in ("", "0"):
+        env[PLUGIN_ENV] = "1"
+    env.setdefault(CUBLAS_WORKSPACE_ENV, CUBLAS_WORKSPACE_DEFAULT)
+    allowed = env.get(PLUGINS_ENV)
+    if allowed is not None and PLUGIN_NAME not in allowed.split(","):
+        env[PLUGINS_ENV] = f"{allowed},{PLUGIN_NAME}" if allowed else PLUGIN_NAME
+    path = env.get("PYTHONPATH", "")
+    if str(PLUGIN_DIR) not in path.split(os.pathsep):
+        env["PYTHONPATH"] = f"{PLUGIN_DIR}{os.pathsep}{path}" if path else str(PLUGIN_DIR)
+    if uses_ray:
+        _with_prefixes(env, ("FI_CACHE_", "CUBLAS_"))
+    return env
+
+
+def plugin_notes(environ: Mapping[str, str], uses_ray: bool) -> list[str]:
+    """What the plugin route changes that the user set or chose, said before vLLM starts."""
+    notes = []
+    allowed = environ.get(PLUGINS_ENV)
+    if allowed is not None and PLUGIN_NAME not in allowed.split(","):
+        notes.append(
+            f"{PLUGINS_ENV}={allowed} in the environment: fi-cache adds {PLUGIN_NAME}, the "
+            "plugin that turns unfused finalize on"
+        )
+    if uses_ray:
+        notes.append(
+            "Ray workers start without fi-cache's PYTHONPATH: on every node, install fi-cache "
+            "in vLLM's Python (`PYTHON -m pip install fi-cache`), or its workers run fused "
+            "finalize"
+        )
+    return notes
