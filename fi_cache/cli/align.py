@@ -99,8 +99,9 @@ def align_command(paths: tuple[Path, ...], dry_run: bool) -> int:
     vLLM 0.32+ loads its cache only when every rank's file has equal _metadata and entry count,
     else every rank re-tunes; SGLang 0.5.19+ deletes all of them when its TP ranks' files
     differ. PATHs are hash dirs (several: one per node's copy; an empty one is filled). A rank
-    that lacks its own MoE entries, or ranks from another environment, are refused (exit 1)
-    and left as they are.
+    that lacks its own MoE entries, ranks from another environment, and a rank file that
+    cannot be read or that `fi-cache verify` rejects are refused (exit 1) and left as they are.
+    Every file is staged before any is replaced: a full disk replaces none.
     """
     ctx = _ctx()
     from fi_cache.maintenance.align import apply, plan
