@@ -377,8 +377,54 @@ REMOVED_ENV_EXACT = frozenset(
     }
 )
 REMOVED_ENV_PREFIX = "VLLM_USE_FLASHINFER_MOE_MXFP4"
-# Newest vLLM release checked for VLLM_FLASHINFER_MOE_FUSED_FINALIZE (absent in every one so far).
-VLLM_NEWEST_CHECKED = V("0.33.0")
+# Newest vLLM release checked for VLLM_FLASHINFER_MOE_FUSED_FINALIZE (absent in every one so far)
+# and for every vLLM fact of this table (0.34.0 re-read in its wheel: the block below).
+VLLM_NEWEST_CHECKED = V("0.34.0")
+
+# --- vLLM 0.34 (read in the 0.33.0 and 0.34.0 wheels; tests/engines/vllm/test_vllm_034.py) ------
+# Unchanged 0.33 -> 0.34, function source byte-identical: the v1/v2 choice
+# (flashinfer_autotune_cache.py 0.34:78-110 use_flashinfer_autotune_v2), the rank file names
+# (:56-75), sync_flashinfer_autotune_cache (:125) and the gate (kernel_warmup.py 0.34:494-532).
+# Changed: the hash dir. 0.34 hashes vLLM's compile factors with vLLM's own hash_factors, the
+# sha256 of their sorted JSON (flashinfer_autotune_cache.py 0.34:32-37, config/utils.py
+# 0.34:416-418); 0.33 took the sha256 of compute_hash()'s 10-char md5 (0.33:32-38). Every hash
+# dir of 0.33 is another dir on 0.34; fi-cache's prediction runs the release's own function.
+VLLM_HASH_FROM_FACTORS = V("0.34.0")
+# Both hash the source text of the IR-op implementations the default priority lists name
+# (IrOpPriorityConfig "_impls": config/kernel.py 0.34:40-64, IrOpImpl.uuid = hash of
+# inspect.getfile(impl) ir/op.py 0.34:627-638; CUDA's lists platforms/cuda.py 0.34:753-775,
+# 0.33:712-734: vllm_c and native, oink first for rms norms under VLLM_USE_OINK_OPS, triton and
+# native for gelu_and_mul_sparse). The files, relative to vLLM's site dir (0.32-0.34):
+VLLM_IR_PROVIDER_FILES: tuple[str, ...] = (
+    "vllm/ir/ops/activation.py",  # native gelu_and_mul_sparse
+    "vllm/ir/ops/layernorm.py",  # native rms_norm, fused_add_rms_norm
+    "vllm/kernels/oink_ops.py",
+    "vllm/kernels/triton/activation.py",
+    "vllm/kernels/vllm_c.py",
+)
+# The GPU worker sets cache_config.block_size from its attention backends before the hash
+# (unless --block-size is given; for hybrid models always: mamba page alignment), and
+# block_size is hashed (config/cache.py 0.34:418-461 does not ignore it):
+# update_block_size_for_backend (platforms/interface.py 0.34:759-797, called by
+# v1/executor/multiproc_executor.py 0.34:835-836, 0.33:801-802).
+VLLM_BLOCK_SIZE_BY_WORKER = V("0.33.0")
+# What is tuned, outside the hash: VLLM_FLASHINFER_AUTOTUNE_SKIP_OPS (envs.py 0.34:1910-1917;
+# set: exactly those ops skipped, empty: none) else the defaults of _flashinfer_autotune_skip_ops
+# (kernel_warmup.py 0.34:398-419): 0.34's extensible KV cache (on unless unsupported:
+# config/vllm.py 0.34:3190-3254; --[no-]enable-extensible-kv-cache) skips
+# trtllm_batch_decode_mla (:406-410) and is not hashed (config/cache.py 0.34:458).
+VLLM_SKIP_OPS_ENV = "VLLM_FLASHINFER_AUTOTUNE_SKIP_OPS"
+VLLM_SKIP_OPS = V("0.33.0")
+VLLM_EXTENSIBLE_KV = V("0.34.0")
+VLLM_EXTENSIBLE_KV_SKIPS = "trtllm_batch_decode_mla"
+# 0.34 moved the GPU model runner: vllm/v1/worker/gpu_model_runner.py is gone, the runner is
+# vllm/v1/worker/gpu/model_runner.py (flashinfer_autotune_cache.py 0.34:18).
+VLLM_GPU_RUNNER_MOVED = V("0.34.0")
+# 0.34 pins FlashInfer exactly (METADATA Requires-Dist: flashinfer-python==0.7.3; 0.33:
+# ==0.7.2.post1); PyPI has 0.7.2.post1 and 0.7.4 but no 0.7.3, so `pip install vllm==0.34.0`
+# cannot resolve and every 0.34 runs a FlashInfer other than its pin.
+VLLM_FLASHINFER_PINS: dict[Version, str] = {V("0.33.0"): "0.7.2.post1", V("0.34.0"): "0.7.3"}
+FLASHINFER_NOT_ON_PYPI = frozenset({"0.7.3"})
 
 # MoE keys carry tp_rank, ep_rank and cluster_rank (MoERunner.get_cache_key_extras, 20 fields:
 # fused_moe/core.py 0.6.18:707-736, 0.7.1:770-799) until 0.7.2rc3 dropped them (17 fields,

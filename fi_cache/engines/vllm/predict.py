@@ -21,6 +21,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from fi_cache.errors import FiCacheError, Refused, read_regular
+from fi_cache.versions import VLLM_IR_PROVIDER_FILES
 
 CHILD = Path(__file__).with_name("predict_child.py")
 # What vLLM (envs.py) and FlashInfer (jit/env.py) read to place the file.
@@ -82,7 +83,27 @@ def cache_key(
     # an answer for VLLM_FLASHINFER_MOE_FUSED_FINALIZE=1 is not one for =0.
     parts += sorted(f"{k}={v}" for k, v in env.items() if k.startswith(_HASH_ENV_PREFIXES))
     parts += named_contents(argv, env)
+    parts += hashed_sources(site)
     return hashlib.sha256("\0".join(parts).encode()).hexdigest()[:24]
+
+
+_SOURCE_LIMIT = 8 << 20  # a kernel's Python source; more is not one
+
+
+def hashed_sources(site: str | None) -> list[str]:
+    """A digest of each IR-op provider file vLLM hashes by its text (versions.
+    VLLM_IR_PROVIDER_FILES): a patched kernel is another hash dir under the same dist-info."""
+    if not site:
+        return []
+    out = []
+    for rel in VLLM_IR_PROVIDER_FILES:
+        try:
+            data = read_regular(os.path.join(site, rel), "vLLM source file", _SOURCE_LIMIT)
+        except (Refused, OSError):
+            out.append(f"{rel}:absent")  # a release without it, or removed: not the same
+        else:
+            out.append(f"{rel}:{hashlib.sha256(data).hexdigest()}")
+    return out
 
 
 def installed(site: str | None) -> list[str]:

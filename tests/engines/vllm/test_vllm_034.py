@@ -3,11 +3,28 @@
 
 from __future__ import annotations
 
+import ast
+import json
+import re
+import zipfile
+from pathlib import Path
+
 import pytest
 
+from fi_cache.engines.vllm import predict as predict_module
 from fi_cache.engines.vllm.args import _is_bool_flag, parse_serve_args
+from fi_cache.engines.vllm.predict import predict
+from fi_cache.versions import (
+    VLLM_EXTENSIBLE_KV_SKIPS,
+    VLLM_FINALIZE_ENV,
+    VLLM_FLASHINFER_PINS,
+    VLLM_IR_PROVIDER_FILES,
+    VLLM_NEWEST_CHECKED,
+    VLLM_SKIP_OPS_ENV,
+    V,
+)
 from tests.engines.vllm.serve_flags import serve_flags
-from tests.vllm_wheels import RELEASES, need
+from tests.vllm_wheels import RELEASES, module_text, need, unpacked, vllm_wheel
 
 
 @pytest.mark.parametrize("version", RELEASES)
@@ -33,3 +50,150 @@ def test_a_034_flag_before_tp_keeps_tp(flag: str) -> None:
     assert (args.model, args.tp, args.world_size) == ("Qwen/Qwen3-8B", 2, 2)
     args = parse_serve_args([flag, "Qwen/Qwen3-8B", "-tp", "2"])
     assert (args.model, args.tp) == ("Qwen/Qwen3-8B", 2)
+
+
+def test_a_saved_answer_is_not_reused_after_an_edit_to_a_hashed_ir_op_provider(
+    tmp_path: Path,
+) -> None:
+    """vLLM hashes the source of the IR-op implementations its priority lists name (a patched
+    vllm_c.py is another hash dir, with the same dist-info): the saved answer is not reused
+    (a STAND-IN child: it counts the asks)."""
+    asks, child, site = tmp_path / "asks", tmp_path / "python", tmp_path / "site"
+    answer = {"vllm_version": "0.34.0", "hash": "a" * 64, "dir": str(tmp_path), "files": [],
+              "root_from": "VLLM_CACHE_ROOT"}  # fmt: skip
+    child.write_text(f"#!/bin/sh\necho x >> {asks}\necho '{json.dumps(answer)}'\n")
+    child.chmod(0o755)
+    state = tmp_path / "state"
+    (site / "vllm-0.34.0.dist-info").mkdir(parents=True)
+    for rel in VLLM_IR_PROVIDER_FILES:
+        (site / rel).parent.mkdir(parents=True, exist_ok=True)
+        (site / rel).write_text("def rms_norm(x): ...\n")
+
+    def ask() -> int:
+        predict(str(child), "0.34.0", ["m"], {}, state, site=str(site))
+        return len(asks.read_text().splitlines())
+
+    assert ask() == 1 and ask() == 1
+    (site / "vllm/kernels/vllm_c.py").write_text("def rms_norm(x): return x\n")
+    assert ask() == 2 and ask() == 2
+    (site / "vllm/ir/ops/activation.py").unlink()
+    assert ask() == 3
+
+
+@pytest.mark.parametrize("version", RELEASES)
+def test_the_ir_op_provider_files_are_those_cudas_priority_lists_name(version: str) -> None:
+    """The providers named in CUDA's default IR-op priority lists (platforms/cuda.py
+    get_default_ir_op_priority) and the file of each op's implementation by that provider
+    (`register_impl("<provider>")` in vllm/kernels, `@register_op` for native): those whose
+    text vLLM hashes, so those whose text fi-cache keys its saved answer on."""
+    need(version)
+    root = unpacked(version)
+    cuda = ast.parse((root / "vllm/platforms/cuda.py").read_text())
+    method = next(
+        n for n in ast.walk(cuda)
+        if isinstance(n, ast.FunctionDef) and n.name == "get_default_ir_op_priority"
+    )  # fmt: skip
+    providers = {
+        c.value
+        for c in ast.walk(method)
+        if isinstance(c, ast.Constant) and isinstance(c.value, str)
+    } & {"native", "vllm_c", "oink", "triton", "aiter", "unfused"}
+    assert providers == {"native", "vllm_c", "oink", "triton"}
+    files = set()
+    for path in (root / "vllm").rglob("*.py"):
+        text = path.read_text()
+        rel = str(path.relative_to(root))
+        if rel.startswith("vllm/ir/ops/") and "@register_op" in text:
+            files.add(rel)  # the native implementation is the op's own function
+        for provider in providers - {"native"}:
+            if re.search(rf"\.register_impl\(\s*\"{provider}\"", text):
+                files.add(rel)
+    assert files == set(VLLM_IR_PROVIDER_FILES)
+
+
+def _function(version: str, module: str, name: str) -> ast.FunctionDef:
+    text = module_text(version, module)
+    return next(
+        n for n in ast.walk(ast.parse(text)) if isinstance(n, ast.FunctionDef) and n.name == name
+    )
+
+
+def _source(version: str, module: str, name: str) -> str:
+    return ast.get_source_segment(module_text(version, module), _function(version, module, name))
+
+
+_FAC = "vllm/model_executor/warmup/flashinfer_autotune_cache.py"
+_WARMUP = "vllm/model_executor/warmup/kernel_warmup.py"
+
+
+@pytest.mark.parametrize(
+    "module, name",
+    [
+        (_FAC, "use_flashinfer_autotune_v2"),  # v1 or v2
+        (_FAC, "flashinfer_autotune_filename"),  # the rank file names
+        (_FAC, "resolve_rank_flashinfer_autotune_file"),
+        (_FAC, "flashinfer_autotune_root"),
+        (_FAC, "resolve_flashinfer_autotune_v2_root"),
+        (_FAC, "sync_flashinfer_autotune_cache"),
+        (_WARMUP, "_autotune_cache_fingerprint"),  # the gate
+        (_WARMUP, "_all_ranks_have_matching_cache"),
+        (_WARMUP, "_load_shared_autotune_cache"),
+    ],
+)
+def test_what_fi_cache_models_of_033_is_034s_code_byte_for_byte(module: str, name: str) -> None:
+    need("0.33.0")
+    need("0.34.0")
+    assert _source("0.33.0", module, name) == _source("0.34.0", module, name)
+
+
+@pytest.mark.parametrize("version", RELEASES)
+def test_the_prediction_runs_vllms_own_hash_with_all_it_reads(version: str) -> None:
+    """predict_child.py passes vLLM's `flashinfer_autotune_cache_hash` a stand-in runner that
+    holds only `vllm_config`: the function reads nothing else of it, so the child computes the
+    release's own hash, 0.34's from the compile factors and 0.33's from compute_hash."""
+    need(version)
+    fn = _function(version, _FAC, "flashinfer_autotune_cache_hash")
+    runner = fn.args.args[0].arg
+    read = {
+        n.attr
+        for n in ast.walk(fn)
+        if isinstance(n, ast.Attribute) and isinstance(n.value, ast.Name) and n.value.id == runner
+    }
+    assert read == {"vllm_config"}
+    body = ast.unparse(fn)
+    if version == "0.34.0":
+        assert "hash_factors(vllm_config.compile_factors(include_version=False))" in body
+    else:
+        assert "compute_hash(include_version=False)" in body and "hash_factors" not in body
+    child = Path(predict_module.CHILD).read_text()
+    assert "fac.flashinfer_autotune_cache_hash(types.SimpleNamespace(vllm_config=cfg))" in child
+
+
+def test_034_names_no_finalize_variable_and_pins_a_flashinfer_pypi_lacks() -> None:
+    """VLLM_NEWEST_CHECKED is 0.34.0: its code reads no VLLM_FLASHINFER_MOE_FUSED_FINALIZE, and
+    its METADATA pins the FlashInfer of VLLM_FLASHINFER_PINS."""
+    need("0.34.0")
+    assert V("0.34.0") == VLLM_NEWEST_CHECKED
+    with zipfile.ZipFile(vllm_wheel("0.34.0")) as z:
+        py = [n for n in z.namelist() if n.endswith(".py")]
+        assert not any(VLLM_FINALIZE_ENV.encode() in z.read(n) for n in py)
+        assert "vllm/v1/worker/gpu_model_runner.py" not in py
+        assert "vllm/v1/worker/gpu/model_runner.py" in py
+    for version, pin in VLLM_FLASHINFER_PINS.items():
+        need(str(version))
+        metadata = module_text(str(version), f"vllm-{version}.dist-info/METADATA")
+        assert f"Requires-Dist: flashinfer-python=={pin}\n" in metadata
+
+
+def test_034s_extensible_kv_cache_skips_an_op_its_hash_does_not_see() -> None:
+    need("0.33.0")
+    need("0.34.0")
+    skips = ast.unparse(_function("0.34.0", _WARMUP, "_flashinfer_autotune_skip_ops"))
+    assert f"envs.{VLLM_SKIP_OPS_ENV}" in skips
+    assert (
+        f"enable_extensible_kv_cache:\n        skip_ops.add('{VLLM_EXTENSIBLE_KV_SKIPS}')" in skips
+    )
+    ignored = ast.unparse(_function("0.34.0", "vllm/config/cache.py", "compile_factors"))
+    assert "'enable_extensible_kv_cache'" in ignored and "'block_size'" not in ignored
+    assert "enable_extensible_kv_cache" not in module_text("0.33.0", "vllm/config/cache.py")
+    assert VLLM_SKIP_OPS_ENV in module_text("0.33.0", "vllm/envs.py")
