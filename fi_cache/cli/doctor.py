@@ -115,6 +115,12 @@ def doctor_command(
         flashinfer_version, vllm_version, finalize, gpu, sglang_version, sglang_argv
     )
     target = make_target(env, overrides, environ)
+    from fi_cache.tier.keys import split_args
+
+    if tier_args := split_args(paths)[0]:  # mooncake://KEY: vLLM 0.34's fleet tier
+        from fi_cache.cli import tier
+
+        return tier.doctor(tier_args, target, only, strict, fix, dry_run)
     if sglang_version is not None:
         location, why = None, ""  # SGLang is never asked: no CPU build to ask
     else:

@@ -45,7 +45,13 @@ def evict_command(
     re-tunes only what went. Give a hash dir to treat every rank of a deployment alike.
     """
     from fi_cache.maintenance.evict import Selector, apply, plan
+    from fi_cache.tier.keys import split_args
 
+    if tier_args := split_args(paths)[0]:  # mooncake://KEY: remove whole tables from the tier
+        from fi_cache.cli import tier
+
+        given = (op, bucket, runner, tactic) != (None, None, None, None)
+        return tier.evict(tier_args, dry_run, given)
     store = _ctx().store
     selector = Selector(op, bucket, runner, tactic)
     plans = plan(paths, selector, store) if dry_run else apply(paths, selector, store)

@@ -119,6 +119,12 @@ def _problem_json(p: ScanProblem) -> dict[str, str]:
 def ls_command(paths: tuple[Path, ...], no_store: bool, long_: bool, paths_only: bool) -> int:
     """List caches in the store, FlashInfer's v2 root, vLLM's default cache dir
     ($VLLM_CACHE_ROOT/flashinfer_autotune_cache) and PATHS (files, vLLM roots, v2 stores)."""
+    from fi_cache.tier.keys import split_args
+
+    if tier_args := split_args(paths)[0]:  # mooncake://KEY: vLLM 0.34's fleet tier
+        from fi_cache.cli import tier
+
+        return tier.ls(tier_args, long_, paths_only)
     ctx = _ctx()
     inv = _scan(paths, include_store=not no_store)
     rows = [summary(c, ctx.store) for c in inv.caches]

@@ -101,6 +101,12 @@ def _role_note(role: str) -> str:
 @click.option("--op", "op_filter", default=None, help="Only entries of this op (substring).")
 def show_command(path: Path, op_filter: str | None) -> int:
     """Decode one cache: metadata, entries by op with shapes and tactics, MoE extras by name."""
+    from fi_cache.tier.keys import is_tier_arg
+
+    if is_tier_arg(path):  # mooncake://KEY: vLLM 0.34's fleet tier
+        from fi_cache.cli import tier
+
+        return tier.show(path, op_filter)
     ctx = _ctx()
     caches = _load(path)
     if len(caches) > 1:
@@ -243,12 +249,12 @@ def _show_ranks(caches: list[Cache], op_filter: str | None) -> int:
     return 0
 
 
-def _show_human(cache: Cache, entries: list[dict[str, Any]]) -> None:
+def _show_human(cache: Cache, entries: list[dict[str, Any]], label: str | None = None) -> None:
     from fi_cache.model import keys as keymod
 
+    where = label or render.display_path(cache.path)  # label: a tier key (mooncake://)
     click.echo(
-        f"{render.display_path(cache.path)}  ({cache.found.format}, {len(entries)} entries, "
-        f"{render.human_size(cache.size)})"
+        f"{where}  ({cache.found.format}, {len(entries)} entries, {render.human_size(cache.size)})"
     )
     if cache.role is not None:
         from fi_cache.caches.discover import ROLE_NOTES

@@ -33,7 +33,12 @@ def verify_command(paths: tuple[Path, ...]) -> int:
     Without PATHS, every cache in the store."""
     from fi_cache.caches.inventory import scan
     from fi_cache.store.namespace import NAMESPACES_DIR
+    from fi_cache.tier.keys import split_args
 
+    if tier_args := split_args(paths)[0]:  # mooncake://KEY: vLLM 0.34's fleet tier
+        from fi_cache.cli import tier
+
+        return tier.verify(tier_args)
     ctx = _ctx()
     if paths:
         inv = scan(paths)

@@ -1,0 +1,245 @@
+"""`mooncake://KEY` arguments of ls, show, verify, doctor and evict: vLLM 0.34's fleet tier
+(fi_cache/tier/), read through one Mooncake client per command. The commands route here at
+their top; a command takes keys or paths, not both."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterator
+from contextlib import contextmanager
+from typing import TYPE_CHECKING, Any
+
+import click
+
+from fi_cache.cli import render
+from fi_cache.errors import EXIT_PROBLEM, EXIT_REFUSED, Refused
+
+if TYPE_CHECKING:
+    from fi_cache.caches.inventory import Cache
+    from fi_cache.doctor.findings import Finding
+    from fi_cache.doctor.inputs import Target
+    from fi_cache.tier.keys import TierArg
+    from fi_cache.tier.mooncake import TierClient
+    from fi_cache.tier.read import TierInventory
+
+
+def _ctx() -> Any:
+    return click.get_current_context().obj
+
+
+@contextmanager
+def _client() -> Iterator[TierClient]:
+    from fi_cache.tier.mooncake import TierClient
+    from fi_cache.tier.read import max_value_bytes
+
+    environ = dict(os.environ)
+    with TierClient.connect(environ, max_value_bytes(environ)) as client:
+        yield client
+
+
+def _read(args: list[TierArg]) -> TierInventory:
+    from fi_cache.tier.read import max_value_bytes, read
+
+    with _client() as client:
+        return read(client, args, max_value_bytes(dict(os.environ)))
+
+
+def _report(inv: TierInventory) -> int:
+    """Each unreadable key and each argument with no table under it, one line each."""
+    code = 0
+    for p in inv.problems:
+        render.error(f"mooncake://{p.path}: {p.message}")
+        code = max(code, p.exit_code)
+    for text in inv.empty:
+        render.error(f"{text}: no table under this key (vLLM's daemon has published none)")
+        code = EXIT_REFUSED
+    return code
+
+
+def url(cache: Cache) -> str:
+    return f"mooncake://{cache.path}"
+
+
+def ls(args: list[TierArg], long_: bool, paths_only: bool) -> int:
+    from fi_cache.cli.ls import summary
+
+    ctx = _ctx()
+    inv = _read(args)
+    rows = []
+    for cache in inv.caches:
+        row = summary(cache, ctx.store)
+        row.update(path=url(cache), modified=None, layout="mooncake", pinned=False)
+        rows.append(row)
+    code = _report(inv)
+    if ctx.json:
+        problems = [
+            {"path": f"mooncake://{p.path}", "check": p.check, "message": p.message}
+            for p in inv.problems
+        ]
+        render.emit_json({"caches": rows, "problems": problems})
+        return code
+    if paths_only:
+        for r in rows:
+            click.echo(r["path"])
+        return code
+    if rows:
+        headers = ["FLASHINFER", "ARCH", "GPU", "ENTRIES", "FINALIZE"]
+        headers += ["SIZE", "KEY"] if long_ else ["KEY"]
+        table = []
+        for r in rows:
+            line = [r["flashinfer_version"] or "?", r["arch"] or "-", render.short_gpu(r["gpu"]),
+                    str(r["entries"]), r["finalize"] or "-"]  # fmt: skip
+            table.append([*line, *([render.human_size(r["size"])] if long_ else []), r["path"]])
+        click.echo(render.table(headers, table, right=(3, 5) if long_ else (3,)))
+    return code
+
+
+def show(arg: object, op_filter: str | None) -> int:
+    from fi_cache.cli.show import _entries, _show_human
+    from fi_cache.tier.keys import parse_arg
+
+    ctx = _ctx()
+    tier_arg = parse_arg(arg)
+    if tier_arg.one is None:
+        raise Refused("show takes one table's key; `fi-cache ls` lists a hash dir", tier_arg.text)
+    inv = _read([tier_arg])
+    if inv.problems:
+        err = inv.problems[0].error()
+        err.path = tier_arg.text
+        raise err
+    if not inv.caches:
+        raise Refused("no table under this key (vLLM's daemon has published none)", tier_arg.text)
+    cache = inv.caches[0]
+    entries = _entries(cache, op_filter)
+    if ctx.json:
+        doc = {"path": url(cache), "format": "v1", "role": None, "metadata": cache.metadata}
+        render.emit_json({**doc, "entries": entries, "namespace": None})
+        return 0
+    _show_human(cache, entries, label=url(cache))
+    return 0
+
+
+def verify(args: list[TierArg]) -> int:
+    ctx = _ctx()
+    inv = _read(args)
+    code = _report(inv)
+    results: list[dict[str, Any]] = []
+    for cache in inv.caches:
+        defects = list(cache.defects())
+        problems = [{"check": d.check, "message": d.message} for d in defects]
+        results.append({"path": url(cache), "format": "v1", "ok": not defects,
+                        "entries": len(cache.file.entries), "problems": problems})  # fmt: skip
+        for d in defects:
+            render.error(f"{url(cache)}: {d.message}")
+        if defects:
+            code = max(code, EXIT_PROBLEM)
+    for p in inv.problems:
+        problem = {"check": p.check, "message": p.message}
+        results.append({"path": f"mooncake://{p.path}", "format": None, "ok": False,
+                        "entries": None, "problems": [problem]})  # fmt: skip
+    if ctx.json:
+        render.emit_json({"results": results, "ok": code == 0})
+    elif not ctx.quiet:
+        for r in results:
+            if r["ok"]:
+                click.echo(f"ok    {r['path']} ({r['entries']} entries)")
+        bad = sum(1 for r in results if not r["ok"])
+        click.echo(f"{len(results) - bad} ok, {bad} with problems", err=bad > 0)
+    return code
+
+
+def doctor(
+    args: list[TierArg],
+    target: Target,
+    only: tuple[str, ...],
+    strict: bool,
+    fix: bool,
+    dry_run: bool,
+) -> int:
+    """The tables under the keys, judged against the target; --fix removes the keys in error."""
+    from fi_cache.tier.judge import bad_keys, judge
+
+    ctx = _ctx()
+    inv = _read(args)
+    findings = judge(inv, target, only or None)
+    keys = bad_keys(findings) if fix else []
+    removed = _remove(keys) if keys and not dry_run else []
+    errors = sum(f.severity == "error" for f in findings)
+    warnings = sum(f.severity == "warning" for f in findings)
+    if ctx.json:
+        render.emit_json({
+            "findings": [f.to_json() for f in findings], "errors": errors, "warnings": warnings,
+            "target": {**target.fingerprint.metadata(), "arch": target.fingerprint.arch,
+                       "vllm_version": target.vllm_version, "finalize": target.finalize},
+            "actions": [{"action": "remove", "path": k, "applied": not dry_run} for k in keys],
+        })  # fmt: skip
+    else:
+        _render(findings, ctx.quiet)
+        for k in keys:
+            click.echo(f"{'would remove' if dry_run else 'removed'} {k}")
+        del removed
+    for text in inv.empty:
+        render.error(f"{text}: no table under this key (vLLM's daemon has published none)")
+    if inv.empty:
+        return EXIT_REFUSED
+    return EXIT_PROBLEM if errors or (strict and warnings) else 0
+
+
+def _render(findings: list[Finding], quiet: bool) -> None:
+    for f in findings:
+        if quiet and f.severity == "info":
+            continue
+        click.echo(f"{f.severity:<7} {f.check}  {f.path}: {f.message}")
+        if f.fix and f.fix != "-":
+            click.echo(f"        fix: {f.fix}")
+    errors = sum(f.severity == "error" for f in findings)
+    warnings = sum(f.severity == "warning" for f in findings)
+    click.echo(
+        f"{errors} error(s), {warnings} warning(s), {len(findings) - errors - warnings} info"
+    )
+
+
+def _remove(urls: list[str]) -> list[str]:
+    from fi_cache.tier.keys import parse_arg
+
+    done = []
+    with _client() as client:
+        for u in urls:
+            one = parse_arg(u).one
+            if one is not None and client.remove(one.key):
+                done.append(u)
+    return done
+
+
+def evict(args: list[TierArg], dry_run: bool, selector_given: bool) -> int:
+    """Remove whole tables from the tier (plan, then apply): the next daemon that tunes
+    publishes under the key again. Entries cannot be evicted from a table in the tier: a
+    rewritten table would be one vLLM never tuned."""
+    ctx = _ctx()
+    if selector_given:
+        raise Refused(
+            "--op/--bucket/--runner/--tactic select entries in files; in the tier evict removes "
+            "whole tables (pull, evict in the namespace, push --replace to edit one)",
+            args[0].text,
+        )
+    inv = _read(args)
+    for text in inv.empty:
+        render.error(f"{text}: no table under this key: nothing to remove")
+    code = EXIT_REFUSED if inv.empty else 0
+    planned = [url(c) for c in inv.caches] + [f"mooncake://{p.path}" for p in inv.problems]
+    removed = [] if dry_run else _remove(planned)
+    if ctx.json:
+        render.emit_json({"dry_run": dry_run, "keys": [
+            {"path": u, "removed": u in removed} for u in planned]})  # fmt: skip
+        return code
+    for u in planned:
+        if dry_run:
+            click.echo(f"would remove {u}")
+        elif u in removed:
+            click.echo(f"removed {u}")
+        else:
+            click.echo(f"already gone {u}")
+    return code
+
+
+__all__ = ["doctor", "evict", "ls", "show", "verify"]
