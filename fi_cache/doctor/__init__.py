@@ -15,20 +15,27 @@ __all__ = ["CacheView", "Check", "Inputs", "Target", "checks", "run", "run_check
 
 
 def _registry() -> tuple[Check, ...]:
-    from fi_cache.doctor import cache_checks, log_checks, rank_checks, sglang_checks, vllm_checks
+    from fi_cache.doctor import (
+        cache_checks,
+        log_checks,
+        rank_checks,
+        sglang_checks,
+        sweep_checks,
+        vllm_checks,
+    )
 
     return (
         *cache_checks.CHECKS, *vllm_checks.CHECKS, *sglang_checks.CHECKS, *rank_checks.CHECKS,
-        *log_checks.CHECKS,
+        *log_checks.CHECKS, *sweep_checks.CHECKS,
     )  # fmt: skip
 
 
 def _engine_checks() -> dict[str, set[str]]:
     """Check ids that only mean something for one engine."""
-    from fi_cache.doctor import sglang_checks, vllm_checks
+    from fi_cache.doctor import sglang_checks, sweep_checks, vllm_checks
 
     return {
-        "vllm": {c.id for c in vllm_checks.CHECKS},
+        "vllm": {c.id for c in (*vllm_checks.CHECKS, *sweep_checks.CHECKS)},
         "sglang": {c.id for c in sglang_checks.CHECKS},
     }
 

@@ -24,6 +24,7 @@ if TYPE_CHECKING:
     from threading import Event
 
     from fi_cache.environment import Environment
+    from fi_cache.model.v1 import CacheFile as V1File
     from fi_cache.ranks.deployment import Expected
     from fi_cache.store.namespace import FinalizeMode, Namespace
 
@@ -243,6 +244,11 @@ class ServerEngine(Engine):
         (vLLM's own code, not yet asked for these arguments): a warm then asks seed_targets
         while the engine starts, which reads its file only at its kernel warm-up."""
         return self.seed_targets(run, ns_dir, store)
+
+    def seed_gap(self, run: Run, tables: Sequence[tuple[Path, V1File]]) -> str | None:
+        """Why these planned seeds (target, table) must not be placed, in one line: the engine
+        would take them as complete and tune nothing they lack (None: seed them)."""
+        return None
 
     def one_rank(self, run: Run) -> bool:
         """This start is one rank on one node: it has no other rank's file to agree with."""

@@ -201,6 +201,9 @@ def _place(
     seeds, notes = seed.plan(ns_dir, manifest, usable, targets, flagged, engine.name)
     for line in notes:
         say(line)
+    if seeds and (gap := engine.seed_gap(run, [(s.target, s.file) for s in seeds])):
+        say(gap)  # the engine would take them as complete and tune nothing they lack
+        return []
     if running is not None:
         for t in targets:  # plan leaves out what exists: the engine's own save, if it is new
             with contextlib.suppress(OSError):

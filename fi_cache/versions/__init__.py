@@ -356,6 +356,13 @@ DOUBLE_REDUCE_BACKENDS = frozenset(
 # fields), else every rank tunes again (kernel_warmup.py 0.32:384-401,453-476; 0.33:388-426).
 VLLM_RANK_GATE = VersionRange(V("0.32.0"), None, "kernel_warmup.py 0.32:384-401, 0.33:388-426")
 WARM_CACHE_HANG = VersionRange(V("0.27.0"), V("0.32.0"), "vLLM issues #57423, #54618")
+# 0.33+: when every rank's file passes that gate (cache_hit), the tuning sweep is skipped
+# (`if not cache_hit: _run_flashinfer_autotune_dummy_runs(...)`, kernel_warmup.py 0.33:517-518,
+# 0.34:623-624); 0.32 ran it over the loaded file (0.32:493), tuning only what it lacked. The
+# sweep's passes: max_num_batched_tokens, then each deferred-MoE bound (0.33:318-343,
+# 0.34:422-447), widened by a drafter's M (0.33:353-366, 0.34:459-471), each tuned at
+# FlashInfer's hybrid buckets up to it (0.34:473; versions/tuning.py).
+VLLM_SWEEP_SKIPPED_ON_HIT = V("0.33.0")
 # A read-only cache dir fails vLLM's start where it writes the file whatever it loaded: 0.25/0.26
 # rewrite it after loading (kernel_warmup.py 0.25:204, 0.26:263), 0.27-0.31 every rank rewrites
 # it before loading (0.27:280 ... 0.31:451). 0.32/0.33 save only after tuning something (0.32

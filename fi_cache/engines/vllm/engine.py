@@ -31,6 +31,9 @@ from fi_cache.versions import (
 if TYPE_CHECKING:
     from threading import Event
 
+    from fi_cache.maintenance.sweep import Sweep
+    from fi_cache.model.v1 import CacheFile as V1File
+
 EMPTY_START = (
     "vLLM became healthy but neither wrote nor read an autotune cache in the namespace "
     "(FlashInfer autotune off: -O0, "
@@ -234,6 +237,23 @@ class Vllm(ServerEngine):
             where = known
         if where.store == "v2":
             return [], "nothing to seed: vLLM keeps FlashInfer's v2 store here (no per-config file)"
+        if where.dir:  # seed_gap's answer: what vLLM's sweep tunes for this config
+            from fi_cache.maintenance.sweep import Sweep
+
+            _SWEEPS[str(Path(where.dir))] = Sweep(where.sweep_tokens, where.sweep_unknown)
         return where.paths, None
+
+    def seed_gap(self, run: Run, tables: Sequence[tuple[Path, V1File]]) -> str | None:
+        """vLLM 0.33+ tunes nothing when every rank's file passes its gate: a seed must hold
+        every bucket its sweep tunes for this config (maintenance/sweep.py)."""
+        from fi_cache.maintenance.sweep import refusal
+
+        known = {_SWEEPS.get(str(target.parent)) for target, _ in tables}
+        sweep = known.pop() if len(known) == 1 else None
+        return refusal(run.env.vllm.version, sweep, tables)
+
+
+# vLLM's sweep for each hash dir it named this process (seed_targets, then seed_gap).
+_SWEEPS: dict[str, Sweep] = {}
 
 ENGINE = Vllm()

@@ -238,8 +238,8 @@ def _from_json(data: dict[str, object]) -> CacheLocation:
 
 def _sweep(data: dict[str, object]) -> tuple[tuple[int, ...] | None, str]:
     """(sweep_tokens, sweep_unknown) from the child's `sweep` or a kept answer's two fields."""
-    found = data.get("sweep", {"tokens": data.get("sweep_tokens"),
-                               "unknown": data.get("sweep_unknown", SWEEP_NOT_REPORTED)})  # fmt: skip
+    kept = {"tokens": data.get("sweep_tokens"), "unknown": data.get("sweep_unknown")}
+    found = data.get("sweep", kept)
     if not isinstance(found, dict):
         raise TypeError("sweep")
     tokens, unknown = found.get("tokens"), str(found.get("unknown") or "")

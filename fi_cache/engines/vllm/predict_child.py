@@ -43,7 +43,7 @@ _ONE_RANK = {"data_parallel_size": 1, "data_parallel_size_local": 1, "data_paral
              "nnodes": 1, "node_rank": 0}  # fmt: skip
 
 
-def _build_model_on_meta(cfg: Any) -> None:
+def _build_model_on_meta(cfg: Any) -> Any:
     import torch
     from vllm.config import set_current_vllm_config
     from vllm.distributed import init_distributed_environment, initialize_model_parallel
@@ -54,17 +54,37 @@ def _build_model_on_meta(cfg: Any) -> None:
     try:
         for k in saved:
             setattr(par, k, _ONE_RANK[k])
-        with set_current_vllm_config(cfg):
+        with (
+            set_current_vllm_config(cfg),
+            tempfile.TemporaryDirectory(prefix="fi-cache-predict-") as rdv,  # torch's rendezvous
+        ):
             init_distributed_environment(
                 world_size=1, rank=0, local_rank=0, backend="gloo",
-                distributed_init_method=f"file://{tempfile.mktemp(prefix='fi-cache-predict-')}",
+                distributed_init_method=f"file://{rdv}/rendezvous",
             )  # fmt: skip
             initialize_model_parallel(1, 1)
             with torch.device("meta"):
-                initialize_model(cfg)  # names every FusedMoE layer, whatever the sharding
+                return initialize_model(cfg)  # names every FusedMoE layer, whatever the sharding
     finally:
         for k, v in saved.items():
             setattr(par, k, v)
+
+
+def _sweep(cfg: Any, model: Any, kernel_warmup: Any) -> dict[str, Any]:
+    """The token count of each pass of vLLM's tuning sweep, from its own code over the model
+    built here (`_flashinfer_autotune_token_counts`: max_num_batched_tokens, then each
+    deferred-MoE bound; kernel_warmup.py 0.33:318-343, 0.34:422-447). A drafter widens a pass
+    by its GPU runner's numbers (0.34:459-471): unknown then."""
+    counts = getattr(kernel_warmup, "_flashinfer_autotune_token_counts", None)
+    if counts is None:
+        return {"tokens": None, "unknown": "this vLLM names no sweep token counts (< 0.32)"}
+    if getattr(cfg, "speculative_config", None) is not None:
+        return {"tokens": None, "unknown": "a drafter's token count is its GPU runner's"}
+    runner = types.SimpleNamespace(scheduler_config=cfg.scheduler_config, get_model=lambda: model)
+    try:
+        return {"tokens": [int(t) for t in counts(runner)]}
+    except Exception as exc:  # its code moved: say so, the seeding rule then holds back
+        return {"tokens": None, "unknown": f"{type(exc).__name__}: {exc}"[:200]}
 
 
 def _root(envs: Any) -> tuple[str | None, str]:
@@ -156,12 +176,39 @@ def _rank_files(par: Any) -> tuple[list[str], list[str]]:
     return names(here_dp, range(local)), every
 
 
+def _block_size(cfg: Any) -> list[str]:
+    """The KV-cache block size, which vLLM hashes and its worker sets from the attention
+    backends after loading the model, before it hashes (update_block_size_for_backend:
+    v1/executor/multiproc_executor.py 0.32:701, 0.33:801-802, 0.34:835-836; platforms/
+    interface.py 0.34:759-797): done here too, over the model built on meta. Listed in
+    depends_on unless --block-size fixes it (a hybrid model's is aligned to its mamba pages
+    whatever the arguments say)."""
+    from vllm.platforms import current_platform
+
+    update = getattr(current_platform, "update_block_size_for_backend", None)
+    if update is None:
+        return []  # this vLLM's worker has no such step
+    cache = cfg.cache_config
+    hybrid = bool(getattr(cfg.model_config, "is_hybrid", False))
+    try:
+        update(cfg)
+        said = f"{cache.block_size} as this host's backends pick it"
+    except Exception as exc:  # a backend this host cannot select: the worker's may differ
+        said = f"not resolved here: {type(exc).__name__}"
+    if getattr(cache, "user_specified_block_size", False) and not hybrid:
+        return []
+    why = ", aligned to this hybrid model's mamba page size" if hybrid else ""
+    return [f"the KV-cache block size ({said}; the GPU worker picks it from its attention "
+            f"backends{why}: --block-size N fixes it for a model that is not hybrid)"]  # fmt: skip
+
+
 def _worker_resolved(cfg: Any) -> list[str]:
     """What vLLM's GPU worker changes in the hashed config before it hashes it, which this child
     cannot redo without the GPU: the CUDA-graph mode and capture sizes, resolved from the
-    attention backend's support (gpu_model_runner.py 0.32:6825-6857, before kernel_warmup:
-    gpu_worker.py 0.32:950), and a --max-model-len -1 fitted to free GPU memory by the engine
-    core (core.py 0.32:323-337, kv_cache_utils.py 0.32:2635-2636)."""
+    attention backend's support (gpu_model_runner.py 0.32:6825-6857, 0.33:6760; 0.34 has no
+    gpu_model_runner.py: v1/worker/gpu/model_runner.py 0.34:792-800; before kernel_warmup:
+    gpu_worker.py 0.32:950, 0.34:1070), and a --max-model-len -1 fitted to free GPU memory by
+    the engine core (core.py 0.32:323-337, kv_cache_utils.py 0.32:2635-2636)."""
     out = []
     mode = getattr(cfg.compilation_config, "cudagraph_mode", None)
     if mode is not None and getattr(mode, "name", str(mode)) != "NONE":
@@ -181,12 +228,14 @@ def predict(argv: list[str]) -> dict[str, Any]:
 
     cfg = _config(argv)
     _as_engine_core_sees_it(cfg)
-    _build_model_on_meta(cfg)
+    model = _build_model_on_meta(cfg)
+    block = _block_size(cfg)  # the worker's step between loading the model and hashing
     digest = fac.flashinfer_autotune_cache_hash(types.SimpleNamespace(vllm_config=cfg))
     moe_layers = list(cfg.compilation_config.static_all_moe_layers)
     par = cfg.parallel_config
     facts = {"dp": par.data_parallel_size, "world": _world(par), "moe": bool(moe_layers),
-             "depends_on": _worker_resolved(cfg)}  # fmt: skip
+             "depends_on": [*block, *_worker_resolved(cfg)],
+             "sweep": _sweep(cfg, model, kernel_warmup)}  # fmt: skip
     v2 = _v2_root(fac, cfg)
     if v2 is not None:
         return {
