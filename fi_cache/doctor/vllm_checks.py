@@ -21,7 +21,10 @@ from fi_cache.versions import (
     VLLM_NEWEST_CHECKED,
     VLLM_PERSISTENT_CACHE,
     WARM_CACHE_HANG,
+    UnfusedRoute,
     parse_version,
+    unfused_route,
+    vllm_passes_finalize_arg,
 )
 
 
@@ -29,10 +32,25 @@ def _vllm(inp: Inputs) -> str:
     return f"vLLM {inp.target.vllm_version}" if inp.target.vllm_version else "the target vLLM"
 
 
+def unfused_way(inp: Inputs) -> tuple[UnfusedRoute | None, str]:
+    """How the target (vLLM, FlashInfer) pair reaches unfused finalize (versions.unfused_route):
+    the variable, fi-cache's plugin, or not at all; None: cannot tell."""
+    t = inp.target
+    supports = t.vllm_supports_finalize
+    version = parse_version(t.vllm_version)
+    if supports is None and version is not None and version <= VLLM_NEWEST_CHECKED:
+        supports = False  # no release up to the newest checked has the variable
+    passes = vllm_passes_finalize_arg(t.vllm_version)
+    return unfused_route(supports, t.fingerprint.flashinfer_version, passes)
+
+
 def selects_unfused(inp: Inputs) -> bool | None:
-    """Can the target vLLM run the unfused MoE finalize? None: cannot tell."""
+    """Can the target vLLM run the unfused MoE finalize (fi-cache's plugin counts: its serve and
+    warm carry it)? None: cannot tell."""
     version = parse_version(inp.target.vllm_version)
     supports = inp.target.vllm_supports_finalize
+    if unfused_way(inp)[0] == "plugin":
+        return True
     if supports is None and version is not None and version <= VLLM_NEWEST_CHECKED:
         return False  # no release up to the newest checked has the variable
     return supports
@@ -53,12 +71,25 @@ def finalize_unsupported(inp: Inputs) -> Iterator[Finding]:
         return
     version = parse_version(t.vllm_version)
     supports = selects_unfused(inp)
-    if supports is False:
+    way, why = unfused_way(inp)
+    if way == "plugin":
+        yield Finding(
+            "finalize-unsupported",
+            "info",
+            None,
+            f"{_vllm(inp)} does not read {VLLM_FINALIZE_ENV}, but {why}: `fi-cache serve "
+            "--deterministic` and `warm --finalize unfused` reach unfused finalize that way; a "
+            "plain `vllm serve` starts fused",
+            "start it with fi-cache serve --deterministic (docs/serving.md: what torch's "
+            "deterministic algorithms cost)",
+        )
+    elif supports is False:
+        because = f" ({why})" if way == "impossible" else ""
         yield Finding(
             "finalize-unsupported",
             "error",
             None,
-            f"{_vllm(inp)} does not read {VLLM_FINALIZE_ENV}: the unfused "
+            f"{_vllm(inp)} does not read {VLLM_FINALIZE_ENV}{because}: the unfused "
             "(deterministic) MoE path cannot be selected; it starts with fused finalize whatever "
             "the variable, the namespace or the cache say (this decides start-up: "
             "stale-gemm2-profile judges caches against fused)",
