@@ -208,3 +208,13 @@ def test_a_saved_answer_is_not_reused_after_an_upgrade_beside_vllm(tmp_path: Pat
     (site / "transformers-4.57.1.dist-info").rename(site / "transformers-5.0.0.dist-info")
     assert ask({}) == 2
     assert ask({"PYTHONPATH": "/elsewhere"}) == 3
+
+
+@needs_vllm
+def test_a_prediction_leaves_no_rendezvous_file_behind(vllm_model: Path, tmp_path: Path) -> None:
+    """The child's torch.distributed rendezvous (`file://`) lives in a private temp dir that
+    goes with it: every prediction left a /tmp/fi-cache-predict-* before."""
+    (tmp := tmp_path / "tmp").mkdir()
+    argv = ["--model", str(vllm_model), "--load-format", "dummy", "--max-model-len", "256"]
+    predict(PYTHON, "0.32.0", argv, {**_env(tmp_path), "TMPDIR": str(tmp)}, None)
+    assert not list(tmp.glob("fi-cache-predict-*"))  # (torch's inductor keeps its own dir there)
