@@ -151,7 +151,7 @@ def merge_into(
     check_metadata(files)  # refuse before creating OUT's lock file
     # before its lock file is made: nothing written; a typo grows no directory tree (F14)
     refuse_destination(out, "cache file", parent_must_exist=True)
-    if store is not None and not dry_run:
+    if store is not None:  # a dry run too: it says what the real run would refuse
         refuse_if_pinned(out, store, "merge -o")
     with contextlib.nullcontext() if dry_run else locked(out, timeout):
         if store is not None and not dry_run:

@@ -17,7 +17,10 @@ from tests.conftest import (
     MOE_617_FUSED,
     MOE_617_UNFUSED,
     MOE_618_FUSED,
+    VLLM_026_FUSED,
+    VLLM_026_REL,
     no_hang,
+    vllm_026_namespace,
 )
 
 for _command in COMMANDS:
@@ -225,3 +228,10 @@ def test_out_in_a_missing_directory_is_refused_as_export_does(run, tmp_path: Pat
     r = run("merge", GEMM_618, "-o", out)
     assert r.code == 2 and f"{out.parent}: no such directory" in r.err and r.err.count("\n") == 1
     assert not (tmp_path / "nonexist").exists()
+
+
+def test_dry_run_into_a_pinned_namespace_says_it_would_be_refused(run, store: Path) -> None:  # type: ignore[no-untyped-def]
+    ns = vllm_026_namespace(store)
+    assert run("pin", ns).code == 0
+    r = run("merge", VLLM_026_FUSED, "-o", ns / VLLM_026_REL, "--dry-run")
+    assert r.code == 2 and "pinned" in r.err and r.err.count("\n") == 1, r.err
