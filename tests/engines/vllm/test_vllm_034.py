@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import ast
 import json
+import os
 import re
 import zipfile
 from pathlib import Path
@@ -23,6 +24,7 @@ from fi_cache.versions import (
     VLLM_SKIP_OPS_ENV,
     V,
 )
+from tests.conftest import VLLM_PYTHON, needs_vllm
 from tests.engines.vllm.serve_flags import serve_flags
 from tests.vllm_wheels import RELEASES, module_text, need, unpacked, vllm_wheel
 
@@ -197,3 +199,20 @@ def test_034s_extensible_kv_cache_skips_an_op_its_hash_does_not_see() -> None:
     assert "'enable_extensible_kv_cache'" in ignored and "'block_size'" not in ignored
     assert "enable_extensible_kv_cache" not in module_text("0.33.0", "vllm/config/cache.py")
     assert VLLM_SKIP_OPS_ENV in module_text("0.33.0", "vllm/envs.py")
+
+
+@needs_vllm
+def test_the_prediction_runs_the_workers_block_size_step_and_says_the_hash_depends_on_it(
+    vllm_model: Path, tmp_path: Path
+) -> None:
+    """vLLM hashes block_size, which its worker sets from the attention backends before it
+    hashes (update_block_size_for_backend, 0.32-0.34): the prediction runs that step too and
+    lists it in depends_on unless --block-size fixes it (real vLLM 0.32 runs the child: the only
+    vLLM with a CPU build; test_vllm_predict checks the hash is the worker's)."""
+    env = {**os.environ, "VLLM_CPU_KVCACHE_SPACE": "1", "VLLM_CACHE_ROOT": str(tmp_path)}
+    argv = ["--model", str(vllm_model), "--load-format", "dummy", "--enforce-eager",
+            "--max-model-len", "256"]  # fmt: skip
+    free = predict(VLLM_PYTHON, "0.32.0", argv, env, None)
+    assert any("KV-cache block size" in d for d in free.depends_on), free.depends_on
+    fixed = predict(VLLM_PYTHON, "0.32.0", [*argv, "--block-size", "16"], env, None)
+    assert not any("block size" in d for d in fixed.depends_on), fixed.depends_on
