@@ -127,11 +127,13 @@ def _unreadable(dep: Deployment, problems: Sequence[ScanProblem]) -> list[ScanPr
 def _refuse_lone_unreadable(
     problems: Sequence[ScanProblem], deployments: Sequence[Deployment]
 ) -> None:
-    """A rank file no deployment holds: every rank file of its dir is unreadable."""
+    """A rank file no deployment holds: every rank file of its dir is unreadable. (SGLang's
+    write-only runs/ copies are never read back: not align's to judge.)"""
     for p in problems:
-        if classify_file(p.path).rank is not None and not any(
-            p in _unreadable(dep, [p]) for dep in deployments
-        ):
+        found = classify_file(p.path)
+        if found.rank is None or found.run is not None:
+            continue
+        if not any(p in _unreadable(dep, [p]) for dep in deployments):
             raise p.error()
 
 

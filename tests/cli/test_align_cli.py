@@ -147,3 +147,18 @@ def test_a_fifo_at_a_ranks_name_is_refused_at_once(run, tmp_path: Path) -> None:
             r = run("align", hdir, *dry)
         assert r.code == 2 and f"{fifo}: is a FIFO" in r.err and r.err.count("\n") == 1, r.err
     assert stat.S_ISFIFO(fifo.stat().st_mode)
+
+
+def test_a_torn_sglang_run_copy_does_not_stop_align(run, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+    """SGLang's runs/ copies are written, never read back: not rank files align would replace."""
+    key = tmp_path / "flashinfer" / "autotune" / "0.6.18" / "sm90" / "0123456789abcdef"
+    (key / "runs").mkdir(parents=True)
+    cf = v1.loads(GEMM_618.read_bytes())
+    for rank, drop in (("tp0_pp0_dp0", 0), ("tp1_pp0_dp0", 3)):
+        part = v1.CacheFile(cf.metadata, dict(list(cf.entries.items())[drop:]), None, "x")
+        (key / f"rank_{rank}.json").write_text(v1.dumps(part))
+    torn = key / "runs" / "rank_tp1_pp0_dp0.20261201_205527.json"
+    torn.write_text(GEMM_618.read_text()[:300])
+    r = run("align", key)
+    assert r.code == 0 and "wrote 1 files (0 created)" in r.out, r.err
+    assert len(torn.read_text()) == 300
