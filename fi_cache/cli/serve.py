@@ -43,7 +43,9 @@ def _ctx() -> Any:
     "--deterministic",
     is_flag=True,
     help="Unfused (bit-stable) MoE finalize: its own namespace and "
-    "VLLM_FLASHINFER_MOE_FUSED_FINALIZE=0 (SGLang: SGLANG_FLASHINFER_MOE_FUSED_FINALIZE=0).",
+    "VLLM_FLASHINFER_MOE_FUSED_FINALIZE=0, or on vLLM releases with FlashInfer >= 0.7.4 "
+    "fi-cache's vLLM plugin (torch deterministic algorithms in vLLM's processes) "
+    "(SGLang: SGLANG_FLASHINFER_MOE_FUSED_FINALIZE=0).",
 )
 @click.option(
     "--warm/--no-warm",
