@@ -125,3 +125,35 @@ def test_vllm_033_with_an_unknown_sweep_says_why(tmp_path: Path) -> None:
 
 def test_vllm_032_seeds_as_before(tmp_path: Path) -> None:
     assert _vllm_gap(tmp_path, "0.32.0", {"tokens": [16384]}) is None
+
+
+# --- the same shapes: an earlier start of the same model that tunes other shapes ---------------
+
+
+def _source(version: str, now: list[str], then: list[str]) -> bool:
+    from fi_cache.engines.vllm.args import parse_serve_args
+    from fi_cache.store.manifest import WarmRecord
+
+    run = _vllm_run(version)
+    run.args = parse_serve_args(now)
+    earlier = WarmRecord(1.0, 1.0, None, then, "k", [], None, engine="vllm")
+    return ENGINE.seed_source(run, earlier)  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize(
+    "then",
+    [
+        ["m", "-tp", "4"],  # its rank 0 and 1 files hold quarter shapes: a tp 2 start's gate passes
+        ["m", "-tp", "2", "--quantization", "fp8"],
+        ["m", "-tp", "2", "--enable-expert-parallel"],
+        ["m", "-tp", "2", "--speculative-config", '{"num_speculative_tokens": 2}'],
+    ],
+)
+def test_vllm_034_seeds_only_from_a_start_with_the_same_shapes(then: list[str]) -> None:
+    assert not _source("0.34.0", ["m", "-tp", "2", "--max-num-seqs", "8"], then)
+    assert _source("0.32.0", ["m", "-tp", "2", "--max-num-seqs", "8"], then)  # 0.32 tunes them
+
+
+def test_vllm_034_seeds_from_the_same_shapes_with_another_batch_budget() -> None:
+    now = ["m", "--tensor-parallel-size=2", "--max-num-batched-tokens", "16384"]
+    assert _source("0.34.0", now, ["m", "-tp", "2", "--max-num-seqs", "8"])

@@ -25,6 +25,7 @@ from fi_cache.versions import (
     VLLM_CACHE_DIR_ENV,
     VLLM_DISABLE_AUTOTUNE_FLAG,
     VLLM_PERSISTENT_CACHE,
+    VLLM_SWEEP_SKIPPED_ON_HIT,
     parse_version,
 )
 
@@ -33,6 +34,7 @@ if TYPE_CHECKING:
 
     from fi_cache.maintenance.sweep import Sweep
     from fi_cache.model.v1 import CacheFile as V1File
+    from fi_cache.store.manifest import WarmRecord
 
 EMPTY_START = (
     "vLLM became healthy but neither wrote nor read an autotune cache in the namespace "
@@ -196,6 +198,19 @@ class Vllm(ServerEngine):
             return bool(args.parse_serve_args(argv).model == run.args.model)
         except Refused:
             return False
+
+    def seed_source(self, run: Run, warm: WarmRecord) -> bool:
+        """The same model; on vLLM 0.33+, which tunes nothing on a full hit, also the same
+        sharding, dtypes, quantisation, backends and drafter (engines/vllm/shapes.py): another
+        start's table lacks this one's shapes, and nothing would tune them."""
+        from fi_cache.engines.vllm.shapes import shaping
+
+        if not self.same_model(run, warm.argv):
+            return False
+        version = parse_version(run.env.vllm.version)
+        if version is None or version < VLLM_SWEEP_SKIPPED_ON_HIT:
+            return True
+        return shaping(args.parse_serve_args(warm.argv)) == shaping(run.args)
 
     def one_rank(self, run: Run) -> bool:
         # tp * pp * dp workers (a dense model's dp ranks are engines of their own, but each
