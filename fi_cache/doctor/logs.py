@@ -271,6 +271,8 @@ class _Parser:
     tuning: list[float] = field(default_factory=list)
     # Open "process starts" stamps per process (vLLM's `pid=N` prefix), newest last.
     starts: dict[str, list[_Stamp | None]] = field(default_factory=dict)
+    # Each process's newest gemm error: a scan of `errors` per line was quadratic (F13).
+    last_error: dict[str, ProfileIdError] = field(default_factory=dict)
     last_loaded: str | None = None
     from_tools: bool = False
     first_exception: RootCause | None = None
@@ -304,12 +306,13 @@ class _Parser:
             pid = _PID.search(text[: match.start()])
             process = pid.group(1) if pid else ""
             logged = _LOGGED.search(text[: match.start()]) is not None
-            last = next((e for e in reversed(self.errors) if e.process == process), None)
+            last = self.last_error.get(process)
             again = last is not None and (last.gemm, last.tactic_id) == (gemm, tactic)
             if again and not logged and last is not None and last.logged:
                 return  # vLLM's EngineCore prints the exception its logger just logged: one crash
             error = ProfileIdError(gemm, tactic, line_no, self.last_loaded, process, logged)
             self.errors.append(error)
+            self.last_error[process] = error
         elif fallback := _fallback(text, line_no):
             self.fallbacks.append(fallback)
         elif match := _TUNING.search(text):

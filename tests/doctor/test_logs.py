@@ -19,6 +19,7 @@ from fi_cache.doctor.logs import (
 )
 from fi_cache.errors import EXIT_REFUSED, Refused
 from tests.conftest import FIXTURES, no_hang
+from tests.growth import growth
 
 H200 = FIXTURES / "h200"
 
@@ -172,6 +173,34 @@ def test_gemm1_crash_from_a_worker_without_any_loaded_cache() -> None:
     facts = parse_log(["noise", line])
     expected = ProfileIdError(gemm=1, tactic_id=-7, line_no=2, last_loaded=None, process="99")
     assert facts.errors == (expected,)
+
+
+def _pid_crash_log(n: int) -> list[str]:
+    return [
+        f"(EngineCore_DP0 pid={i}) ERROR 12-01 20:55:27 [core.py:1] RuntimeError: "
+        f"Invalid gemm2 profile id: {i}"
+        for i in range(n)
+    ]
+
+
+def test_gemm_crashes_of_many_processes_are_read_in_linear_work() -> None:
+    # One crash line per pid: each line looked back over every earlier crash (20,000: 5.8 s).
+    facts = parse_log(_pid_crash_log(3))
+    assert [(e.process, e.tactic_id) for e in facts.errors] == [("0", 0), ("1", 1), ("2", 2)]
+    assert growth(lambda n: lambda: parse_log(_pid_crash_log(n)), 400) < 2.5
+
+
+def test_a_crash_logged_by_one_process_is_not_merged_with_another_processs_copy() -> None:
+    logged = "ERROR 11-30 02:00:05 [core.py:1] RuntimeError: Invalid gemm2 profile id: 50"
+    facts = parse_log(
+        [
+            f"(EngineCore_DP0 pid=1) {logged}",
+            f"(EngineCore_DP1 pid=2) {logged}",
+            "(EngineCore_DP0 pid=1) RuntimeError: Invalid gemm2 profile id: 50",
+            "(EngineCore_DP1 pid=3) RuntimeError: Invalid gemm2 profile id: 50",
+        ]
+    )
+    assert [(e.process, e.line_no) for e in facts.errors] == [("1", 1), ("2", 2), ("3", 4)]
 
 
 @pytest.mark.parametrize(
