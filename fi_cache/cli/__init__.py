@@ -29,6 +29,7 @@ class Context:
 COMMANDS: dict[str, tuple[str, str]] = {
     "align": ("align", "Give every rank of a deployment the same file: the union of its ranks' "
               "entries."),
+    "bench": ("bench", "Re-time CACHE's entries on this GPU against FlashInfer's default tactic."),
     "coverage": ("coverage", "Say which (op, bucket) pairs of a plan or a start's log CACHE has "
                  "tuned, and why not."),
     "diff": ("diff", "Compare two caches: keys only in one, keys with another runner or tactic, "

@@ -140,7 +140,7 @@ def summarize(
     counts: dict[str, int] = {}
     for v, _c, _d, _w in judged:
         counts[v.kind] = counts.get(v.kind, 0) + 1
-    timed = [(c, d, w) for v, c, d, w in judged if v.kind != "untimed"]
+    timed = [(c, d, w) for v, c, d, w in judged if v.kind in ("faster", "noise", "slower")]
     weighted = any(w > 0 for _c, _d, w in timed)
     pairs = [(c, d, w if weighted else 1) for c, d, w in timed]
     den = sum(w * d.median for _c, d, w in pairs)

@@ -52,16 +52,17 @@ def _tune_lines(cache: Path, repeat: int) -> list[str]:
 FOREIGN = "('fi_cache_test::cpu_gemm', 'CpuMatmulRunner', ((4096, 64), (64, 64)), ())"
 
 
-def _slowest_moe_tactics(entries: dict[str, Any]) -> dict[str, Any]:
-    """A cache whose MoE entries hold each bucket's slowest tactic (among 0-35, valid for both
-    GEMMs): what a tune on a noisy, busy or other GPU can leave behind."""
+def _noisy_moe_tactics(entries: dict[str, Any]) -> dict[str, Any]:
+    """A cache whose MoE entries hold, for buckets 1, 4 and 16, the slowest tactic (among 0-35,
+    valid for both GEMMs) and for 2 and 8 the fastest: what a tune on a noisy or busy GPU can
+    leave behind."""
     out = dict(entries)
     for raw, value in entries.items():
         key = parse_key(raw)
         if key is not None and key.op in MOE_OPS:
             bucket = key.profile[0][0]
-            slowest = max(range(36), key=lambda t: _standin_ms(key.op, bucket, t))
-            out[raw] = [value[0], slowest]
+            pick = max if bucket in (1, 4, 16) else min
+            out[raw] = [value[0], pick(range(36), key=lambda t: _standin_ms(key.op, bucket, t))]
     return out
 
 
@@ -91,7 +92,7 @@ def runs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     for v in versions:
         entries = {**_entries(base / f"{v}-plain.json"), FOREIGN: ["CpuMatmulRunner", 1]}
         if v == "0.6.18":
-            entries = _slowest_moe_tactics(entries)
+            entries = _noisy_moe_tactics(entries)
         benches.append(_cpu_child(v, _bench_lines(entries), base))
     for v, p in zip(versions, run_parallel(*benches), strict=True):
         out[f"{v}-bench"] = Run.of(p)
@@ -115,7 +116,7 @@ def test_every_entry_the_plan_reaches_is_timed_against_the_default(runs: dict[st
         timed = _timed(run)
         entries = _entries(runs["base"] / f"{v}-plain.json")
         if v == "0.6.18":
-            entries = _slowest_moe_tactics(entries)
+            entries = _noisy_moe_tactics(entries)
         assert set(timed) == set(entries)  # FOREIGN (a bucket no call reaches) is not timed
         for key, e in timed.items():
             roles = [c["role"] for c in e["candidates"]]
@@ -140,7 +141,7 @@ def test_the_bench_finds_exactly_the_moe_entries_slower_than_the_default(
         cached_ms = _standin_ms(parsed.op, bucket, e["tactic"])
         if cached_ms / _standin_ms(parsed.op, bucket, -1) - 1 >= NOISE:
             expected.add(key)
-    assert len(expected) >= 5, "most buckets' slowest tactic is slower than -1"
+    assert 3 <= len(expected) <= 6  # the buckets given their slowest tactic
     assert slower == expected
 
 
