@@ -707,3 +707,27 @@ _ENTRY = (
     "[cli.add_command(c) for c in COMMANDS if c.name not in cli.commands]\n"
     "main(sys.argv[1:])"
 )
+
+
+def test_a_pulled_namespace_manifest_naming_a_file_outside_it_is_refused(
+    run: Run, monkeypatch: pytest.MonkeyPatch, store: Path, store_b: Path, tmp_path: Path
+) -> None:
+    """A bucket's bundle whose namespace manifest names an outside file (the next warm's
+    seeding would read it into the namespace, and push would send it on): refused, nothing lands.
+    This fi-cache will not push such a manifest: the bundle is one an older fi-cache pushed."""
+    remote = tmp_path / "remote"
+    _as_machine(monkeypatch, H200)
+    fused = _warm(store, H200)[0]
+    data = json.loads((fused / manifests.MANIFEST_NAME).read_text())
+    outside = {"path": "../../../../../../victim2/x/autotune_configs.json", "entries": 1, "size": 1}
+    warm = {"started": 1.0, "seconds": 1.0, "vllm_version": "0.30.0", "argv": ["m"],
+            "argv_key": "m", "supports_finalize_env": None}  # fmt: skip
+    data["warms"] = [{**warm, "files": [outside]}]
+    (fused / manifests.MANIFEST_NAME).write_text(json.dumps(data))
+    with monkeypatch.context() as older:  # the older fi-cache's push: it read any path
+        older.setattr(manifests, "_confined", lambda rel, what: None, raising=False)
+        assert run("push", str(remote)).code == 0
+    result = run("--store", str(store_b), "pull", str(remote))
+    assert result.code == 2 and result.err.count("\n") == 1, result.err
+    assert "not a path inside the namespace" in result.err
+    assert _files(store_b) == []
