@@ -4,6 +4,7 @@ all (the table: fi_cache.versions.unfused_route). Reads vLLM's files; imports no
 
 from __future__ import annotations
 
+import ast
 import functools
 import os
 from pathlib import Path
@@ -34,7 +35,18 @@ def passes_finalize_arg(site: str | None) -> bool | None:
         texts = [f.read_text(encoding="utf-8", errors="replace") for f in found]
     except OSError:
         return None
-    return any(FINALIZE_ARG in t for t in texts) if texts else None
+    return any(_passes(t) for t in texts) if texts else None
+
+
+def _passes(source: str) -> bool:
+    """A call in `source` with a use_fused_finalize= keyword (a comment naming it is no call);
+    source that does not parse counts as passing it: refused rather than run fused."""
+    try:
+        tree = ast.parse(source)
+    except SyntaxError:
+        return FINALIZE_ARG in source
+    calls = (n for n in ast.walk(tree) if isinstance(n, ast.Call))
+    return any(k.arg == FINALIZE_ARG for c in calls for k in c.keywords)
 
 
 def route(env: Environment) -> tuple[UnfusedRoute | None, str]:

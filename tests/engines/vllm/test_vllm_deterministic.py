@@ -114,6 +114,17 @@ def test_vllm_releases_pass_no_use_fused_finalize(version: str, lines: tuple[int
     assert deterministic.passes_finalize_arg(str(unpacked(version))) is False  # launch's reading
 
 
+def test_a_vllm_whose_moe_call_passes_the_flag_is_read_as_passing_it(tmp_path: Path) -> None:
+    moe = tmp_path / "vllm/model_executor/layers/fused_moe/experts/flashinfer_cutlass_moe.py"
+    moe.parent.mkdir(parents=True)
+    moe.write_text("# FlashInfer's use_fused_finalize defaults to None\nf(x=1)\n")
+    assert deterministic.passes_finalize_arg(str(tmp_path)) is False  # a comment is no call
+    moe.write_text("f(x=1, use_fused_finalize=envs.X)\n")
+    deterministic.passes_finalize_arg.cache_clear()
+    assert deterministic.passes_finalize_arg(str(tmp_path)) is True
+    assert deterministic.passes_finalize_arg(str(tmp_path / "none")) is None
+
+
 def test_the_route_table() -> None:
     assert unfused_route(True, "0.7.2.post1", True)[0] == "env"  # a PR #54948 build
     assert unfused_route(False, "0.7.4", False)[0] == "plugin"
