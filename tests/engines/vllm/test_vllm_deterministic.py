@@ -203,11 +203,12 @@ def test_plugin_env_keeps_what_the_user_chose() -> None:
 # --- (4) serve --deterministic / warm --finalize unfused on the stand-in vLLM -------------------
 
 
-def _site(rig: Rig, vllm: str, flashinfer: str) -> dict[str, str]:
-    """vLLM `vllm` (its real envs.py and CUTLASS MoE call, from its wheel) and FlashInfer
-    `flashinfer` as fi-cache sees them installed: files to read, nothing to import."""
+def _site(rig: Rig, vllm: str, flashinfer: str, passes: bool = False) -> dict[str, str]:
+    """vLLM `vllm` (its real envs.py and CUTLASS MoE call, from its wheel; `passes`: that call
+    given use_fused_finalize=True) and FlashInfer `flashinfer` as fi-cache sees them installed:
+    files to read, nothing to import."""
     need(vllm)
-    site = rig.record / f"site-{vllm}-{flashinfer}"
+    site = rig.record / f"site-{vllm}-{flashinfer}-{passes}"
     for dist, version in (("vllm", vllm), ("flashinfer_python", flashinfer)):
         meta = site / f"{dist}-{version}.dist-info"
         meta.mkdir(parents=True)
@@ -215,7 +216,11 @@ def _site(rig: Rig, vllm: str, flashinfer: str) -> dict[str, str]:
         (meta / "METADATA").write_text(f"Metadata-Version: 2.1\nName: {name}\nVersion: {version}\n")
     for rel in ("vllm/envs.py", CUTLASS_MOE):
         (site / rel).parent.mkdir(parents=True, exist_ok=True)
-        (site / rel).write_text(module_text(vllm, rel))
+        text = module_text(vllm, rel)
+        if passes and rel == CUTLASS_MOE:
+            call = "_ = flashinfer_cutlass_fused_moe("
+            text = text.replace(call, f"{call}use_fused_finalize=True, ")
+        (site / rel).write_text(text)
     return {"PYTHONPATH": f"{rig.env['PYTHONPATH']}{os.pathsep}{site}"}
 
 
@@ -275,3 +280,9 @@ def test_warm_unfused_records_a_warm_that_passed_the_mode_on(rig: Rig) -> None:
     [warm] = json.loads((ns / "manifest.json").read_text())["warms"]
     assert warm["supports_finalize_env"] is True
     assert rig.starts()[0]["env"][PLUGIN_ENV] == "1"
+
+
+def test_unfused_on_a_vllm_that_passes_the_flag_itself_is_refused(rig: Rig) -> None:
+    p = rig.run("serve", "--deterministic", "--", MODEL, **_site(rig, "0.34.0", "0.7.4", True))
+    assert p.returncode == 2 and rig.starts() == []
+    assert "this vLLM passes use_fused_finalize to FlashInfer itself" in p.stderr
