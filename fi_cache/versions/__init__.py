@@ -496,8 +496,8 @@ def unfused_route(
         return None, "no FlashInfer version to judge"
     if fi < FLASHINFER_FINALIZE_FOLLOWS_TORCH:
         return out, (
-            f"FlashInfer {fi} runs fused finalize whatever torch's deterministic mode "
-            f"(FlashInfer {FLASHINFER_FINALIZE_FOLLOWS_TORCH} follows it)"
+            f"FlashInfer {fi} runs fused finalize whatever torch's deterministic mode; "
+            f"{FLASHINFER_FINALIZE_FOLLOWS_TORCH}+ follows it"
         )
     if passes_arg is None:
         return None, f"cannot read this vLLM's {VLLM_CUTLASS_MOE_FILE}"
