@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import re
 import sys
 import time
 from collections.abc import Sequence
@@ -43,6 +44,36 @@ def short_gpu(name: str | None) -> str:
     return "-" if not name else name.removeprefix("NVIDIA ").split(" ")[0]
 
 
+# What a terminal acts on rather than shows: C0/C1 controls (ESC starts a title or clipboard
+# escape sequence), DEL, bidi overrides, and lone surrogates (not encodable).
+_UNPRINTABLE = re.compile("[\x00-\x1f\x7f-\x9f\u202a-\u202e\u2066-\u2069\ud800-\udfff]")
+_UNPRINTABLE_BUT_NEWLINE = re.compile(
+    "[\x00-\x09\x0b-\x1f\x7f-\x9f\u202a-\u202e\u2066-\u2069\ud800-\udfff]"
+)
+
+
+def printable(text: str, *, lines: bool = False) -> str:
+    """`text` with every control character escaped (`\\x1b`): a key, a log's path or a
+    metadata value goes to the terminal as text, never as a command to it. Every human
+    renderer passes file-borne text through this. `lines`: a message's own line breaks stay."""
+    pattern = _UNPRINTABLE_BUT_NEWLINE if lines else _UNPRINTABLE
+    if pattern.search(text) is None:
+        return text
+    return pattern.sub(_escaped, text)
+
+
+def printable_rows(rows: list[list[str]]) -> list[list[str]]:
+    """Table rows with every cell `printable`; one scan of all of them when none needs it."""
+    if _UNPRINTABLE.search("".join("".join(row) for row in rows)) is None:
+        return rows
+    return [[printable(cell) for cell in row] for row in rows]
+
+
+def _escaped(match: re.Match[str]) -> str:
+    code = ord(match.group())
+    return f"\\x{code:02x}" if code < 0x100 else f"\\u{code:04x}"
+
+
 def display_path(path: Path | str) -> str:
     """A path as the user pastes it into another command: whole (never cut), relative to the
     working dir when under it, `~` for home, shell-quoted when a shell would split it."""
@@ -56,7 +87,8 @@ def display_path(path: Path | str) -> str:
     import shlex
 
     if shlex.quote(text) != text:
-        return shlex.quote(text)  # no `~` inside quotes: the shell would not expand it
+        # no `~` inside quotes: the shell would not expand it
+        return printable(shlex.quote(text))
     home = str(Path.home())
     if text.startswith(home + os.sep):
         text = "~" + text[len(home) :]
@@ -116,19 +148,19 @@ def _quiet() -> bool:
 def warn(message: str) -> None:
     """A note or warning on stderr; `-q` silences it."""
     if not _quiet():
-        click.echo(f"fi-cache: {message}", err=True)
+        click.echo(f"fi-cache: {printable(message, lines=True)}", err=True)
 
 
 def error(message: str) -> None:
     """A problem the command reports (it sets the exit code): shown even with `-q`."""
-    click.echo(f"fi-cache: {message}", err=True)
+    click.echo(f"fi-cache: {printable(message, lines=True)}", err=True)
 
 
 def report_scan_problems(inv: Inventory) -> int:
     """Print each problem a scan met on one line; return the exit code they call for."""
     code = 0
     for p in inv.problems:
-        error(f"{p.path}: {p.message}")
+        error(f"{p.path}: {p.message}")  # error() escapes the path's control characters
         code = max(code, p.exit_code)
     for path in inv.empty:
         error(f"{path}: no FlashInfer autotune caches found here")

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -112,12 +111,13 @@ def show_command(path: Path, op_filter: str | None) -> int:
     if len(caches) > 1:
         return _show_ranks(caches, op_filter)
     cache = caches[0]
-    entries = _entries(cache, op_filter)
+    entries = _parsed(cache, op_filter)
     key = _sglang_key(caches, ctx.store)
     ns = _namespace_json(cache, ctx.store)
     if ctx.json:
         doc = {"path": str(cache.path), "format": cache.found.format, "role": cache.role,
-               "metadata": cache.metadata, "entries": entries, "namespace": ns}  # fmt: skip
+               "metadata": cache.metadata, "entries": _entries_json(entries),
+               "namespace": ns}  # fmt: skip
         render.emit_json({**doc, "sglang": key} if key else doc)
         return 0
     _say_key(key)
@@ -210,17 +210,29 @@ def _say_key(key: dict[str, Any] | None) -> None:
         click.echo(f"  warmed by fi-cache with SGLang {key['sglang_version']}: {argv}")
 
 
+Entry = tuple[str, "keymod.CacheKey | None", Any]  # raw key, parsed key (None: unparsable), value
+
+
 def _entries(cache: Cache, op_filter: str | None) -> list[dict[str, Any]]:
+    """The entries as `--format json` lists them (fi_cache/cli/tier.py shows a tier's so)."""
+    return _entries_json(_parsed(cache, op_filter))
+
+
+def _parsed(cache: Cache, op_filter: str | None) -> list[Entry]:
     from fi_cache.model import v1
 
-    entries = [_entry_json(raw, key, value) for raw, key, value in v1.iter_entries(cache.file)]
+    entries = list(v1.iter_entries(cache.file))
     if not op_filter:
         return entries
-    matched = [e for e in entries if e["op"] and op_filter in e["op"]]
+    matched = [e for e in entries if e[1] is not None and op_filter in e[1].op]
     if entries and not matched:
         ops = ", ".join(cache.file.ops()) or "none"
         raise Refused(f"no op matches --op {op_filter!r}; its ops: {ops}", cache.path)
     return matched
+
+
+def _entries_json(entries: list[Entry]) -> list[dict[str, Any]]:
+    return [_entry_json(raw, key, value) for raw, key, value in entries]
 
 
 def _show_ranks(caches: list[Cache], op_filter: str | None) -> int:
@@ -231,12 +243,14 @@ def _show_ranks(caches: list[Cache], op_filter: str | None) -> int:
             "rank": list(c.found.rank or ()),
             "path": str(c.path),
             "metadata": c.metadata,
-            "entries": _entries(c, op_filter),
+            "entries": _parsed(c, op_filter),
         }
         for c in caches
     ]
     key = _sglang_key(caches, _ctx().store)
     if _ctx().json:
+        for rank in ranks:
+            rank["entries"] = _entries_json(rank["entries"])
         render.emit_json({"path": str(group), "format": "v1", "layout": "sglang", "ranks": ranks,
                           "sglang": key})  # fmt: skip
         return 0
@@ -249,12 +263,16 @@ def _show_ranks(caches: list[Cache], op_filter: str | None) -> int:
     return 0
 
 
-def _show_human(cache: Cache, entries: list[dict[str, Any]], label: str | None = None) -> None:
+def _show_human(
+    cache: Cache, entries: list[Entry] | list[dict[str, Any]], label: str | None = None
+) -> None:
     from fi_cache.model import keys as keymod
+    from fi_cache.model.buckets import shape_order
 
     where = label or render.display_path(cache.path)  # label: a tier key (mooncake://)
     click.echo(
-        f"{where}  ({cache.found.format}, {len(entries)} entries, {render.human_size(cache.size)})"
+        f"{render.printable(where)}  ({cache.found.format}, {len(entries)} entries, "
+        f"{render.human_size(cache.size)})"
     )
     if cache.role is not None:
         from fi_cache.caches.discover import ROLE_NOTES
@@ -265,35 +283,84 @@ def _show_human(cache: Cache, entries: list[dict[str, Any]], label: str | None =
         click.echo("metadata: none (FlashInfer accepts the file in any environment)")
     else:
         for name, value in meta.items():
-            click.echo(f"  {name:<24}{value}")
+            click.echo(render.printable(f"  {name:<24}{value}"))
     if cache.file.generation:
-        click.echo(f"  {'_generation':<24}{cache.file.generation[:16]}…")
-    groups: dict[tuple[str, str], list[dict[str, Any]]] = {}
-    for e in entries:
-        groups.setdefault((e["op"] or "(unparsable key)", e["runner"] or "?"), []).append(e)
-    for (op, runner), group in sorted(groups.items()):
-        click.echo(f"\n{op} · {runner}  ({len(group)} entries)")
-        rows = []
-        for e in sorted(group, key=lambda e: json.dumps(e["profile"])):
-            extras = e["extras"]
-            if "finalize" in e and not isinstance(extras, dict):
-                extras_text = "unknown finalize (no extras in key)"
-            elif isinstance(extras, dict):  # MoE: the fields that tell runs apart
-                extras_text = (
-                    f"{e.get('finalize')} top_k={extras.get('top_k')} "
-                    f"ep={extras.get('ep_size')} tp={extras.get('tp_size')}"
-                )
-            else:
-                extras_text = _compact(extras) if extras is not None else "-"
-            rows.append([keymod.shapes(e["profile"]), _compact(e["tactic"]), extras_text])
+        click.echo(f"  {'_generation':<24}{render.printable(cache.file.generation[:16])}…")
+    groups: dict[tuple[str, str], list[list[str]]] = {}
+    moe_ops: dict[str, bool] = {}
+    for entry in entries:
+        if isinstance(entry, dict):  # as `--format json` lists it (a tier's table)
+            group, row = _json_row(entry)
+            groups.setdefault(group, []).append(row)
+            continue
+        raw, key, value = entry
+        tactic = value[1] if isinstance(value, list) and len(value) > 1 else value
+        if key is None:
+            runner = value[0] if isinstance(value, list) and value else None
+            row = ["", _compact(tactic), raw]  # the raw key, to find it in the file
+            groups.setdefault(("(unparsable key)", str(runner or "?")), []).append(row)
+            continue
+        row = [keymod.shapes(key.profile), _compact(tactic), _extras_text(key, moe_ops)]
+        groups.setdefault((key.op, key.runner), []).append(row)
+    for (op, runner), rows in sorted(groups.items()):
+        click.echo(render.printable(f"\n{op} · {runner}  ({len(rows)} entries)", lines=True))
+        rows.sort(key=lambda row: (shape_order(row[0]), row[2]))  # buckets in numeric order
         headers = ["PROFILE", "TACTIC", "EXTRAS"]
-        click.echo(render.table(headers, rows, width=render.terminal_width()))
+        click.echo(
+            render.table(headers, render.printable_rows(rows), width=render.terminal_width())
+        )
+
+
+def _json_row(e: dict[str, Any]) -> tuple[tuple[str, str], list[str]]:
+    from fi_cache.model import keys as keymod
+
+    extras = e["extras"]
+    if "finalize" in e and not isinstance(extras, dict):
+        extras_text = "unknown finalize (no extras in key)"
+    elif isinstance(extras, dict):  # MoE: the fields that tell runs apart
+        extras_text = (
+            f"{e.get('finalize')} top_k={extras.get('top_k')} "
+            f"ep={extras.get('ep_size')} tp={extras.get('tp_size')}"
+        )
+    else:
+        extras_text = _compact(extras) if extras is not None else "-"
+    group = (e["op"] or "(unparsable key)", e["runner"] or "?")
+    shapes = keymod.shapes(e["profile"]) if e["op"] else ""
+    return group, [shapes, _compact(e["tactic"]), extras_text if e["op"] else e["raw_key"]]
+
+
+def _extras_text(key: keymod.CacheKey, moe_ops: dict[str, bool]) -> str:
+    from fi_cache.model import keys as keymod
+    from fi_cache.model import moe
+
+    if (is_moe := moe_ops.get(key.op)) is None:
+        is_moe = moe_ops[key.op] = moe.is_moe(key.op)
+    if not is_moe and type(key.extras) is tuple:
+        text = "[" + ",".join(map(str, key.extras)) + "]"  # a plain leaf's str is its JSON's
+        if "(" not in text[1:] and "[" not in text[1:]:
+            return text
+    if is_moe:
+        named = moe.named_extras(key)
+        if not named:
+            return "unknown finalize (no extras in key)"
+        extras = {name: keymod.to_json(v) for name, v in named.items()}
+        # MoE: the fields that tell runs apart
+        return (
+            f"{moe.finalize_mode(key)} top_k={extras.get('top_k')} "
+            f"ep={extras.get('ep_size')} tp={extras.get('tp_size')}"
+        )
+    return _compact(keymod.to_json(key.extras)) if key.has_extras else "-"
 
 
 def _compact(value: Any) -> str:
     if isinstance(value, list):
+        if all(type(v) in _PLAIN for v in value):  # most extras: no call per item
+            return "[" + ",".join(map(str, value)) + "]"
         return "[" + ",".join(_compact(v) for v in value) + "]"
     return str(value)
+
+
+_PLAIN = (int, str, float, bool, type(None))
 
 
 COMMANDS = [show_command]

@@ -3,6 +3,8 @@ and which bucket a call of M tokens looks up. Pure."""
 
 from __future__ import annotations
 
+import re
+
 from fi_cache.versions import HYBRID_POWER_OF_2_UNTIL, HYBRID_STEPS
 
 
@@ -42,3 +44,14 @@ def bucket_of(tokens: int) -> int:
         if tokens <= end:
             return -(-tokens // step) * step
     return _next_power_of_2(tokens)
+
+
+_NUMBER = re.compile(r"(-?\d+)")
+
+
+def shape_order(shapes: str) -> tuple[str | int, ...]:
+    """Sort key of a profile's shapes text (`keys.shapes`): numbers as numbers, so bucket 2
+    comes before bucket 16 and 128 (a string sort puts 1024x2048 before 128x2048)."""
+    parts: list[str | int] = list(_NUMBER.split(shapes))
+    parts[1::2] = map(int, parts[1::2])  # the numbers: odd places
+    return tuple(parts)

@@ -83,3 +83,35 @@ def test_show_reads_an_sglang_deployment_dir_as_one_cache_with_ranks(run, tmp_pa
     assert all(len(r["entries"]) == 32 for r in doc["ranks"])
     human = run("show", files[0].parent)
     assert human.code == 0 and "rank tp1 pp0 dp0" in human.out and "2 rank files" in human.out
+
+
+def _gemm_cache(path, tokens, op="bf16_gemm", tactic=1):  # type: ignore[no-untyped-def]
+    from fi_cache.model import v1
+
+    meta = json.loads(GEMM_618.read_text())["_metadata"]
+    entries = {
+        f"('{op}', 'CublasltBf16GemmRunner', (({m}, 4096), (4096, 2048)), ())": [
+            "CublasltBf16GemmRunner",
+            tactic,
+        ]
+        for m in tokens
+    }
+    path.write_text(v1.dumps(v1.CacheFile(meta, entries)))
+    return path
+
+
+def test_show_lists_buckets_in_numeric_order_not_as_strings(run, tmp_path) -> None:  # type: ignore[no-untyped-def]
+    # A string sort printed 1x4096, 1024x4096, 128x4096, 16x4096, 2x4096 ...
+    cache = _gemm_cache(tmp_path / "c.json", [1024, 2, 128, 1, 16])
+    out = run("show", cache).out
+    rows = [line.split()[0] for line in out.splitlines() if "x4096 4096x2048 " in line]
+    assert rows == ["1x4096", "2x4096", "16x4096", "128x4096", "1024x4096"], out
+
+
+def test_show_escapes_terminal_control_characters_from_keys(run, tmp_path) -> None:  # type: ignore[no-untyped-def]
+    op = "bf16_gemm\x1b]0;PWNED\x07\x1b[2J"
+    cache = _gemm_cache(tmp_path / "c.json", [1, 2], op=op)
+    r = run("show", cache)
+    assert r.code == 0 and "\x1b" not in r.out and "\x07" not in r.out
+    assert "bf16_gemm\\x1b]0;PWNED\\x07\\x1b[2J · CublasltBf16GemmRunner  (2 entries)" in r.out
+    assert run("--format", "json", "show", cache).json()["entries"][0]["op"] == op
