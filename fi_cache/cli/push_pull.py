@@ -9,6 +9,7 @@ from typing import IO, Any
 import click
 
 from fi_cache.cli import render
+from fi_cache.errors import Refused
 
 _SHOW_FROM = 1024 * 1024  # smaller transfers finish before a progress line could help
 _REDRAW_S = 0.1
@@ -84,7 +85,12 @@ def _summary(moved: Any) -> dict[str, Any]:
     help="Push an environment whose FlashInfer version, arch or GPU was not detected (its "
     "key reads unknown: every machine whose detection fails alike pulls it).",
 )
-def push_command(url: str, which: str, allow_unknown: bool) -> int:
+@click.option(
+    "--replace",
+    is_flag=True,
+    help="mooncake:// only: publish over a key that holds another table (vLLM never would).",
+)
+def push_command(url: str, which: str, allow_unknown: bool, replace: bool) -> int:
     """Upload this machine's namespaces as a bundle to URL (s3://, gs://, file://, a path, ...).
 
     The bundle lands at URL/<flashinfer>/<arch>/<gpu>/<fingerprint>.tar.gz with a .json sidecar
@@ -92,7 +98,14 @@ def push_command(url: str, which: str, allow_unknown: bool) -> int:
     """
     from fi_cache.cli.bundle import echo_bundle, resolve_namespaces
     from fi_cache.fleet import transfer
+    from fi_cache.tier.keys import is_tier_arg
 
+    if is_tier_arg(url):  # mooncake://KEY: vLLM 0.34's fleet tier, under vLLM's own keys
+        from fi_cache.cli import tier
+
+        return tier.push(url, which, replace)
+    if replace:
+        raise Refused("--replace is for mooncake:// keys (a bundle URL is never overwritten)")
     ctx = _ctx()
     dirs = resolve_namespaces(ctx.store, which)
     progress = LiveProgress("push", ctx.quiet)
@@ -122,7 +135,14 @@ def push_command(url: str, which: str, allow_unknown: bool) -> int:
     metavar="KEY",
     help="Pull this bundle (<flashinfer>/<arch>/<gpu>/<hash>.tar.gz) instead of this machine's.",
 )
-def pull_command(url: str, force: bool, key: str | None) -> int:
+@click.option(
+    "--finalize",
+    type=click.Choice(["fused", "unfused"]),
+    default=None,
+    help="mooncake:// only: the namespace (finalize mode) to adopt the tables into "
+    "(default: the tables' own mode, else fused).",
+)
+def pull_command(url: str, force: bool, key: str | None, finalize: str | None) -> int:
     """Download this machine's bundle from URL, check its sha256, verify and import it.
 
     Refuses (exit 2) when URL holds no bundle for this machine's environment, naming the key
@@ -130,7 +150,16 @@ def pull_command(url: str, force: bool, key: str | None) -> int:
     """
     from fi_cache.cli.bundle import echo_bundle, echo_node, node_summary
     from fi_cache.fleet import transfer
+    from fi_cache.tier.keys import is_tier_arg
 
+    if is_tier_arg(url):  # mooncake://KEY: adopt the tier's tables where they fit this machine
+        if force or key:
+            raise Refused("--force and --key are for bundles; the tier's tables must fit")
+        from fi_cache.cli import tier
+
+        return tier.pull(url, finalize)
+    if finalize:
+        raise Refused("--finalize is for mooncake:// keys (a bundle holds both namespaces)")
     ctx = _ctx()
     progress = LiveProgress("pull", ctx.quiet)
     try:

@@ -243,3 +243,64 @@ def evict(args: list[TierArg], dry_run: bool, selector_given: bool) -> int:
 
 
 __all__ = ["doctor", "evict", "ls", "show", "verify"]
+
+
+def push(url_arg: str, which: str, replace: bool) -> int:
+    """Publish a namespace's rank tables under vLLM's keys (verified, first writer wins)."""
+    from fi_cache.cli.bundle import resolve_namespaces
+    from fi_cache.tier.keys import parse_arg
+    from fi_cache.tier.publish import apply_push, plan_push, push_sources
+
+    ctx = _ctx()
+    arg = parse_arg(url_arg)
+    sources = push_sources(resolve_namespaces(ctx.store, which), arg)
+    with _client() as client:
+        items = plan_push(client, sources, replace)
+        done = apply_push(client, items)
+    written = {item.key.key for item in done}
+    rows: list[dict[str, Any]] = [
+        {"key": i.key.url, "source": str(i.source), "action": i.action,
+         "written": i.key.key in written}
+        for i in items
+    ]  # fmt: skip
+    if ctx.json:
+        render.emit_json({"published": rows})
+        return 0
+    for r in rows:
+        verb = {"publish": "published", "replace": "replaced", "same": "already there"}
+        state = verb[r["action"]] if r["written"] or r["action"] == "same" else "taken meanwhile"
+        click.echo(f"{state} {r['key']}  <- {render.display_path(r['source'])}")
+    return 0
+
+
+def pull(url_arg: str, finalize: str | None) -> int:
+    """Adopt the tier's tables into this machine's namespace, only where they fit it."""
+    from fi_cache import environment
+    from fi_cache.doctor.gather import Overrides, make_target
+    from fi_cache.store.namespace import Namespace
+    from fi_cache.store.paths import state_dir
+    from fi_cache.tier.keys import parse_arg
+    from fi_cache.tier.publish import apply_pull, plan_pull
+
+    ctx = _ctx()
+    arg = parse_arg(url_arg)
+    inv = _read([arg])
+    if inv.empty:
+        raise Refused("no table under this key (vLLM's daemon has published none)", arg.text)
+    modes = {m for c in inv.caches if (m := c.finalize()) in ("fused", "unfused")}
+    mode = finalize or (modes.pop() if len(modes) == 1 else "fused")
+    env = environment.detect(state_dir(ctx.store))
+    target = make_target(env, Overrides(finalize=mode), dict(os.environ))
+    ns = Namespace(target.fingerprint, "unfused" if mode == "unfused" else "fused")
+    items = plan_pull(inv, target, ns.path(ctx.store))
+    done = apply_pull(items, ns, ctx.store)
+    rows: list[dict[str, Any]] = [
+        {"key": i.key.url, "path": str(i.dest), "installed": i in done} for i in items
+    ]
+    if ctx.json:
+        render.emit_json({"namespace": str(ns.path(ctx.store)), "pulled": rows})
+        return 0
+    for r in rows:
+        state = "installed" if r["installed"] else "already there"
+        click.echo(f"{state} {render.display_path(r['path'])}  <- {r['key']}")
+    return 0
