@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Callable, Iterator
+from pathlib import Path
 
 import pytest
 from conftest import Tier
@@ -133,3 +134,37 @@ def test_doctor_flags_a_fused_table_for_an_unfused_fleet_as_a_crash(
     fixed = run("doctor", url, *target, "--fix")
     assert f"removed {url}" in fixed.out
     assert client.exists([rank_key(h, 0, 0)]) == [False]
+
+
+def test_an_unreachable_master_or_a_bad_config_is_one_line_exit_2(
+    run: Run, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]  # closed once the block ends: nobody answers there
+    cfg = tmp_path / "mooncake.json"
+    cfg.write_text(
+        json.dumps(
+            {
+                "local_hostname": "127.0.0.1",
+                "metadata_server": f"http://127.0.0.1:{port}/metadata",
+                "master_server_address": f"127.0.0.1:{port}",
+                "protocol": "tcp",
+            }
+        )
+    )
+    monkeypatch.setenv("MOONCAKE_CONFIG_PATH", str(cfg))
+    monkeypatch.setenv("MC_TCP_BIND_ADDRESS", "127.0.0.1")
+    monkeypatch.setenv("FI_CACHE_TIER_TIMEOUT_S", "1.5")
+    url = f"mooncake://{rank_key('a' * 64, 0, 0)}"
+    r = run("ls", url)
+    assert r.code == 2 and r.err.count("\n") == 1 and "no answer in 1.5 s" in r.err
+    cfg.write_text("{broken")
+    bad = run("verify", url)
+    assert (
+        bad.code == 2
+        and bad.err == f"fi-cache: {cfg}: not valid JSON " + bad.err.split("not valid JSON ", 1)[1]
+    )
+    assert bad.err.count("\n") == 1
