@@ -37,6 +37,6 @@ MOONCAKE_CONFIG_DEFAULTS: dict[str, object] = {
     "mode": "embedded",
     "tenant_id": "default",
 }
-# `vllm preload` flags (entrypoints/cli/preload.py 0.34:206,213; comma-separated names :330-333).
+# `vllm preload` flags (entrypoints/cli/preload.py 0.34:206,213; comma-separated names :330-334).
 PRELOAD_STORES_FLAG = "--warmup-cache-stores"
 PRELOAD_SEED_TOKEN_FLAG = "--seed-token"
