@@ -112,7 +112,7 @@ def diff_command(a: Path, b: Path, op_filter: str | None) -> int:
 
             click.echo(f"  {side} is {ROLE_NOTES[cache.role]}")
     for field, (x, y) in d.metadata.items():
-        click.echo(f"  _metadata {field}: A {x!r}, B {y!r}")
+        click.echo(render.printable(f"  _metadata {field}: A {x!r}, B {y!r}"))
     groups: dict[tuple[str, str], list[EntryDiff]] = {}
     for e in entries:
         groups.setdefault((e.op or "(unparsable key)", e.runner or "?"), []).append(e)
@@ -120,9 +120,9 @@ def diff_command(a: Path, b: Path, op_filter: str | None) -> int:
         click.echo("  (family: fused's|unfused's config for that id: keys before FlashInfer "
                    "0.6.18rc2 do not say the mode)")  # fmt: skip
     for (op, runner), group in groups.items():
-        click.echo(f"\n{op} · {runner}  ({len(group)} differ)")
+        click.echo(render.printable(f"\n{op} · {runner}  ({len(group)} differ)", lines=True))
         rows = [[e.bucket, e.change, _tactic(e.a), _tactic(e.b)] for e in group[:_SHOWN]]
-        click.echo(render.table(["BUCKET", "CHANGE", "A", "B"], rows,
+        click.echo(render.table(["BUCKET", "CHANGE", "A", "B"], render.printable_rows(rows),
                                 width=render.terminal_width()))  # fmt: skip
         if len(group) > _SHOWN:
             click.echo(f"  … {len(group) - _SHOWN} more (--format json lists them all)")

@@ -65,9 +65,10 @@ class Version:
         return self.text
 
 
-def parse_version(text: str | None) -> Version | None:
-    """A Version, or None for a missing or indeterminate value ("unknown", "None")."""
-    if text is None or text in _NOT_A_VERSION:
+def parse_version(text: object) -> Version | None:
+    """A Version, or None for a missing or indeterminate value ("unknown", "None"), and for a
+    value that is no string at all (a hand-edited `_metadata` may hold a list or an object)."""
+    if not isinstance(text, str) or text in _NOT_A_VERSION:
         return None
     try:
         return Version.parse(text)
