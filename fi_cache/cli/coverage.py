@@ -179,16 +179,18 @@ def _say(
         tuned = sum(p.tuned for p in pairs)
         shown_mode = f" ({mode})" if mode else ""
         name = label if label == op else f"{label} · {op}"
-        click.echo(f"\n{name}{shown_mode}: {tuned} of {len(pairs)} tuned")
+        click.echo(
+            render.printable(f"\n{name}{shown_mode}: {tuned} of {len(pairs)} tuned", lines=True)
+        )
         missing = [p for p in pairs if not p.tuned]
         by_reason: dict[str, list[int]] = {}
         for p in missing:
             by_reason.setdefault(p.reason or "not tuned", []).append(p.want.bucket)
         for reason, buckets in list(by_reason.items())[:_SHOWN]:
-            click.echo(f"  bucket {', '.join(map(str, buckets))}: {reason}")
+            click.echo(render.printable(f"  bucket {', '.join(map(str, buckets))}: {reason}"))
         notes = {p.reason for p in pairs if p.tuned and p.reason}
         for note in notes:
-            click.echo(f"  note: {note}")
+            click.echo(render.printable(f"  note: {note}"))
     if threshold is not None and percent < threshold:
         render.error(f"coverage {percent}% is under --min-coverage {threshold:g}%")
 

@@ -78,14 +78,17 @@ class _Entry:
 
 
 def _dims(value: Any) -> tuple[int, ...] | None:
-    if isinstance(value, list) and all(isinstance(d, int) for d in value):
+    if isinstance(value, keymod.TorchSize):
+        return value.dims
+    if isinstance(value, (list, tuple)) and all(isinstance(d, int) for d in value):
         return tuple(value)
     return None
 
 
 def _split(profile: Any) -> tuple[int, tuple[int, ...], tuple[int, ...] | None] | None:
-    """(token dim, the other dims of the first input, the second input) of a key's profile."""
-    if not isinstance(profile, list) or not profile:
+    """(token dim, the other dims of the first input, the second input) of a key's profile
+    (parsed, or its JSON view)."""
+    if not isinstance(profile, (list, tuple)) or not profile:
         return None
     first = _dims(profile[0])
     if first is None or len(first) < 2:
@@ -98,7 +101,7 @@ def entries(cf: v1.CacheFile) -> list[_Entry]:
     """The cache's entries, decoded once (unparsable keys left out: verify reports them)."""
     out = []
     for _raw, key, value in v1.iter_entries(cf):
-        if key is None or (split := _split(keymod.to_json(key.profile))) is None:
+        if key is None or (split := _split(key.profile)) is None:
             continue
         mode = dtype = None
         if moe.is_moe(key.op):
@@ -165,7 +168,7 @@ def _parse_shapes(text: str | None) -> tuple[int, tuple[int, ...], tuple[int, ..
     if not text:
         return None
     try:
-        return _split(keymod.to_json(keymod.parse_value(text)))
+        return _split(keymod.parse_value(text))
     except (ValueError, FiCacheError, RecursionError):
         return None
 
@@ -174,19 +177,45 @@ def _parse_shapes(text: str | None) -> tuple[int, tuple[int, ...], tuple[int, ..
 
 
 @dataclass
+class _Shape:
+    """The entries of one op and input shape, by bucket."""
+
+    by_bucket: dict[int, list[_Entry]] = field(default_factory=dict)
+    _sorted: list[int] | None = None
+
+    def buckets(self) -> list[int]:
+        if self._sorted is None:
+            self._sorted = sorted(self.by_bucket)
+        return self._sorted
+
+
+@dataclass
 class _Index:
-    by_op: dict[str, list[_Entry]] = field(default_factory=dict)
+    """Entries by (op, other dims of the first input[, second input]): a lookup reads only its
+    own shape's entries (scanning the op's for every line of a log was O(lines x entries))."""
+
+    per_op: dict[str, int] = field(default_factory=dict)
+    by_rest: dict[tuple[str, tuple[int, ...]], _Shape] = field(default_factory=dict)
+    by_second: dict[tuple[str, tuple[int, ...], tuple[int, ...] | None], _Shape] = field(
+        default_factory=dict
+    )
 
     @classmethod
     def of(cls, found: Iterable[_Entry]) -> _Index:
         index = cls()
         for e in found:
-            index.by_op.setdefault(e.op, []).append(e)
+            index.per_op[e.op] = index.per_op.get(e.op, 0) + 1
+            for shape in (
+                index.by_rest.setdefault((e.op, e.rest), _Shape()),
+                index.by_second.setdefault((e.op, e.rest, e.second), _Shape()),
+            ):
+                shape.by_bucket.setdefault(e.bucket, []).append(e)
         return index
 
-
-def _same_shape(e: _Entry, w: Want) -> bool:
-    return e.rest == w.rest and (w.second is None or e.second == w.second)
+    def shaped(self, w: Want) -> _Shape | None:
+        if w.second is None:
+            return self.by_rest.get((w.op, w.rest))
+        return self.by_second.get((w.op, w.rest, w.second))
 
 
 def judge(cf: v1.CacheFile, wants: Sequence[Want]) -> Coverage:
@@ -195,18 +224,18 @@ def judge(cf: v1.CacheFile, wants: Sequence[Want]) -> Coverage:
 
 
 def _judge(index: _Index, w: Want) -> Pair:
-    of_op = index.by_op.get(w.op, [])
-    shaped = [e for e in of_op if _same_shape(e, w)]
-    if w.fell_back and shaped and w.bucket > max(e.bucket for e in shaped):
-        w = _clamped(w, max(e.bucket for e in shaped))  # FlashInfer looks the largest bucket up
-    at = [e for e in shaped if e.bucket == w.bucket]
+    shaped = index.shaped(w)
+    buckets = shaped.buckets() if shaped else []
+    if w.fell_back and buckets and w.bucket > buckets[-1]:
+        w = _clamped(w, buckets[-1])  # FlashInfer looks the largest bucket up
+    at = shaped.by_bucket.get(w.bucket, []) if shaped else []
     fits = [e for e in at if _fits(e.mode, w.mode) and _fits(e.dtype, w.dtype)]
     found = tuple((e.runner, e.tactic) for e in fits)
     if fits and not w.fell_back:
         blind = w.mode is not None and all(e.mode is None for e in fits)
         note = "keys do not say the finalize mode (FlashInfer < 0.6.18rc2)" if blind else None
         return Pair(w, True, note, found)
-    return Pair(w, False, _why(w, of_op, shaped, at, fits), found)
+    return Pair(w, False, _why(w, index.per_op.get(w.op, 0), buckets, at, fits), found)
 
 
 def _fits(has: str | None, wanted: str | None) -> bool:
@@ -218,9 +247,8 @@ def _clamped(w: Want, bucket: int) -> Want:
     return Want(w.label, w.op, bucket, w.rest, w.second, w.mode, w.dtype, w.source, w.fell_back)
 
 
-def _why(
-    w: Want, of_op: list[_Entry], shaped: list[_Entry], at: list[_Entry], fits: list[_Entry]
-) -> str:
+def _why(w: Want, of_op: int, buckets: list[int], at: list[_Entry], fits: list[_Entry]) -> str:
+    """Why `w` is not tuned: `of_op` entries of its op, `buckets` its shape is tuned at."""
     if fits:  # in the cache, yet the start fell back: keyed otherwise than the call
         modes = sorted({e.mode for e in fits if e.mode})
         if modes:
@@ -235,12 +263,11 @@ def _why(
             return f"finalize-mode miss: tuned {'/'.join(other_modes)} only"
         dtypes = sorted({e.dtype for e in at if e.dtype and e.dtype != w.dtype})
         return f"dtype: tuned for {', '.join(dtypes) or 'other extras'} only"
-    if shaped:
-        buckets = sorted({e.bucket for e in shaped})
+    if buckets:
         above = " (above the largest: tune more tokens)" if w.bucket > buckets[-1] else ""
         return f"bucket never warmed: this shape is tuned at {_ranges(buckets)}{above}"
     if of_op:
-        return f"shape never warmed: {w.op} is tuned for other shapes ({len(of_op)} entries)"
+        return f"shape never warmed: {w.op} is tuned for other shapes ({of_op} entries)"
     return f"op never tuned: no {w.op} entry in the cache"
 
 

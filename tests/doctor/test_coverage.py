@@ -121,3 +121,34 @@ def test_a_start_that_fell_back_is_explained_from_its_log() -> None:
     replay = read_log(MOE / "0.6.18" / "replay-unfused-under-fused.log")
     wants = cov.from_log(replay.fallbacks)
     assert sorted({w.bucket for w in wants}) == list(tuned_buckets(1024))  # every bucket missed
+
+
+def _fallbacks_against_a_cache(n: int) -> tuple[v1.CacheFile, list[cov.Want]]:
+    """n entries of 7 widths, and a log's n fallbacks of those shapes above the largest bucket
+    (FlashInfer looks that one up; the F6 repro: 1000 lines x 20,000 entries took 8.4 s)."""
+    from fi_cache.doctor.logs import Fallback
+
+    key = "('bf16_gemm', 'R', (({m}, 4096), (4096, {w}), (0,), (-1, {w})), ({m}, {w}, 4096))"
+    meta = {"flashinfer_version": "0.6.18"}
+    entries = {key.format(m=m, w=2048 + 128 * (m % 7)): ["R", 1] for m in range(1, n + 1)}
+    shapes = "(({m}, 4096), (4096, {w}), (0,), (-1, {w}))"
+    fallbacks = [
+        Fallback("bf16_gemm", -1, i, shapes.format(m=300_001 + i, w=2048 + 128 * (i % 7)))
+        for i in range(n)
+    ]
+    return v1.CacheFile(meta, entries), cov.from_log(fallbacks)
+
+
+def test_log_lookups_read_only_their_own_shapes_entries() -> None:
+    from tests.growth import growth
+
+    cache, wants = _fallbacks_against_a_cache(70)
+    pairs = cov.judge(cache, wants).pairs
+    assert len(pairs) == 70 and not any(p.tuned for p in pairs)
+    assert all("keyed otherwise" in (p.reason or "") for p in pairs), pairs[0].reason
+
+    def judged(n: int):  # type: ignore[no-untyped-def]
+        cache, wants = _fallbacks_against_a_cache(n)
+        return lambda: cov.judge(cache, wants)
+
+    assert growth(judged, 140) < 2.6  # each lookup scanned every entry of the op: ~4
