@@ -36,6 +36,7 @@ def group_json(gp: GroupPlan) -> dict[str, Any]:
         "entries": gp.entries,
         "writes": [{"path": str(p), "created": created} for p, created in gp.writes],
         "chosen": [_choice(c) for c in gp.chosen],
+        "note": dep.note,
     }
 
 
@@ -116,13 +117,15 @@ def align_command(paths: tuple[Path, ...], dry_run: bool) -> int:
     if ctx.json:
         render.emit_json({"dry_run": dry_run, "groups": [group_json(gp) for gp in plans]})
         return 1 if failed else 0
+    for note in dict.fromkeys(gp.deployment.note for gp in plans if gp.deployment.note):
+        render.warn(note)  # a stray rank number: no missing rank inferred from it
     for gp in plans:
         lines = _lines(gp, dry_run)
         if gp.aligned is None:
             render.error(lines[0])
         else:
             for line in lines:
-                click.echo(line)
+                click.echo(render.printable(line))
     return 1 if failed else 0
 
 

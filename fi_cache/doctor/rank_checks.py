@@ -201,6 +201,11 @@ def sglang_ranks_disagree(inp: Inputs) -> Iterator[Finding]:
 def ranks_divergent_tactics(inp: Inputs) -> Iterator[Finding]:
     """Ranks of one deployment that hold different tactics for one rank-free key."""
     for dep in _deployments(inp):
+        if dep.note is not None:  # a stray rank number: its missing ranks were not inferred
+            check = "vllm-ranks-retune" if dep.engine == "vllm" else "sglang-ranks-disagree"
+            yield Finding(check, "info", _where(dep), dep.note,
+                          "remove or rename the stray rank file (no deployment has that many "
+                          "ranks)")  # fmt: skip
         for group in dep.groups():
             found = divergent_tactics(group)
             if not found:

@@ -68,7 +68,8 @@ def _plan_group(
             "would replace it and lose its entries (fix it or move it aside; see fi-cache doctor)"
         )
         return GroupPlan(dep, tuple(group), None, why, (), 0)
-    files = [rf for rf in dep.rank_files() if rf.rank in group]
+    wanted = set(group)  # a list made this O(ranks^2)
+    files = [rf for rf in dep.rank_files() if rf.rank in wanted]
     try:
         aligned = align(files)
     except CannotAlign as exc:

@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Literal
 
 from fi_cache.caches.inventory import Cache
+from fi_cache.engines.flashinfer.hf_config import MAX_RANKS
 from fi_cache.ranks.agreement import RankFile
 
 EngineName = Literal["vllm", "sglang"]
@@ -34,6 +35,8 @@ class Deployment:
     # Ranks no copy holds that other nodes write (the engine's arguments say so): not given
     # here, so whether they agree is not known.
     elsewhere: tuple[str, ...] = ()
+    # Why no missing rank was inferred where names would have allowed it (a stray rank number).
+    note: str | None = None
 
     def rank_files(self) -> list[RankFile]:
         """Each rank's file as the deployment would read it: the first copy that holds it."""
@@ -130,25 +133,38 @@ def _order(engine: EngineName, rank: str) -> tuple[int, ...]:
     return (dp, pp, tp)
 
 
-def _missing_vllm(ranks: set[str]) -> set[str]:
-    """World ranks below the highest one that no copy holds (vLLM's fold: r = dp * L + local)."""
+def _beyond(top: int) -> str | None:
+    """Why ranks up to `top` are not inferred: no real world has that many (a stray name such as
+    `..._rank2000000.json` would make align plan, and doctor check, millions of files)."""
+    if top < MAX_RANKS:
+        return None
+    return f"rank {top} is beyond any real world (max {MAX_RANKS}): not inferring missing ranks"
+
+
+def _missing_vllm(ranks: set[str]) -> tuple[set[str], str | None]:
+    """World ranks below the highest one that no copy holds (vLLM's fold: r = dp * L + local),
+    and a note when the highest is past MAX_RANKS (nothing inferred then)."""
     parsed = [vllm_rank(r) for r in ranks]
-    world = [r for _, r in parsed]
-    if len(set(world)) != len(world):
-        return set()  # no fold: each DP engine numbers its own ranks; nothing to infer
+    world = {r for _, r in parsed}
+    if len(world) != len(parsed):
+        return set(), None  # no fold: each DP engine numbers its own ranks; nothing to infer
     top = max(world)
+    if (note := _beyond(top)) is not None:
+        return set(), note
     width = next(
         (w for w in range(1, top + 2) if all(dp == r // w for dp, r in parsed)), None
     )  # L = tp * pp, the smallest one every name agrees with
     if width is None:
-        return set()
-    return {f"dp{r // width}_rank{r}" for r in range(top + 1) if r not in world}
+        return set(), None
+    return {f"dp{r // width}_rank{r}" for r in range(top + 1) if r not in world}, None
 
 
-def _missing_sglang(ranks: set[str]) -> set[str]:
+def _missing_sglang(ranks: set[str]) -> tuple[set[str], str | None]:
     """TP ranks below the deployment's highest one that no copy holds, in every PP stage and
-    DP rank seen."""
+    DP rank seen, and a note when the highest is past MAX_RANKS (nothing inferred then)."""
     parsed = [sglang_rank(r) for r in ranks if "_gpu" not in r]
+    if (note := _beyond(max((t for t, _, _ in parsed), default=-1))) is not None:
+        return set(), note
     spans = _spans_dp(parsed)
     out = set()
     for pp in spans:  # dp-attention: dp = tp // attn_tp, attn_tp the narrowest fit
@@ -161,7 +177,7 @@ def _missing_sglang(ranks: set[str]) -> set[str]:
     top = max((t for t, _, _ in rest), default=-1)  # one TP size for every stage and replica
     for pp, dp in {(p, d) for _, p, d in rest}:
         out |= {f"tp{t}_pp{pp}_dp{dp}" for t in range(top + 1)}
-    return out - ranks
+    return out - ranks, None
 
 
 @dataclass(frozen=True)
@@ -208,11 +224,12 @@ def gather(
         extra = [c for c in copies if c.name == name and c not in order[(engine, name)]]
         ranks = {rank for _, rank in files}
         told = next((e for e in expected if e.fits(engine, name, ranks)), None)
+        note = None
         if told is not None:
             missing = set(told.ranks) - ranks
             away = missing - set(told.here)
         else:
-            missing = _missing_vllm(ranks) if engine == "vllm" else _missing_sglang(ranks)
+            missing, note = (_missing_vllm if engine == "vllm" else _missing_sglang)(ranks)
             away = set()
 
         def ordered(names: set[str], engine: EngineName = engine) -> tuple[str, ...]:
@@ -220,8 +237,14 @@ def gather(
 
         out.append(
             Deployment(
-                engine, name, (*order[(engine, name)], *extra), ordered(ranks | missing), files,
-                ordered(missing) if told is None else (), ordered(away),
+                engine,
+                name,
+                (*order[(engine, name)], *extra),
+                ordered(ranks | missing),
+                files,
+                ordered(missing) if told is None else (),
+                ordered(away),
+                note,
             )
         )
     return out

@@ -125,6 +125,42 @@ def test_gather_infers_the_missing_world_rank_of_a_folded_deployment(tmp_path: P
     assert vllm_gate(group).missing == ("dp1_rank2",)
 
 
+STRAY = "rank 2000000 is beyond any real world (max 4096): not inferring missing ranks"
+
+
+@pytest.mark.parametrize(
+    ("where", "names"),
+    [
+        ("0.6.18/90a/" + "a" * 64,
+         ["autotune_configs_dp0_rank0", "autotune_configs_dp0_rank2000000"]),
+        ("flashinfer/autotune/0.6.18/sm90/0123456789abcdef",
+         ["rank_tp0_pp0_dp0", "rank_tp2000000_pp0_dp0"]),
+    ],
+)  # fmt: skip
+def test_a_stray_rank_number_infers_nothing_and_says_so(
+    run,  # type: ignore[no-untyped-def]
+    tmp_path: Path,
+    where: str,
+    names: list[str],
+) -> None:
+    # One copied file named rank 2000000 made align plan 2,000,001 files and doctor check them
+    # (> 20 s, 0.6-0.9 GB; issue 42 F1).
+    from fi_cache.maintenance.align import plan
+
+    hdir = tmp_path / where
+    for name in names:
+        _write(hdir / f"{name}.json", _cf(GEMM))
+    [dep] = gather(inventory.scan([hdir]).caches)
+    assert dep.note == STRAY and dep.inferred == () and len(dep.ranks) == 2
+    [group] = plan([hdir])
+    assert len(group.ranks) == 2 and all(not created for _, created in group.writes)
+    dry = run("align", hdir, "--dry-run")
+    assert dry.code == 0 and STRAY in dry.err and "(2 ranks, " in dry.out, dry.out
+    assert run("--format", "json", "align", hdir, "--dry-run").json()["groups"][0]["note"] == STRAY
+    doctor = run("doctor", hdir)
+    assert STRAY in doctor.out, doctor.out
+
+
 def test_the_aligned_moe_files_load_whole_in_real_flashinfer(tmp_path: Path) -> None:
     moe = _cf(MOE_618_FUSED)
     out = align(_pair(_as_rank(moe, 0), _as_rank(moe, 1)))
