@@ -183,9 +183,8 @@ class Vllm(ServerEngine):
         return env
 
     def command(self, run: Run, port: int | None = None) -> list[str]:
-        # Warming never needs outside traffic: listen on loopback, on our port (last flag wins).
-        extra = [] if port is None else ["--host", "127.0.0.1", "--port", str(port)]
-        cmd: list[str] = run.launcher.command([*run.args.argv, *extra])
+        # Warming never needs outside traffic: loopback, on our port, in place of the user's.
+        cmd: list[str] = run.launcher.command(launch.warm_argv(run.args.argv, port))
         return cmd
 
     def identity(self, run: Run) -> Identity:

@@ -63,6 +63,27 @@ class Launcher:
         return [self.executable, "serve", *argv]
 
 
+WARM_HOST = "127.0.0.1"  # a warm never needs outside traffic: it listens on loopback
+_ADDRESS = ("--host", "--port")
+
+
+def warm_argv(argv: Sequence[str], port: int | None) -> list[str]:
+    """vLLM's arguments for a warm on `port` (None: as given): fi-cache's --host/--port in place
+    of the user's (two --port reached vLLM, issue 43), before the first `--` (after it vLLM's
+    argparse takes every word as a positional, so a --port there would not be its port)."""
+    if port is None:
+        return list(argv)
+    cut = list(argv).index("--") if "--" in argv else len(argv)
+    kept: list[str] = []
+    words = iter(argv[:cut])
+    for word in words:
+        if word in _ADDRESS:
+            next(words, None)  # its value
+        elif not word.startswith(tuple(f"{flag}=" for flag in _ADDRESS)):
+            kept.append(word)
+    return [*kept, "--host", WARM_HOST, "--port", str(port), *argv[cut:]]
+
+
 def find_launcher(explicit: str | None) -> Launcher:
     """`--vllm CMD`, else $FI_CACHE_VLLM, else `vllm` on PATH. CMD is a vLLM executable, a
     Python (its `-m vllm.entrypoints.openai.api_server`), or that module form spelled out.
