@@ -220,9 +220,9 @@ def _render(findings: list[Any], errors: int, warnings: int, quiet: bool) -> Non
         if colour:
             label = click.style(label, fg=_COLOURS[f.severity], bold=f.severity == "error")
         where = f"{render.display_path(Path(f.path))}: " if f.path else ""
-        click.echo(f"{label} {f.check}  {where}{f.message}")
+        click.echo(f"{label} {f.check}  {where}{render.printable(f.message, lines=True)}")
         if f.fix and f.fix != "-":
-            click.echo(f"        fix: {f.fix}")
+            click.echo(f"        fix: {render.printable(f.fix, lines=True)}")
     infos = len(findings) - errors - warnings
     click.echo(f"{errors} error(s), {warnings} warning(s), {infos} info")
 

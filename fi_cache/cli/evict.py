@@ -69,7 +69,7 @@ def evict_command(
         if p.evicted:
             click.echo(f"{render.display_path(p.path)}: {verb} {len(p.evicted)}, kept {p.kept}")
             for key in p.evicted[:5]:
-                click.echo(f"  {key}")
+                click.echo(f"  {render.printable(key)}")
             if len(p.evicted) > 5:
                 click.echo(f"  … {len(p.evicted) - 5} more (--format json lists them all)")
     if total == 0:

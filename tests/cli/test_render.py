@@ -1,0 +1,68 @@
+"""cli/render.py: text from files (keys, metadata, a log's paths) reaches the terminal escaped,
+through the one function every human renderer uses (issue 42 F11: an OSC "set title" escape in
+a key went out raw from show, diff, evict, align and doctor --log)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from fi_cache.cli.render import printable
+from fi_cache.model import v1
+from tests.conftest import GEMM_618
+
+TITLE = "\x1b]0;PWNED\x07\x1b[2J"
+KEY = "('bf16_gemm" + TITLE + "', 'CublasltBf16GemmRunner', ((1, 4096), (4096, 2048)), ())"
+
+
+@pytest.mark.parametrize(
+    ("text", "shown"),
+    [
+        ("bf16_gemm", "bf16_gemm"),
+        (TITLE, "\\x1b]0;PWNED\\x07\\x1b[2J"),
+        ("a\u202eb\x9bc\ud800", "a\\u202eb\\x9bc\\ud800"),
+        ("two\nlines\t", "two\\x0alines\\x09"),
+    ],
+)
+def test_control_characters_are_escaped_and_text_is_kept(text: str, shown: str) -> None:
+    assert printable(text) == shown
+
+
+def test_a_messages_own_line_breaks_stay_when_asked() -> None:
+    assert printable("one\ntwo\x1b", lines=True) == "one\ntwo\\x1b"
+
+
+def _ranks(hdir: Path, tactics: list[int]) -> None:
+    meta = json.loads(GEMM_618.read_text())["_metadata"]
+    hdir.mkdir(parents=True)
+    for rank, tactic in enumerate(tactics):
+        cf = v1.CacheFile(meta, {KEY: ["CublasltBf16GemmRunner", tactic]})
+        (hdir / f"autotune_configs_dp0_rank{rank}.json").write_text(v1.dumps(cf))
+
+
+def test_no_renderer_sends_a_keys_escape_sequence_raw(run, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+    hdir = tmp_path / "0.6.18" / "90a" / ("a" * 64)
+    _ranks(hdir, [1, 2])
+    one, two = hdir / "autotune_configs_dp0_rank0.json", hdir / "autotune_configs_dp0_rank1.json"
+    for args in (
+        ["show", one],
+        ["diff", one, two],
+        ["evict", one, "--bucket", "1", "--dry-run"],
+        ["align", hdir, "--dry-run"],
+    ):
+        r = run(*args)
+        assert "PWNED" in r.out + r.err, (args, r.out, r.err)
+        assert "\x1b" not in r.out + r.err and "\x07" not in r.out + r.err, args
+
+
+def test_doctor_log_escapes_a_logs_paths(run, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+    log = tmp_path / "start.log"
+    path = f"/tmp/x{TITLE}/autotune_configs.json"
+    log.write_text(
+        f"2026-11-30 02:00:00,000 - INFO - autotuner.py:2789 - flashinfer.jit: [Autotuner]: "
+        f"Loaded 12 configs from {path}\n"
+    )
+    r = run("doctor", "--log", log)
+    assert "PWNED" in r.out and "\x1b" not in r.out + r.err and "\x07" not in r.out + r.err
