@@ -14,6 +14,7 @@ from fi_cache.caches.discover import ScanProblem, leftover_mtime, tmp_leftovers
 from fi_cache.caches.inventory import Cache, scan
 from fi_cache.doctor.inputs import CacheView, Inputs, Target
 from fi_cache.doctor.logs import looks_like_log, read_log
+from fi_cache.engines import hf
 from fi_cache.engines.sglang import layout as sglang_layout
 from fi_cache.engines.sglang import live as sglang_live
 from fi_cache.engines.sglang.args import env_bool, parse_sglang_args
@@ -93,6 +94,13 @@ def _sglang_target(fp: Fingerprint, o: Overrides, environ: dict[str, str]) -> Ta
     return Target(fp, None, None, finalize, o.sglang_version)
 
 
+def _moe(serve: ServeArgs | None, environ: dict[str, str]) -> bool | None:
+    """Whether the served model has experts, from its config.json here (None: not readable)."""
+    if serve is None or not serve.model:
+        return None
+    return layout.is_moe(hf.read_config(serve.model, environ))
+
+
 def predicted_vllm_dir(
     target: Target, environ: dict[str, str], serve: ServeArgs | None = None
 ) -> Path:
@@ -165,6 +173,8 @@ def gather(
         live = tuple(sglang_live.running())
         here = (sglang_layout.user_cache_dir(environ), sglang_live.devices(environ))
     serve: ServeArgs | None = parse_serve_args(serve_argv) if serve_argv is not None else None
+    if serve is not None and (why := layout.argv_refusal(target.vllm_version, serve)):
+        raise Refused(why)  # as warm and serve refuse it
     log_facts = tuple(read_log(p) for p in logs)
     if location is not None and location.dir:
         predicted = Path(location.dir)  # vLLM's own answer, hash dir included
@@ -245,6 +255,7 @@ def gather(
         tmp_files=tuple(tmp),
         logs=log_facts,
         serve=serve,
+        serve_moe=_moe(serve, environ),
         environ={
             k: v
             for k, v in environ.items()

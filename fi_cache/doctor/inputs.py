@@ -57,6 +57,7 @@ class Inputs:
     tmp_files: tuple[tuple[Path, float], ...] = ()  # (path, age in seconds)
     logs: tuple[LogFacts, ...] = ()
     serve: ServeArgs | None = None
+    serve_moe: bool | None = None  # the served model's config.json has experts (None: unread)
     environ: dict[str, str] = field(default_factory=dict)
     modes: dict[Path, int] = field(default_factory=dict)  # st_mode of cache files and their dirs
     store: Path | None = None

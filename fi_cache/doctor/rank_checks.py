@@ -10,6 +10,7 @@ from pathlib import Path
 from fi_cache.doctor.findings import Finding
 from fi_cache.doctor.inputs import Check, Inputs
 from fi_cache.engines.sglang.layout import rank_layout
+from fi_cache.engines.vllm import layout as vllm_layout
 from fi_cache.ranks.agreement import (
     RankFile,
     Verdict,
@@ -27,12 +28,21 @@ from fi_cache.versions import SGLANG_RANK_DIGEST, VLLM_RANK_GATE, parse_version
 def _expected(inp: Inputs) -> list[Expected]:
     """With `-- ARGS`, the engine's own answer names every rank of the deployment: vLLM's
     predict (its hash dir included), SGLang's launch rule (any key dir: its hash is the
-    worker's)."""
-    where, out = inp.location, []
+    worker's). With pp > 1 vLLM's tune groups are the stages' TP groups, not the world: without
+    vLLM to ask, the layout model names the ranks of any hash dir they fit."""
+    where, out, serve = inp.location, [], inp.serve
     if where is not None and where.dir and where.store == "v1" and where.all_files:
         every = tuple(r for f in where.all_files if (r := rank_name(f)).startswith("dp"))
         here = tuple(rank_name(f) for f in where.files)
-        out.append(Expected("vllm", every, here, Path(where.dir).name))
+        groups = vllm_layout.tune_groups(serve, every) if serve is not None else ()
+        out.append(Expected("vllm", every, here, Path(where.dir).name, groups))
+    elif serve is not None and serve.pp > 1 and not inp.target.sglang_version:
+        fi = inp.target.fingerprint.flashinfer_version
+        files = vllm_layout.rank_files(inp.target.vllm_version, fi, serve, inp.serve_moe) or ()
+        every = tuple(r for f in files if (r := rank_name(f)).startswith("dp"))
+        here = every if serve.nnodes == 1 else ()  # another node's ranks: not known to be here
+        if every:
+            out.append(Expected("vllm", every, here, None, vllm_layout.tune_groups(serve, every)))
     if inp.sglang is not None and inp.target.sglang_version:
         layout = rank_layout(inp.sglang)
         out.append(Expected("sglang", layout.ranks, layout.node))

@@ -213,7 +213,26 @@ def removed_env(inp: Inputs) -> Iterator[Finding]:
 def _v2_by_model(inp: Inputs) -> bool:
     fi = inp.target.fingerprint.flashinfer_version
     serve, version = inp.serve, inp.target.vllm_version
-    return serve is not None and layout.store_kind(version, fi, serve) == "v2"
+    return serve is not None and layout.store_kind(version, fi, serve, inp.serve_moe) == "v2"
+
+
+def _by_layout(inp: Inputs) -> str:
+    """The layout model's file names for `-- ARGS` (no vLLM to ask), and what it assumed."""
+    serve, fi = inp.serve, inp.target.fingerprint.flashinfer_version
+    files = (
+        None
+        if serve is None
+        else layout.rank_files(inp.target.vllm_version, fi, serve, inp.serve_moe)
+    )
+    named = ", ".join(files) if files else "autotune_configs*.json"
+    assumed = ""
+    if serve is not None and serve.dp > 1 and inp.serve_moe is None:
+        assumed = (
+            "; MoE assumed (the model's config.json is not readable here): a dense model's DP "
+            "ranks are engines of their own, each dp0_rank* (on vLLM 0.33+ with one GPU per "
+            "engine, FlashInfer's v2 store)"
+        )
+    return f"{named} in <dir>/<config hash>/{assumed}"
 
 
 def cache_location(inp: Inputs) -> Iterator[Finding]:
@@ -239,7 +258,7 @@ def cache_location(inp: Inputs) -> Iterator[Finding]:
     elif loc is not None and loc.dir:
         where = f"{', '.join(loc.files)} in this dir{how}"
     else:
-        where = f"<dir>/<config hash>/autotune_configs*.json{how}"
+        where = f"{_by_layout(inp)}{how}"
     yield Finding(
         "cache-location",
         "info",

@@ -37,6 +37,9 @@ class Deployment:
     elsewhere: tuple[str, ...] = ()
     # Why no missing rank was inferred where names would have allowed it (a stray rank number).
     note: str | None = None
+    # The engine's tune groups when its arguments say (vLLM with pp > 1: each stage's TP group);
+    # () : inferred from the names (groups()).
+    tune_groups: tuple[tuple[str, ...], ...] = ()
 
     def rank_files(self) -> list[RankFile]:
         """Each rank's file as the deployment would read it: the first copy that holds it."""
@@ -54,6 +57,12 @@ class Deployment:
         """The ranks that load or re-tune together (vLLM: the world group; without the fold,
         each DP engine; SGLang: the ranks that compare digests)."""
         files = self.rank_files()
+        if self.tune_groups:
+            by_rank = {rf.rank: rf for rf in files}
+            told = [[by_rank[r] for r in g if r in by_rank] for g in self.tune_groups]
+            named = {r for g in self.tune_groups for r in g}
+            rest = [rf for rf in files if rf.rank not in named]  # a file the arguments name not
+            return [g for g in [*told, rest] if g]
         if self.engine == "vllm":
             parsed = [vllm_rank(rf.rank) for rf in files]
             folded = len({r for _, r in parsed}) == len(parsed)
@@ -190,6 +199,7 @@ class Expected:
     ranks: tuple[str, ...]
     here: tuple[str, ...]
     key: str | None = None
+    groups: tuple[tuple[str, ...], ...] = ()  # its tune groups, when not the names' (pp > 1)
 
     def fits(self, engine: EngineName, key: str, ranks: set[str]) -> bool:
         if engine != self.engine or (self.key is not None and self.key != key):
@@ -245,6 +255,7 @@ def gather(
                 ordered(missing) if told is None else (),
                 ordered(away),
                 note,
+                told.groups if told is not None else (),
             )
         )
     return out

@@ -432,6 +432,10 @@ VLLM_GPU_RUNNER_MOVED = V("0.34.0")
 # cannot resolve and every 0.34 runs a FlashInfer other than its pin.
 VLLM_FLASHINFER_PINS: dict[Version, str] = {V("0.33.0"): "0.7.2.post1", V("0.34.0"): "0.7.3"}
 FLASHINFER_NOT_ON_PYPI = frozenset({"0.7.3"})
+# model_config.is_moe: the first of these present in the HF text config above 0
+# (transformers_utils/config.py 0.34:65-70 CONFIG_FIELD_ALIASES["num_experts"], read by
+# model_arch_config_convertor.py 0.34:179-190), else a "moe" block of block_configs (:159-177).
+VLLM_EXPERT_FIELDS = ("num_experts", "moe_num_experts", "n_routed_experts", "num_local_experts")
 
 # MoE keys carry tp_rank, ep_rank and cluster_rank (MoERunner.get_cache_key_extras, 20 fields:
 # fused_moe/core.py 0.6.18:707-736, 0.7.1:770-799) until 0.7.2rc3 dropped them (17 fields,

@@ -23,7 +23,6 @@ from fi_cache.environment import Environment
 from fi_cache.errors import Refused
 from fi_cache.versions import (
     VLLM_CACHE_DIR_ENV,
-    VLLM_DISABLE_AUTOTUNE_FLAG,
     VLLM_PERSISTENT_CACHE,
     VLLM_SWEEP_SKIPPED_ON_HIT,
     parse_version,
@@ -146,12 +145,8 @@ class Vllm(ServerEngine):
 
     def bind(self, target: Target) -> Run:
         parsed = self.read_args(target.argv)
-        version = parse_version(target.env.vllm.version)
-        if parsed.disable_flag and version is not None and version < VLLM_DISABLE_AUTOTUNE_FLAG:
-            raise Refused(
-                f"vLLM {version} has no {args.DISABLE_FLAG} (0.33 added it) and would reject "
-                "the command line: pass --no-enable-flashinfer-autotune"
-            )
+        if why := layout.argv_refusal(target.env.vllm.version, parsed):
+            raise Refused(why)
         launcher = launch.find_launcher(target.path)
         return Run(target, parsed, launcher, nothing_to_tune(target.env, parsed))
 

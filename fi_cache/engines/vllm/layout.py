@@ -11,15 +11,20 @@ from __future__ import annotations
 import os
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Literal
+from typing import Any, Literal
 
 from fi_cache.caches.discover import flashinfer_default_root
-from fi_cache.engines.vllm.args import ServeArgs
+from fi_cache.engines.vllm.args import DISABLE_FLAG, ServeArgs
 from fi_cache.versions import (
     CACHE_SINGLE_RANK_ONLY,
     FLASHINFER_V2_STORE,
     READ_ONLY_FAILS,
     VLLM_CACHE_DIR_ENV,
+    VLLM_CACHE_FILE,
+    VLLM_DISABLE_AUTOTUNE_FLAG,
+    VLLM_EXPERT_FIELDS,
+    VLLM_PERSISTENT_CACHE,
+    VLLM_RANK_GATE,
     VLLM_V2_STORE,
     parse_version,
 )
@@ -79,3 +84,83 @@ def read_only_problem(vllm_version: str | None, args: ServeArgs) -> str | None:
         f"({READ_ONLY_FAILS.source}), so it fails on a read-only store; vLLM 0.32+ starts from "
         "a fully warm read-only store"
     )
+
+
+def argv_refusal(vllm_version: str | None, args: ServeArgs) -> str | None:
+    """Why this vLLM rejects the command line before it starts (warm, serve and doctor refuse
+    it alike): --disable-flashinfer-autotune before 0.33."""
+    version = parse_version(vllm_version)
+    if args.disable_flag and version is not None and version < VLLM_DISABLE_AUTOTUNE_FLAG:
+        return (
+            f"vLLM {version} has no {DISABLE_FLAG} ({VLLM_DISABLE_AUTOTUNE_FLAG} added it) and "
+            "would reject the command line: pass --no-enable-flashinfer-autotune"
+        )
+    return None
+
+
+def is_moe(config: Mapping[str, Any] | None) -> bool | None:
+    """vLLM's `model_config.is_moe` from a model's config.json: the first expert-count field
+    present (VLLM_EXPERT_FIELDS) of its text config above 0, or a "moe" block of
+    block_configs; None when there is no config to read."""
+    if config is None:
+        return None
+    text = config.get("text_config")
+    fields = text if isinstance(text, Mapping) else config
+    count = next((fields[f] for f in VLLM_EXPERT_FIELDS if fields.get(f) is not None), 0)
+    if isinstance(count, list):
+        count = count[0] if count else 0
+    if isinstance(count, int) and count > 0:
+        return True
+    blocks = fields.get("block_configs")
+    return isinstance(blocks, list) and any(
+        isinstance(b, Mapping) and b.get("block_type") == "moe" and b.get("n_routed_experts")
+        for b in blocks
+    )
+
+
+def _folds(args: ServeArgs, moe: bool | None) -> bool:
+    """DP folded into the world group: MoE (or unknown: assumed) with dp > 1, or several nodes,
+    without elastic EP (parallel_state.py 0.33:1858-1872; a dense model's DP ranks are engines
+    of dp 1, v1/engine/core.py 0.33:1546-1556)."""
+    dp = args.dp if moe is not False else 1
+    return (dp > 1 or args.nnodes > 1) and not args.elastic_ep
+
+
+def rank_files(
+    vllm_version: str | None, flashinfer_version: str | None, args: ServeArgs, moe: bool | None
+) -> tuple[str, ...] | None:
+    """Every file one hash dir holds for `args` on every node, by vLLM's own naming
+    (docs/facts.md, "Rank files by parallel layout"): one autotune_configs.json (0.25-0.31),
+    `autotune_configs_dp{d}_rank{r}.json` (0.32+; r the world rank when DP is folded into it),
+    none for the v2 store or a vLLM without a cache; None when the version is not known."""
+    version = parse_version(vllm_version)
+    if version is None:
+        return None
+    if version < VLLM_PERSISTENT_CACHE:
+        return ()
+    if store_kind(vllm_version, flashinfer_version, args, moe) == "v2":
+        return ()
+    if version not in VLLM_RANK_GATE:
+        return (VLLM_CACHE_FILE,)
+    local = args.tp * args.pp
+    fold = _folds(args, moe)
+    dps = range(args.dp if moe is not False or args.elastic_ep else 1)
+    return tuple(
+        f"autotune_configs_dp{d}_rank{d * local + r if fold else r}.json"
+        for d in dps
+        for r in range(local)
+    )
+
+
+def tune_groups(args: ServeArgs, ranks: tuple[str, ...]) -> tuple[tuple[str, ...], ...]:
+    """The ranks (`dp{d}_rank{r}`) that load or tune together when pp > 1: each stage's TP
+    group, r // tp within a DP rank (kernel_warmup.py 0.32:440, 0.33:465, 0.34:571;
+    parallel_state.py lays ranks out as [dp][pp][tp]). () with pp 1: the world group, which
+    the names tell (ranks/deployment.py)."""
+    if args.pp <= 1:
+        return ()
+    groups: dict[tuple[int, int], list[str]] = {}
+    for name in ranks:
+        dp, _, r = name.removeprefix("dp").partition("_rank")
+        groups.setdefault((int(dp), int(r) // args.tp), []).append(name)
+    return tuple(tuple(g) for g in groups.values())

@@ -9,12 +9,14 @@ import os
 import re
 import zipfile
 from pathlib import Path
+from typing import Any
 
 import pytest
 
 from fi_cache.engines.vllm import predict as predict_module
 from fi_cache.engines.vllm.args import _is_bool_flag, parse_serve_args
 from fi_cache.engines.vllm.predict import predict
+from fi_cache.model import v1
 from fi_cache.versions import (
     VLLM_EXTENSIBLE_KV_SKIPS,
     VLLM_FINALIZE_ENV,
@@ -24,7 +26,7 @@ from fi_cache.versions import (
     VLLM_SKIP_OPS_ENV,
     V,
 )
-from tests.conftest import VLLM_PYTHON, needs_vllm
+from tests.conftest import GEMM_618, VLLM_PYTHON, needs_vllm
 from tests.engines.vllm.serve_flags import serve_flags
 from tests.vllm_wheels import RELEASES, module_text, need, unpacked, vllm_wheel
 
@@ -216,3 +218,82 @@ def test_the_prediction_runs_the_workers_block_size_step_and_says_the_hash_depen
     assert any("KV-cache block size" in d for d in free.depends_on), free.depends_on
     fixed = predict(VLLM_PYTHON, "0.32.0", [*argv, "--block-size", "16"], env, None)
     assert not any("block size" in d for d in fixed.depends_on), fixed.depends_on
+
+
+# --- a newcomer's 0.34 command lines, through doctor ----------------------------------------
+
+
+def _stage_files(hdir: Path, drop: int) -> None:
+    """Two pipeline stages' files (-pp 2, tp 1): each stage tunes its own layers, so their
+    entry counts differ (stage 1's holds `drop` fewer)."""
+    hdir.mkdir(parents=True)
+    cf = v1.loads(GEMM_618.read_bytes())
+    for rank, skip in (("dp0_rank0", 0), ("dp0_rank1", drop)):
+        keys = list(cf.entries)[skip:]
+        part = v1.CacheFile(cf.metadata, {k: cf.entries[k] for k in keys}, None, cf.generation)
+        (hdir / f"autotune_configs_{rank}.json").write_text(v1.dumps(part))
+
+
+def _checks(r: Any, prefix: str) -> list[dict[str, Any]]:
+    return [f for f in r.json()["findings"] if f["check"].startswith(prefix)]
+
+
+def test_doctor_judges_pipeline_stage_files_per_stage(run: Any, tmp_path: Path) -> None:
+    """With -pp 2 each stage's TP group loads its own file (kernel_warmup.py 0.34:571): two
+    stage files of different lengths are fine, not 'all 2 ranks tune again'; the same files
+    of a -tp 2 deployment fail vLLM's gate."""
+    hdir = tmp_path / "0.6.18" / "90a" / ("c" * 64)
+    _stage_files(hdir, drop=3)
+    doctor = ["--format", "json", "doctor", hdir, "--vllm-version", "0.34.0", "--", "Qwen/Qwen3-8B"]
+    r = run(*doctor, "-pp", "2")
+    assert r.code == 0, r.err
+    assert _checks(r, "vllm-ranks") == [] and _checks(r, "ranks-divergent") == []
+    [f] = _checks(run(*doctor, "-tp", "2"), "vllm-ranks-retune")
+    assert "all 2 ranks tune again" in f["message"]
+    r = run(*doctor, "-tp", "2", "-pp", "2")  # 2 stages of 2 ranks: each judged alone
+    first, second = _checks(r, "vllm-ranks-retune")
+    assert (
+        first["details"]["ranks"] == ["dp0_rank0", "dp0_rank1"] and not first["details"]["missing"]
+    )
+    assert second["details"]["ranks"] == second["details"]["missing"] == ["dp0_rank2", "dp0_rank3"]
+
+
+def test_doctor_reads_a_034_command_line_with_its_new_flags(run: Any) -> None:
+    """`--shuffle-safetensors-files -tp 2` is TP 2: doctor names both rank files."""
+    r = run("doctor", "--vllm-version", "0.34.0", "--flashinfer-version", "0.7.4", "--",
+            "Qwen/Qwen3-8B", "--shuffle-safetensors-files", "-tp", "2")  # fmt: skip
+    assert r.code == 0, r.err
+    assert "autotune_configs_dp0_rank0.json, autotune_configs_dp0_rank1.json" in r.out
+
+
+def test_the_layout_model_names_every_releases_files_and_says_when_moe_is_assumed(
+    run: Any,
+) -> None:
+    doctor = ["doctor", "--flashinfer-version", "0.7.4", "--vllm-version"]
+    r = run(*doctor, "0.33.0", "--", "Qwen/Qwen3-30B-A3B", "-dp", "2")
+    assert "autotune_configs_dp0_rank0.json, autotune_configs_dp1_rank1.json" in r.out
+    assert "MoE assumed" in r.out
+    r = run(*doctor, "0.31.0", "--", "m", "-tp", "2")
+    assert "autotune_configs.json in <dir>/<config hash>/" in r.out
+
+
+def test_doctor_refuses_the_disable_flag_before_033_as_warm_and_serve_do(run: Any) -> None:
+    r = run("doctor", "--vllm-version", "0.32.0", "--", "m", "--disable-flashinfer-autotune")
+    assert r.code == 2 and "vLLM 0.32.0 has no --disable-flashinfer-autotune" in r.err
+    r = run("doctor", "--vllm-version", "0.33.0", "--", "m", "--disable-flashinfer-autotune")
+    assert r.code == 0, r.err
+
+
+def test_a_readable_config_decides_moe_for_the_layout_model(run: Any, tmp_path: Path) -> None:
+    """A model dir's config.json says dense or MoE as vLLM's is_moe reads it: dense -dp 2 on
+    0.33/0.34 is FlashInfer's v2 store (each DP rank a world of one), MoE folds DP."""
+    dense, moe = tmp_path / "dense", tmp_path / "moe"
+    for d, config in ((dense, {"num_hidden_layers": 2}), (moe, {"num_experts": 8})):
+        d.mkdir()
+        (d / "config.json").write_text(json.dumps({"model_type": "qwen3", **config}))
+    doctor = ["doctor", "--flashinfer-version", "0.7.4", "--vllm-version", "0.34.0", "--"]
+    r = run(*doctor, dense, "-dp", "2")
+    assert "FlashInfer's v2 store" in r.out and "MoE assumed" not in r.out
+    r = run(*doctor, moe, "-dp", "2")
+    assert "autotune_configs_dp0_rank0.json, autotune_configs_dp1_rank1.json" in r.out
+    assert "MoE assumed" not in r.out
