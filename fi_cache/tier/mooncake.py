@@ -8,11 +8,13 @@ the timeout, never a hang: the parent waits on a pipe with a deadline and kills 
 from __future__ import annotations
 
 import base64
+import contextlib
 import json
 import os
 import selectors
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -42,6 +44,14 @@ def _missing_package() -> Refused:
         "the Mooncake client is not installed: pip install 'fi-cache[mooncake]' "
         "(mooncake-transfer-engine-non-cuda)"
     )
+
+
+def _reap(proc: subprocess.Popen[bytes]) -> None:
+    proc.wait()
+    for pipe in (proc.stdin, proc.stdout):
+        if pipe is not None:
+            with contextlib.suppress(OSError):  # EPIPE: the worker died with unread input
+                pipe.close()
 
 
 class TierClient:
@@ -106,14 +116,17 @@ class TierClient:
         self.close()
 
     def close(self) -> None:
-        if self._proc.poll() is None:
-            try:
-                assert self._proc.stdin is not None
-                self._proc.stdin.close()
-                self._proc.wait(timeout=min(self._timeout, 5))
-            except (OSError, subprocess.TimeoutExpired):
-                self._proc.kill()
-                self._proc.wait()
+        """End the worker: at EOF it unregisters from the master (about a second, a heartbeat
+        away) on its own, bounded by an alarm, so the command does not wait for it."""
+        proc = self._proc
+        if proc.poll() is not None:
+            return
+        try:
+            assert proc.stdin is not None
+            proc.stdin.close()
+        except OSError:
+            proc.kill()
+        threading.Thread(target=_reap, args=(proc,), daemon=True).start()  # never joined
 
     def _call(self, req: dict[str, Any], what: str = "reach") -> dict[str, Any]:
         """One request, one reply, within the timeout; a dead or silent worker is Refused."""
@@ -133,14 +146,14 @@ class TierClient:
                 left = deadline - time.monotonic()
                 if left <= 0 or not sel.select(left):
                     proc.kill()
-                    proc.wait()
+                    _reap(proc)
                     raise Refused(
                         f"cannot {what} the Mooncake master {where}: no answer in "
                         f"{self._timeout:g} s ({tier_config.TIMEOUT_ENV} sets the wait)"
                     )
                 chunk = os.read(fd, 1 << 20)
                 if not chunk:
-                    proc.wait()
+                    _reap(proc)
                     raise Refused(
                         f"cannot {what} the Mooncake master {where}: the client exited "
                         f"({proc.returncode}); {DEBUG_ENV}=1 shows its log"

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import base64
 import json
+import signal
 import sys
 import time
 from typing import Any
@@ -18,6 +19,7 @@ from typing import Any
 # Mooncake's answers (mooncake-store types.h): no such object; a reader's lease still holds it.
 OBJECT_NOT_FOUND = -704
 OBJECT_HAS_LEASE = -706
+_CLOSE_S = 10  # unregistering from the master takes about a second
 
 
 def _setup(store: Any, req: dict[str, Any]) -> int:
@@ -83,6 +85,8 @@ def main() -> int:
             reply = handle(store, req)
         out.write(json.dumps(reply) + "\n")
         out.flush()
+    out.close()
+    signal.alarm(_CLOSE_S)  # the parent no longer waits: never outlive it by more than this
     store.close()
     return 0
 
