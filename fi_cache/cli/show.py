@@ -300,7 +300,8 @@ def _show_human(
             row = ["", _compact(tactic), raw]  # the raw key, to find it in the file
             groups.setdefault(("(unparsable key)", str(runner or "?")), []).append(row)
             continue
-        row = [keymod.shapes(key.profile), _compact(tactic), _extras_text(key, moe_ops)]
+        shapes = keymod.shapes_text(raw) or keymod.shapes(key.profile)
+        row = [shapes, _compact(tactic), _extras_text(key, moe_ops)]
         groups.setdefault((key.op, key.runner), []).append(row)
     for (op, runner), rows in sorted(groups.items()):
         click.echo(render.printable(f"\n{op} · {runner}  ({len(rows)} entries)", lines=True))
@@ -330,15 +331,17 @@ def _json_row(e: dict[str, Any]) -> tuple[tuple[str, str], list[str]]:
 
 
 def _extras_text(key: keymod.CacheKey, moe_ops: dict[str, bool]) -> str:
-    from fi_cache.model import keys as keymod
-    from fi_cache.model import moe
-
     if (is_moe := moe_ops.get(key.op)) is None:
+        from fi_cache.model import moe
+
         is_moe = moe_ops[key.op] = moe.is_moe(key.op)
     if not is_moe and type(key.extras) is tuple:
         text = "[" + ",".join(map(str, key.extras)) + "]"  # a plain leaf's str is its JSON's
         if "(" not in text[1:] and "[" not in text[1:]:
             return text
+    from fi_cache.model import keys as keymod
+    from fi_cache.model import moe
+
     if is_moe:
         named = moe.named_extras(key)
         if not named:

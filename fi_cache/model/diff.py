@@ -92,7 +92,8 @@ def _entry(
 ) -> EntryDiff:
     if key is None:
         return EntryDiff(change, raw, None, None, "", a, b)
-    return EntryDiff(change, raw, key.op, key.runner, keymod.shapes(key.profile), a, b)
+    bucket = keymod.shapes_text(raw) or keymod.shapes(key.profile)
+    return EntryDiff(change, raw, key.op, key.runner, bucket, a, b)
 
 
 def _parsed(raw: str) -> keymod.CacheKey | None:

@@ -371,8 +371,56 @@ def _builder(sig: bytes) -> Callable[[str], CacheKey] | None:
         return None
     if len(_builders) >= _BUILDERS_MAX:
         _builders.clear()
-    _builders[sig] = built = _compile(sig.decode("utf-8", "surrogatepass"))
+        _shape_texts.clear()
+    text = sig.decode("utf-8", "surrogatepass")
+    _builders[sig] = built = _compile(text)
+    _shape_texts[sig] = _compile_shapes(text) if built is not None else None
     return built
+
+
+# `shapes(profile)` straight from a key's text, for keys whose profile is tuples of ints: an
+# f-string of the digit slices. Only where every number is written as str(int) writes it.
+_shape_texts: dict[bytes, Callable[[str], str] | None] = {}
+_ODD_NUMBER = re.compile(r"(?<![\w.])(?:-0(?![.eE\d])|-?0\d)")  # 007, -0: str(int) differs
+
+
+def shapes_text(raw: str) -> str | None:
+    """`shapes(parse_key(raw).profile)` without the parsed profile, or None where this cannot
+    tell (a shape seen once, a profile of other values, a number as `007` or `-0`)."""
+    if "\\" in raw:
+        return None
+    build = _shape_texts.get(raw.encode("utf-8", "surrogatepass").translate(_DIGITS))
+    if build is None:
+        return None
+    text = build(raw)
+    return None if _ODD_NUMBER.search(text.replace("x", " ")) else text
+
+
+def _compile_shapes(sig: str) -> Callable[[str], str] | None:
+    tokens = _tokenize(sig)
+    i = 5  # past "(", op, ",", runner, ","
+    if len(tokens) <= i or tokens[i][1] != "(":
+        return None
+    shapes: list[str] = []
+    i += 1
+    while tokens[i][1] == "(":
+        dims, i = [], i + 1
+        while tokens[i][0] == "num" and not any(c in tokens[i][1] for c in ".eE"):
+            _, text, pos = tokens[i]
+            dims.append(f"{{t[{pos}:{pos + len(text)}]}}")
+            i += 1
+            if tokens[i][1] == ",":
+                i += 1
+        if tokens[i][1] != ")":
+            return None
+        shapes.append("x".join(dims) if dims else "()")
+        i += 1
+        if tokens[i][1] == ",":
+            i += 1
+    if tokens[i][1] != ")" or not shapes:
+        return None  # a profile of other values: shapes() reads the parsed one
+    source = "lambda t: f" + repr(" ".join(shapes))
+    return eval(compile(source, "<shapes builder>", "eval"), {"__builtins__": {}})  # type: ignore[no-any-return]
 
 
 def _compile(sig: str) -> Callable[[str], CacheKey] | None:

@@ -247,3 +247,17 @@ def test_a_key_of_a_seen_shape_is_built_in_a_few_lines_not_parsed() -> None:
     raws = [_SAME_SHAPE_KEYS[0].replace("(7,", f"({m},") for m in range(100, 300)]
     keys.parse_key(raws[0]), keys.parse_key(raws[1])
     assert lines_run(lambda: [keys.parse_key(raw) for raw in raws]) < 30 * len(raws)  # was 795
+
+
+def test_shapes_from_a_keys_text_are_the_parsed_profiles() -> None:
+    odd = [
+        _SAME_SHAPE_KEYS[0].replace("(7,", "(07,"),  # not as str(int) writes it: not by text
+        _SAME_SHAPE_KEYS[0].replace("(-1,", "(-0,"),
+    ]
+    for _ in range(2):
+        for raw in [*_SAME_SHAPE_KEYS, *odd]:
+            key = keys.parse_key(raw)
+            assert keys.shapes_text(raw) in (None, keys.shapes(key.profile))
+    assert keys.shapes_text(_SAME_SHAPE_KEYS[1]) == "9x1024 1024x3072 0 -1x3072"
+    assert keys.shapes_text(odd[0]) is None and keys.shapes_text(odd[1]) is None
+    assert keys.shapes_text(_SAME_SHAPE_KEYS[3]) is None  # a list and a torch.Size: parsed
