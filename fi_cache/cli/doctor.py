@@ -104,6 +104,11 @@ def doctor_command(
     from fi_cache.engines.vllm.launch import vllm_python
 
     vllm_args = ctx.meta.get("vllm_args")
+    from fi_cache.tier.preload import split_preload
+
+    preload = split_preload(vllm_args) if vllm_args and sglang_version is None else None
+    if preload is not None:  # `vllm preload ARGS`: the daemons of the engine those ARGS start
+        vllm_args = preload.serve_argv()
     vllm_path = None
     if vllm_args is not None:  # a pasted `vllm serve ...` line: judge that vLLM
         vllm_path, pasted = serving("vllm").command_line(None, vllm_args)
@@ -127,6 +132,10 @@ def doctor_command(
         location, why = _vllm_location(env, target, vllm_args, environ, state_dir(obj.store))
     inputs = gather(obj.store, paths, logs, vllm_args, target, environ, location, why)
     findings = doctor.run(inputs, only or None)
+    if preload is not None and not only:
+        from fi_cache.tier.preload import findings as preload_findings
+
+        findings += preload_findings(preload, location.hash if location else None)
     actions = fixes.plan(findings, inputs) if fix else []
     actions, held = fixes.hold_pinned(actions, obj.store)
     for action, ns in held:  # a pinned namespace is known good: --fix leaves it as it is
