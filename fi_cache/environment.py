@@ -21,7 +21,13 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from fi_cache.model.fingerprint import Fingerprint
-from fi_cache.versions import INDETERMINATE_VALUES, METADATA_FIELDS_07, VLLM_FINALIZE_ENV, vllm_arch
+from fi_cache.versions import (
+    FLASHINFER_NOT_ON_PYPI,
+    INDETERMINATE_VALUES,
+    METADATA_FIELDS_07,
+    VLLM_FINALIZE_ENV,
+    vllm_arch,
+)
 
 _CUBLAS_DISTS = ("nvidia-cublas", "nvidia-cublas-cu13", "nvidia-cublas-cu12")
 _CUDNN_DISTS = ("nvidia-cudnn-cu13", "nvidia-cudnn-cu12", "nvidia-cudnn")
@@ -43,6 +49,7 @@ class VllmInfo:
     version: str | None
     envs_path: str | None
     supports_finalize_env: bool | None  # None: no vllm/envs.py to read
+    flashinfer_pin: str | None = None  # its METADATA's `flashinfer-python==X`, X
 
     @property
     def site(self) -> str | None:
@@ -138,6 +145,12 @@ for n in names:
         out["versions"][n] = md.version(n)
     except md.PackageNotFoundError:
         pass
+for n in names:
+    try:
+        pins = [r for r in md.requires(n) or [] if r.startswith("flashinfer")]
+        out.setdefault("requires", {})[n] = pins
+    except md.PackageNotFoundError:
+        pass
 for dist, rel in files:
     try:
         path = str(md.distribution(dist).locate_file(rel))
@@ -156,6 +169,8 @@ class Dists:
     python: str
     versions: dict[str, str]
     files: dict[str, tuple[str, str]]  # "dist:relpath" -> (path, text)
+    # dist -> its Requires-Dist entries that name FlashInfer (vLLM's pin)
+    requires: dict[str, tuple[str, ...]] = field(default_factory=dict)
 
     def version(self, names: tuple[str, ...]) -> tuple[str, str] | None:
         """(name, version) of the first of `names` that is installed."""
@@ -171,12 +186,13 @@ class Dists:
 _NORMALIZE = re.compile(r"[-_.]+")
 
 
-def _installed(names: tuple[str, ...]) -> dict[str, tuple[str, Path]]:
-    """name -> (version, the dir it is installed in) for the dists in `names`, read as
-    importlib.metadata reads them (the first `*.dist-info` / `*.egg-info` on sys.path, its
-    METADATA's Version) without importing it: 14 ms of every serve (zipfile, email, csv)."""
+def _installed(names: tuple[str, ...]) -> dict[str, tuple[str, Path, tuple[str, ...]]]:
+    """name -> (version, the dir it is installed in, its Requires-Dist naming FlashInfer) for
+    the dists in `names`, read as importlib.metadata reads them (the first `*.dist-info` /
+    `*.egg-info` on sys.path, its METADATA's headers) without importing it: 14 ms of every
+    serve (zipfile, email, csv)."""
     wanted = {_NORMALIZE.sub("_", n).lower(): n for n in names}
-    found: dict[str, tuple[str, Path]] = {}
+    found: dict[str, tuple[str, Path, tuple[str, ...]]] = {}
     for entry in sys.path:
         try:
             listing = os.listdir(entry or ".")
@@ -190,13 +206,17 @@ def _installed(names: tuple[str, ...]) -> dict[str, tuple[str, Path]]:
             if name not in wanted or wanted[name] in found:
                 continue
             meta = Path(entry or ".", item, "METADATA" if kind == "dist-info" else "PKG-INFO")
+            version, pins = None, []
             with contextlib.suppress(OSError, UnicodeDecodeError):
                 for line in meta.read_text(encoding="utf-8").splitlines():
                     if line.startswith("Version:"):
-                        found[wanted[name]] = (line.split(":", 1)[1].strip(), Path(entry or "."))
-                        break
-                    if not line:
+                        version = line.split(":", 1)[1].strip()
+                    elif line.startswith("Requires-Dist: flashinfer"):
+                        pins.append(line.split(":", 1)[1].strip())
+                    elif not line:
                         break  # the headers end at the first blank line
+            if version is not None:
+                found[wanted[name]] = (version, Path(entry or "."), tuple(pins))
     return found
 
 
@@ -205,7 +225,8 @@ Wanted = tuple[tuple[str, str], ...]  # (dist, path relative to where it is inst
 
 def dists_here(wanted: Wanted = _WANTED_FILES) -> Dists:
     installed = _installed(_WANTED_DISTS)
-    versions = {name: version for name, (version, _) in installed.items()}
+    versions = {name: version for name, (version, _, _) in installed.items()}
+    requires = {name: pins for name, (_, _, pins) in installed.items() if pins}
     files: dict[str, tuple[str, str]] = {}
     for dist, rel in wanted:
         if dist not in installed:
@@ -214,7 +235,7 @@ def dists_here(wanted: Wanted = _WANTED_FILES) -> Dists:
         with contextlib.suppress(OSError):
             text = Path(path).read_text(encoding="utf-8", errors="replace")
             files[f"{dist}:{rel}"] = (path, text)
-    return Dists(sys.executable, versions, files)
+    return Dists(sys.executable, versions, files, requires)
 
 
 def dists_of(python: str, timeout: float = 30.0, wanted: Wanted = _WANTED_FILES) -> Dists:
@@ -239,6 +260,7 @@ def dists_of(python: str, timeout: float = 30.0, wanted: Wanted = _WANTED_FILES)
             python,  # the path fi-cache was given (a wrapper's target reports itself)
             {str(k): str(v) for k, v in data["versions"].items()},
             {str(k): (str(v[0]), str(v[1])) for k, v in data["files"].items()},
+            {str(k): tuple(map(str, v)) for k, v in data.get("requires", {}).items() if v},
         )
     except (IndexError, ValueError, KeyError, TypeError):
         last = (out.stderr.strip().splitlines() or ["no output"])[-1]
@@ -260,11 +282,37 @@ def query_gpus() -> list[Gpu]:
     return parse_nvidia_smi(out.stdout) if out.returncode == 0 else []
 
 
+_PIN = re.compile(r"^flashinfer(?:[-_]python)?\s*==\s*([^\s;,]+)\s*$")
+
+
 def vllm_info(dists: Dists) -> VllmInfo:
     found = dists.version(_VLLM_DISTS)
     envs = dists.file(found[0], "vllm/envs.py") if found else None
     supports = None if envs is None else envs_mentions_finalize(envs[1])
-    return VllmInfo(found[1] if found else None, envs[0] if envs else None, supports)
+    requires = dists.requires.get(found[0], ()) if found else ()
+    pins = [m.group(1) for r in requires if (m := _PIN.match(r))]
+    return VllmInfo(
+        found[1] if found else None, envs[0] if envs else None, supports, pins[0] if pins else None
+    )
+
+
+def flashinfer_pin_note(vllm: VllmInfo, flashinfer: str | None) -> str | None:
+    """vLLM's exact FlashInfer pin against the FlashInfer it will import (the one installed
+    beside it): 0.34 pins 0.7.3, which PyPI lacks, so every 0.34 install runs another."""
+    pin = vllm.flashinfer_pin
+    if pin is None or pin == flashinfer:
+        return None
+    lacking = (
+        f" (PyPI has no {pin}: `pip install vllm=={vllm.version}` cannot resolve, so vLLM was "
+        "installed --no-deps)"
+        if pin in FLASHINFER_NOT_ON_PYPI
+        else ""
+    )
+    using = f"FlashInfer {flashinfer}" if flashinfer else "no FlashInfer (it tunes nothing)"
+    return (
+        f"vLLM {vllm.version} pins flashinfer-python=={pin}{lacking}; it imports what is "
+        f"installed beside it: {using}, whose version names the cache and its _metadata"
+    )
 
 
 def nvcc_cuda_version(environ: dict[str, str]) -> str | None:
@@ -324,9 +372,12 @@ def probe(dists: Dists | None = None) -> Environment:
         arch = vllm_arch(caps, cuda, arch_list)
         take("arch", arch, "FLASHINFER_CUDA_ARCH_LIST" if arch_list else "nvidia-smi")
     fingerprint = Fingerprint(**{k: v for k, v in values.items() if v is not None})
+    vllm = vllm_info(dists)
+    pinned = flashinfer_pin_note(vllm, fingerprint.flashinfer_version)
     return Environment(
-        fingerprint, tuple(gpus), vllm_info(dists), torch_version[1] if torch_version else None,
-        sources, python=dists.python, sglang_version=dists.versions.get("sglang"),
+        fingerprint, tuple(gpus), vllm, torch_version[1] if torch_version else None,
+        sources, notes=(pinned,) if pinned else (), python=dists.python,
+        sglang_version=dists.versions.get("sglang"),
     )  # fmt: skip
 
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import os
 import stat
+import subprocess
 import sys
 from collections.abc import Callable
 from pathlib import Path
@@ -241,3 +242,57 @@ def test_nvidia_smi_and_nvcc_printing_bytes_that_are_not_utf8_are_no_traceback(
     result = run("--format", "json", "env")
     assert result.code == 0 and "Traceback" not in result.err, result.err
     assert "UnicodeDecodeError" not in result.err
+
+
+def _site_with(tmp_path: Path, vllm: str, flashinfer: str | None) -> Path:
+    """A site dir holding the real METADATA of a vLLM release wheel (and of FlashInfer's)."""
+    import zipfile
+
+    from tests.vllm_wheels import flashinfer_wheel, need, vllm_wheel
+
+    need(vllm)
+    site = tmp_path / "site"
+    wheels = [(vllm_wheel(vllm), f"vllm-{vllm}.dist-info")]
+    if flashinfer:
+        wheels.append((flashinfer_wheel(flashinfer), f"flashinfer_python-{flashinfer}.dist-info"))
+    for wheel, info in wheels:
+        with zipfile.ZipFile(wheel) as z:
+            (site / info).mkdir(parents=True)
+            (site / info / "METADATA").write_bytes(z.read(f"{info}/METADATA"))
+    return site
+
+
+def test_vllm_034s_flashinfer_pin_is_named_against_the_flashinfer_it_imports(
+    tmp_path: Path,
+) -> None:
+    """vLLM 0.34.0's METADATA pins flashinfer-python==0.7.3, which PyPI lacks: `env` (and every
+    command that detects) says so and names the FlashInfer actually installed beside it, read
+    from this interpreter's dist-info dirs and from another interpreter's alike."""
+    from tests.conftest import write_script
+
+    site = _site_with(tmp_path, "0.34.0", "0.7.4")
+    # another interpreter: a child that sees `site` (the wrapper drops -I so PYTHONPATH holds)
+    other = write_script(
+        tmp_path / "venv" / "bin" / "python",
+        f'#!/bin/sh\nshift\nPYTHONPATH="{site}" exec "{sys.executable}" "$@"\n',
+    )
+    env = envmod.detect(None, exact=False, python=str(other))
+    assert (env.vllm.version, env.vllm.flashinfer_pin) == ("0.34.0", "0.7.3")
+    assert env.fingerprint.flashinfer_version == "0.7.4"
+    [note] = [n for n in env.notes if "pins" in n]
+    assert "vLLM 0.34.0 pins flashinfer-python==0.7.3 (PyPI has no 0.7.3" in note
+    assert "FlashInfer 0.7.4" in note
+    code = (
+        "import sys; sys.path[:0] = [sys.argv[1]]\n"
+        "from fi_cache import environment as e\n"
+        "print(e.vllm_info(e.dists_here()).flashinfer_pin)\n"
+    )
+    here = subprocess.run([sys.executable, "-c", code, str(site)], capture_output=True,
+                          text=True, check=True, timeout=60)  # fmt: skip
+    assert here.stdout.strip() == "0.7.3"
+
+
+def test_a_flashinfer_that_is_vllms_pin_draws_no_note(tmp_path: Path) -> None:
+    vllm = envmod.VllmInfo("0.33.0", None, False, "0.7.2.post1")
+    assert envmod.flashinfer_pin_note(vllm, "0.7.2.post1") is None
+    assert "no FlashInfer (it tunes nothing)" in (envmod.flashinfer_pin_note(vllm, None) or "")

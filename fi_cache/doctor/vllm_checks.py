@@ -14,10 +14,12 @@ from fi_cache.versions import (
     CACHE_SINGLE_RANK_ONLY,
     DOUBLE_REDUCE,
     DOUBLE_REDUCE_BACKENDS,
+    FLASHINFER_NOT_ON_PYPI,
     REMOVED_ENV_EXACT,
     REMOVED_ENV_PREFIX,
     REMOVED_ENV_SINCE,
     VLLM_FINALIZE_ENV,
+    VLLM_FLASHINFER_PINS,
     VLLM_NEWEST_CHECKED,
     VLLM_PERSISTENT_CACHE,
     WARM_CACHE_HANG,
@@ -210,6 +212,35 @@ def removed_env(inp: Inputs) -> Iterator[Finding]:
             )
 
 
+def flashinfer_pin(inp: Inputs) -> Iterator[Finding]:
+    """A vLLM release whose exact FlashInfer pin is not what it will import (0.34 pins 0.7.3,
+    which PyPI lacks): the FlashInfer installed beside it names the cache and its _metadata."""
+    version = parse_version(inp.target.vllm_version)
+    pin = VLLM_FLASHINFER_PINS.get(version) if version is not None else None
+    fi = inp.target.fingerprint.flashinfer_version
+    if pin is None or pin == fi:
+        return
+    lacking = (
+        f"PyPI has no flashinfer-python {pin}, so `pip install vllm=={version}` cannot resolve "
+        "and vLLM is installed with --no-deps beside a FlashInfer chosen by hand; "
+        if pin in FLASHINFER_NOT_ON_PYPI
+        else ""
+    )
+    using = (
+        f"this one imports FlashInfer {fi}"
+        if fi
+        else "which FlashInfer it imports is not known here (give --flashinfer-version)"
+    )
+    yield Finding(
+        "flashinfer-pin",
+        "info",
+        None,
+        f"vLLM {version} pins flashinfer-python=={pin} (its METADATA); {lacking}{using}: "
+        "that version names the cache dir and its _metadata",
+        "tune and serve with the same FlashInfer: a cache tuned under another is not read",
+    )
+
+
 def _v2_by_model(inp: Inputs) -> bool:
     fi = inp.target.fingerprint.flashinfer_version
     serve, version = inp.serve, inp.target.vllm_version
@@ -271,8 +302,9 @@ def cache_location(inp: Inputs) -> Iterator[Finding]:
             "cache-location", "info", str(inp.predicted_dir),
             f"this hash dir holds only if vLLM's GPU worker keeps what it resolves at start as "
             f"the arguments set it: {'; '.join(loc.depends_on)}",
-            "a numeric --max-model-len is known before the start, CUDA graphs are resolved per "
-            "attention backend (--enforce-eager has none); a warm checks the dir vLLM names",
+            "a numeric --max-model-len is known before the start, --block-size N fixes the KV "
+            "block size (not a hybrid model's), CUDA graphs are resolved per attention backend "
+            "(--enforce-eager has none); a warm checks the dir vLLM names",
         )  # fmt: skip
 
 
@@ -293,4 +325,9 @@ CHECKS = (
     ),
     Check("removed-env", "environment variables the target vLLM no longer reads", removed_env),
     Check("cache-location", "where vLLM will keep its cache (info)", cache_location),
+    Check(
+        "flashinfer-pin",
+        "the target vLLM pins a FlashInfer other than the one it imports (info; 0.34: 0.7.3)",
+        flashinfer_pin,
+    ),
 )

@@ -297,3 +297,14 @@ def test_a_readable_config_decides_moe_for_the_layout_model(run: Any, tmp_path: 
     r = run(*doctor, moe, "-dp", "2")
     assert "autotune_configs_dp0_rank0.json, autotune_configs_dp1_rank1.json" in r.out
     assert "MoE assumed" not in r.out
+
+
+def test_doctor_says_which_flashinfer_vllm_034_imports_against_its_pin(run: Any) -> None:
+    r = run("--format", "json", "doctor", "--vllm-version", "0.34.0", "--flashinfer-version",
+            "0.7.4", "--check", "flashinfer-pin")  # fmt: skip
+    [f] = r.json()["findings"]
+    assert "vLLM 0.34.0 pins flashinfer-python==0.7.3" in f["message"]
+    assert "cannot resolve" in f["message"] and "imports FlashInfer 0.7.4" in f["message"]
+    r = run("--format", "json", "doctor", "--vllm-version", "0.33.0", "--flashinfer-version",
+            "0.7.2.post1", "--check", "flashinfer-pin")  # fmt: skip
+    assert r.json()["findings"] == []
