@@ -205,6 +205,9 @@ def _union(
         candidates = [first[key], *rest]
         winner = candidates[0] if prefer == "first" else candidates[-1]
         merged[key] = winner[1]
+        values = [value for _, value in candidates]
+        if values.count(winner[1]) == len(values):
+            continue  # every holder agrees (an aligned deployment's ranks): nothing to compare
         conflicts.extend(_disagreements(label(key), winner, candidates, same))
     return merged, conflicts, added
 
