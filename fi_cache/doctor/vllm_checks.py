@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Iterator
 
 from fi_cache.doctor.findings import Finding
 from fi_cache.doctor.inputs import Check, Inputs
 from fi_cache.engines.vllm import layout
+from fi_cache.engines.vllm.args import parse_serve_args
 from fi_cache.engines.vllm.launch import ALTERNATIVES
+from fi_cache.errors import Refused
 from fi_cache.versions import (
     ALL2ALL_ENV,
     ALL2ALL_ENV_READ,
@@ -18,12 +21,17 @@ from fi_cache.versions import (
     REMOVED_ENV_EXACT,
     REMOVED_ENV_PREFIX,
     REMOVED_ENV_SINCE,
+    VLLM_EXTENSIBLE_KV,
+    VLLM_EXTENSIBLE_KV_SKIPS,
     VLLM_FINALIZE_ENV,
     VLLM_FLASHINFER_PINS,
     VLLM_NEWEST_CHECKED,
     VLLM_PERSISTENT_CACHE,
+    VLLM_SKIP_OPS,
+    VLLM_SKIP_OPS_ENV,
     WARM_CACHE_HANG,
     UnfusedRoute,
+    Version,
     parse_version,
     unfused_route,
     vllm_passes_finalize_arg,
@@ -241,6 +249,75 @@ def flashinfer_pin(inp: Inputs) -> Iterator[Finding]:
     )
 
 
+def _scope(skip: str | None, extensible: bool | None, version: Version) -> str:
+    """What a start leaves untuned, in words."""
+    if skip is not None:
+        return f"{VLLM_SKIP_OPS_ENV}={skip}" if skip else f"{VLLM_SKIP_OPS_ENV}= (nothing skipped)"
+    if version >= VLLM_EXTENSIBLE_KV:
+        off = extensible is False
+        return (
+            "the extensible KV cache off (MLA decode tuned)"
+            if off
+            else f"the extensible KV cache on ({VLLM_EXTENSIBLE_KV_SKIPS} not tuned)"
+        )
+    return f"no {VLLM_SKIP_OPS_ENV}"
+
+
+def _warmed_scopes(inp: Inputs, version: Version) -> set[str]:
+    """The tuning scopes the namespaces' recorded warms of this model ran under: a warm's key
+    is its argv's unless VLLM_FLASHINFER_AUTOTUNE_SKIP_OPS was set (engines/vllm/engine.py)."""
+    assert inp.serve is not None
+    seen, out = set(), set()
+    for view in inp.caches:
+        m = view.manifest
+        if m is None or not view.applies or view.namespace_dir in seen:
+            continue
+        seen.add(view.namespace_dir)
+        for w in m.warms:
+            if not w.ok or w.engine != "vllm" or not w.argv:
+                continue
+            with contextlib.suppress(Refused):
+                theirs = parse_serve_args(w.argv)
+                if theirs.model != inp.serve.model:
+                    continue
+                skip = None if w.argv_key == theirs.key else "(a value not recorded)"
+                out.add(_scope(skip, layout.extensible_kv(theirs), version))
+    return out
+
+
+def tuning_scope(inp: Inputs) -> Iterator[Finding]:
+    """What vLLM 0.33+ leaves untuned outside its hash (VLLM_FLASHINFER_AUTOTUNE_SKIP_OPS,
+    0.34's extensible KV cache skipping trtllm_batch_decode_mla): a start under another
+    setting loads the same dir and, on a full hit, skips its sweep."""
+    version = parse_version(inp.target.vllm_version)
+    serve = inp.serve
+    if serve is None or version is None or version < VLLM_SKIP_OPS or serve.autotune_off:
+        return
+    skip, extensible = layout.skip_ops(inp.environ), layout.extensible_kv(serve)
+    ours = _scope(skip, extensible, version)
+    other = sorted(_warmed_scopes(inp, version) - {ours})
+    if not other and skip is None:
+        return
+    why = (
+        f"vLLM {version} does not hash what it leaves untuned, so a start under another setting "
+        "reads the same hash dir and, when every rank's file passes its gate, skips its tuning "
+        "sweep: what one start left untuned stays on FlashInfer's fallback tactic in the other"
+    )
+    if other:
+        yield Finding(
+            "tuning-scope", "warning", None,
+            f"this start runs with {ours}; the namespace's warm of {serve.model} ran with "
+            f"{', '.join(other)}. {why}",
+            "serve and warm count a warm only for the setting it ran under; to tune what the "
+            "earlier warm skipped, warm with that setting into an empty namespace (--store DIR)",
+        )  # fmt: skip
+        return
+    yield Finding(
+        "tuning-scope", "info", None, f"this start runs with {ours}. {why}",
+        "serve and warm count a warm only for the setting it ran under",
+    )  # fmt: skip
+
+
 def _v2_by_model(inp: Inputs) -> bool:
     fi = inp.target.fingerprint.flashinfer_version
     serve, version = inp.serve, inp.target.vllm_version
@@ -325,6 +402,12 @@ CHECKS = (
     ),
     Check("removed-env", "environment variables the target vLLM no longer reads", removed_env),
     Check("cache-location", "where vLLM will keep its cache (info)", cache_location),
+    Check(
+        "tuning-scope",
+        "vLLM 0.33+: what VLLM_FLASHINFER_AUTOTUNE_SKIP_OPS or 0.34's extensible KV cache leave "
+        "untuned, outside the hash; a recorded warm of the model under another setting",
+        tuning_scope,
+    ),
     Check(
         "flashinfer-pin",
         "the target vLLM pins a FlashInfer other than the one it imports (info; 0.34: 0.7.3)",

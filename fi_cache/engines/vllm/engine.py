@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import os
 from collections.abc import Mapping, Sequence
 from pathlib import Path
@@ -24,6 +25,7 @@ from fi_cache.errors import Refused
 from fi_cache.versions import (
     VLLM_CACHE_DIR_ENV,
     VLLM_PERSISTENT_CACHE,
+    VLLM_SKIP_OPS_ENV,
     VLLM_SWEEP_SKIPPED_ON_HIT,
     parse_version,
 )
@@ -79,9 +81,7 @@ class Vllm(ServerEngine):
         persistent cache) is not warmed first: a warm would start vLLM once more for nothing.
         Detected facts (no FlashInfer, no GPU) may be wrong here, so those still warm."""
         version = parse_version(run.env.vllm.version)
-        certain = run.args.autotune_off or (
-            version is not None and version < VLLM_PERSISTENT_CACHE
-        )
+        certain = run.args.autotune_off or (version is not None and version < VLLM_PERSISTENT_CACHE)
         if certain and run.nothing_to_tune:
             return f"nothing to tune ({run.nothing_to_tune}): vLLM starts once, without a warm"
         return None
@@ -92,7 +92,13 @@ class Vllm(ServerEngine):
         return parsed
 
     def warm_key(self, a: args.ServeArgs, finalize: str) -> str:
-        return a.key  # the finalize mode is the namespace's already
+        """The arguments' key (the finalize mode is the namespace's already), and the ops
+        VLLM_FLASHINFER_AUTOTUNE_SKIP_OPS keeps from tuning: not hashed by vLLM, so a warm
+        under one setting is no warm for another (the key of a warm without it is unchanged)."""
+        scope = layout.skip_ops(os.environ)
+        if scope is None:
+            return a.key
+        return hashlib.sha256(f"{a.key}\0{VLLM_SKIP_OPS_ENV}={scope}".encode()).hexdigest()[:16]
 
     def command_line(
         self, path: str | None, argv: Sequence[str]
@@ -111,9 +117,7 @@ class Vllm(ServerEngine):
         from fi_cache.store.paths import state_dir
 
         path, argv = self.command_line(request.path, request.argv)
-        mode, note = launch.user_finalize(
-            os.environ, request.asked, request.given, request.implied
-        )
+        mode, note = launch.user_finalize(os.environ, request.asked, request.given, request.implied)
         env = environment.detect(state_dir(store), python=launch.vllm_python(path))
         notes = (*([note] if note else []), *env.notes)
         return Target(Namespace(env.fingerprint, mode), env, env.vllm.version, path, argv, notes)

@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 from fi_cache.caches.discover import flashinfer_default_root
-from fi_cache.engines.vllm.args import DISABLE_FLAG, ServeArgs
+from fi_cache.engines.vllm.args import DISABLE_FLAG, ServeArgs, vllm_spelling
 from fi_cache.versions import (
     CACHE_SINGLE_RANK_ONLY,
     FLASHINFER_V2_STORE,
@@ -25,6 +25,7 @@ from fi_cache.versions import (
     VLLM_EXPERT_FIELDS,
     VLLM_PERSISTENT_CACHE,
     VLLM_RANK_GATE,
+    VLLM_SKIP_OPS_ENV,
     VLLM_V2_STORE,
     parse_version,
 )
@@ -164,3 +165,29 @@ def tune_groups(args: ServeArgs, ranks: tuple[str, ...]) -> tuple[tuple[str, ...
         dp, _, r = name.removeprefix("dp").partition("_rank")
         groups.setdefault((int(dp), int(r) // args.tp), []).append(name)
     return tuple(tuple(g) for g in groups.values())
+
+
+def skip_ops(environ: Mapping[str, str]) -> str | None:
+    """VLLM_FLASHINFER_AUTOTUNE_SKIP_OPS as vLLM 0.33+ reads it (envs.py 0.34:1910-1917): None
+    when unset (vLLM's own defaults), else the ops it names, sorted ("" skips nothing)."""
+    value = environ.get(VLLM_SKIP_OPS_ENV)
+    if value is None:
+        return None
+    return ",".join(sorted({v.strip() for v in value.split(",") if v.strip()}))
+
+
+_EXTENSIBLE_ON = {"--enable-extensible-kv-cache", "--no-disable-extensible-kv-cache"}
+_EXTENSIBLE_OFF = {"--no-enable-extensible-kv-cache", "--disable-extensible-kv-cache"}
+
+
+def extensible_kv(args: ServeArgs) -> bool | None:
+    """vLLM 0.34's --[no-]enable-extensible-kv-cache as the arguments set it (the last wins);
+    None: not set, vLLM's default (on where supported: config/vllm.py 0.34:3190-3254)."""
+    said = None
+    for arg in args.argv:
+        name = vllm_spelling(arg.split("=", 1)[0])
+        if name in _EXTENSIBLE_ON:
+            said = True
+        elif name in _EXTENSIBLE_OFF:
+            said = False
+    return said

@@ -13,10 +13,17 @@ from typing import Any
 
 import pytest
 
+from fi_cache import doctor
+from fi_cache.caches.discover import classify_file
+from fi_cache.caches.inventory import read
+from fi_cache.doctor import CacheView, Inputs, Target
 from fi_cache.engines.vllm import predict as predict_module
 from fi_cache.engines.vllm.args import _is_bool_flag, parse_serve_args
 from fi_cache.engines.vllm.predict import predict
 from fi_cache.model import v1
+from fi_cache.model.fingerprint import Fingerprint
+from fi_cache.store.manifest import CacheFileRecord, Manifest, WarmRecord
+from fi_cache.store.namespace import Namespace
 from fi_cache.versions import (
     VLLM_EXTENSIBLE_KV_SKIPS,
     VLLM_FINALIZE_ENV,
@@ -29,6 +36,8 @@ from fi_cache.versions import (
 from tests.conftest import GEMM_618, VLLM_PYTHON, needs_vllm
 from tests.engines.vllm.serve_flags import serve_flags
 from tests.vllm_wheels import RELEASES, module_text, need, unpacked, vllm_wheel
+
+H200_618 = json.loads(GEMM_618.read_text())["_metadata"]
 
 
 @pytest.mark.parametrize("version", RELEASES)
@@ -308,3 +317,58 @@ def test_doctor_says_which_flashinfer_vllm_034_imports_against_its_pin(run: Any)
     r = run("--format", "json", "doctor", "--vllm-version", "0.33.0", "--flashinfer-version",
             "0.7.2.post1", "--check", "flashinfer-pin")  # fmt: skip
     assert r.json()["findings"] == []
+
+
+# --- what vLLM tunes, outside its hash: VLLM_FLASHINFER_AUTOTUNE_SKIP_OPS, the extensible KV --
+
+
+def test_a_warm_under_one_skip_ops_setting_is_no_warm_for_another(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """vLLM 0.33+ does not hash VLLM_FLASHINFER_AUTOTUNE_SKIP_OPS: serve and warm must not take
+    a warm that skipped ops for one that tunes them (or back); a warm without it keeps its key,
+    so every earlier record stays warm."""
+    from fi_cache.engines.vllm.engine import ENGINE
+
+    args = parse_serve_args(["Qwen/Qwen3-8B", "-tp", "2"])
+    monkeypatch.delenv("VLLM_FLASHINFER_AUTOTUNE_SKIP_OPS", raising=False)
+    plain = ENGINE.warm_key(args, "fused")
+    (tmp_path / "vllm").mkdir()
+    (tmp_path / "vllm" / "f.json").write_text("{}")
+    ns = Namespace(Fingerprint.from_metadata(H200_618, "90a"), "fused")
+    rec = CacheFileRecord("vllm/f.json", 1, 2)
+    m = Manifest.new(ns).with_warm(WarmRecord(0, 1, "0.34.0", list(args.argv), plain, [rec], False))
+    assert plain == args.key and ENGINE.is_warm(tmp_path, m, args, "fused")
+    keys = set()
+    for value in ("fp4_gemm", " fp4_gemm ,", "", "fp4_gemm,trtllm_batch_decode_mla"):
+        monkeypatch.setenv("VLLM_FLASHINFER_AUTOTUNE_SKIP_OPS", value)
+        assert not ENGINE.is_warm(tmp_path, m, args, "fused")
+        keys.add(ENGINE.warm_key(args, "fused"))
+    assert len(keys) == 3  # " fp4_gemm ," is vLLM's "fp4_gemm"
+
+
+def _scope_findings(tmp_path: Path, argv: list[str], environ: dict[str, str]) -> list[Any]:
+    """doctor's tuning-scope over a namespace warmed (plain) for `Qwen/Qwen3-8B`."""
+    path = tmp_path / GEMM_618.name
+    path.write_bytes(GEMM_618.read_bytes())
+    cache = read(classify_file(path))
+    ns = Namespace(Fingerprint.from_metadata(H200_618, "90a"), "fused")
+    warmed = parse_serve_args(["Qwen/Qwen3-8B"])
+    m = Manifest.new(ns).with_warm(
+        WarmRecord(0, 1, "0.34.0", list(warmed.argv), warmed.key, [], False)
+    )
+    view = CacheView(cache, tmp_path, "fused", m)
+    target = Target(Fingerprint.from_metadata(H200_618, "90a"), "0.34.0")
+    inputs = Inputs(target, (view,), serve=parse_serve_args(argv), environ=environ)
+    return doctor.run(inputs, ["tuning-scope"])
+
+
+def test_doctor_says_when_a_start_tunes_other_ops_than_the_namespaces_warm(tmp_path: Path) -> None:
+    [f] = _scope_findings(tmp_path, ["Qwen/Qwen3-8B"], {"VLLM_FLASHINFER_AUTOTUNE_SKIP_OPS": "x"})
+    assert f.severity == "warning"
+    assert "this start runs with VLLM_FLASHINFER_AUTOTUNE_SKIP_OPS=x" in f.message
+    assert "extensible KV cache on (trtllm_batch_decode_mla not tuned)" in f.message
+    assert "skips its tuning sweep" in f.message
+    [f] = _scope_findings(tmp_path, ["Qwen/Qwen3-8B", "--no-enable-extensible-kv-cache"], {})
+    assert f.severity == "warning" and "extensible KV cache off (MLA decode tuned)" in f.message
+    assert _scope_findings(tmp_path, ["Qwen/Qwen3-8B"], {}) == []  # the warm's own setting
