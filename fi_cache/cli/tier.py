@@ -162,7 +162,7 @@ def doctor(
     ctx = _ctx()
     inv = _read(args)
     findings = judge(inv, target, only or None)
-    keys = bad_keys(findings) if fix else []
+    keys = bad_keys(findings, inv) if fix else []
     removed = _remove(keys) if keys and not dry_run else []
     errors = sum(f.severity == "error" for f in findings)
     warnings = sum(f.severity == "warning" for f in findings)

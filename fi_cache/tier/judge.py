@@ -25,37 +25,65 @@ TIER_CHECKS = (
     "stale-gemm2-profile",
     "finalize-mode-miss",
     "records-unreadable",
+    # the engine's unanimity gate over the ranks of one hash dir (0.32+): tables of one config
+    # that disagree make every engine start re-tune all ranks, and the tier never hears of it
+    "vllm-ranks-retune",
+    "ranks-divergent-tactics",
 )
 NEVER_REPLACED = "vLLM never replaces it: first writer wins, and nothing in vLLM removes a key"
 
 
 def _who(target: Target) -> str:
     gpu = target.fingerprint.gpu
-    return f"every {gpu.removeprefix('NVIDIA ')}" if gpu else "every daemon of the target"
+    return f"every {gpu.removeprefix('NVIDIA ')}" if gpu else "every"
 
 
 def consequence(f: Finding, target: Target) -> str:
-    """One line: what the fleet does with this table, for as long as the key holds it."""
+    """One line: what the fleet does with this table, for as long as the key holds it. A daemon
+    adopts only where it has no local file (a fresh node, warmup_cache.py 0.34:147-169); a
+    rejected table leaves it to tune itself, and its publish is then a no-op."""
     who = _who(target)
     if f.check == "foreign-environment":
-        return f"{who} rejects it by `_metadata` and re-tunes at every start; {NEVER_REPLACED}"
+        return (
+            f"{who} daemon on a fresh node rejects it by `_metadata` and tunes from scratch (its "
+            f"own publish is a no-op: the tier never helps it); {NEVER_REPLACED}"
+        )
     if f.check == "stale-gemm2-profile":
         return (
-            f"{who} adopts it (its `_metadata` fits) and replays GEMM2 ids of the other "
-            "finalize mode: `Invalid gemm2 profile id` crashes start-up fleet-wide; "
-            + NEVER_REPLACED
+            f"{who} daemon on a fresh node adopts it (its `_metadata` fits) and replays GEMM2 "
+            "ids of the other finalize mode: `Invalid gemm2 profile id` crashes start-up "
+            "fleet-wide; " + NEVER_REPLACED
         )
     if f.check == "finalize-mode-miss":
         return (
-            f"{who} adopts it, every rank hits, so vLLM 0.33+ skips the sweep and MoE runs "
-            f"FlashInfer's fallback tactic fleet-wide; {NEVER_REPLACED}"
+            f"{who} daemon on a fresh node adopts it, every rank hits, so vLLM 0.33+ skips the "
+            f"sweep and MoE runs FlashInfer's fallback tactic fleet-wide; {NEVER_REPLACED}"
         )
-    if f.check in ("corrupt-file", "records-unreadable"):
-        return f"{who} fails to load it and re-tunes at every start; {NEVER_REPLACED}"
-    return f"{who} adopts it as it is; {NEVER_REPLACED}"
+    if f.check == "vllm-ranks-retune":
+        return (
+            "a fresh node's daemons adopt these tables rank by rank, fail vLLM's gate and tune "
+            "every rank again (their publish is a no-op: the tier keeps these); "
+            + NEVER_REPLACED.replace("it:", "them:")
+        )
+    if f.check == "records-unreadable":
+        return (
+            f"{who} daemon on a fresh node adopts it (nothing checks `_records`) and FlashInfer "
+            f"crashes loading it; {NEVER_REPLACED}"
+        )
+    if f.check == "corrupt-file":
+        return (
+            f"{who} daemon on a fresh node rejects it and tunes from scratch (the tier never "
+            f"helps it); {NEVER_REPLACED}"
+        )
+    return f"{who} daemon on a fresh node adopts it as it is; {NEVER_REPLACED}"
 
 
 def remedy(key_url: str) -> str:
+    if not key_url.endswith(".json"):  # a hash dir: every rank key of one config
+        return (
+            f"fi-cache evict {key_url}/ --dry-run, then without --dry-run (or push --replace "
+            "an aligned namespace); the next deployment's daemons publish one set again"
+        )
     return (
         f"fi-cache evict {key_url} --dry-run, then without --dry-run; the next daemon that "
         "tunes publishes its own table under the key"
@@ -69,7 +97,8 @@ def _tiered(f: Finding, target: Target) -> Finding:
         severity = "error"  # the daemon rejects soft mismatches too, and nothing heals the key
     if f.check == "finalize-mode-miss":
         severity = "error"  # adopted by every rank: the sweep that would heal it never runs
-    fix = remedy(path) if severity == "error" and path else f.fix
+    # the file-side fixes (align, move aside) do not reach the tier: its own remedy does
+    fix = remedy(path) if severity != "info" and path else f.fix
     return replace(
         f, severity=severity, path=path, message=f"{f.message}. {consequence(f, target)}", fix=fix
     )
@@ -86,10 +115,18 @@ def judge(inv: TierInventory, target: Target, only: Iterable[str] | None = None)
     return [_tiered(f, target) for f in run_checks(inputs, selected)]
 
 
-def bad_keys(findings: Iterable[Finding]) -> list[str]:
-    """The keys doctor --fix removes: those with an error (a table the fleet cannot use)."""
+def bad_keys(findings: Iterable[Finding], inv: TierInventory) -> list[str]:
+    """The keys doctor --fix removes: those with an error (a table the fleet cannot use); for a
+    hash dir's finding, every key read under it."""
+    read = [SCHEME + str(c.path) for c in inv.caches] + [SCHEME + str(p.path) for p in inv.problems]
     out: list[str] = []
     for f in findings:
-        if f.severity == "error" and f.path and f.path not in out:
-            out.append(f.path)
+        if f.severity != "error" or not f.path:
+            continue
+        keys = (
+            [f.path]
+            if f.path.endswith(".json")
+            else [k for k in read if k.startswith(f.path + "/")]
+        )
+        out.extend(k for k in keys if k not in out)
     return out

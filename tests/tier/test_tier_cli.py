@@ -106,7 +106,7 @@ def test_doctor_finds_a_foreign_first_writer_and_evict_removes_it(
     r = run("doctor", hash_dir, *H200)
     assert r.code == 1, r.out + r.err
     assert f"error   foreign-environment  {bad}:" in r.out
-    assert "every H200 rejects it by `_metadata` and re-tunes" in r.out
+    assert "every H200 daemon on a fresh node rejects it by `_metadata` and tunes" in r.out
     assert "vLLM never replaces it: first writer wins" in r.out
     assert f"fix: fi-cache evict {bad} --dry-run" in r.out
     assert f"mooncake://{rank_key(h, 0, 0)}:" not in r.out  # the H200 table fits
@@ -168,3 +168,18 @@ def test_an_unreachable_master_or_a_bad_config_is_one_line_exit_2(
         and bad.err == f"fi-cache: {cfg}: not valid JSON " + bad.err.split("not valid JSON ", 1)[1]
     )
     assert bad.err.count("\n") == 1
+
+
+def test_rank_tables_that_disagree_are_named_with_the_hash_dirs_remedy(
+    run: Run, client: TierClient
+) -> None:
+    h = "a1" * 32
+    doc = json.loads(_table())
+    del doc[next(k for k in doc if k.startswith("("))]
+    doc.pop("_generation")
+    _fresh(client, h, {0: _table(), 1: json.dumps(doc).encode()})
+    hash_dir = f"mooncake://vllm-warmup-cache/flashinfer_autotune/{h}"
+    r = run("doctor", hash_dir + "/", *H200)
+    assert f"warning vllm-ranks-retune  {hash_dir}:" in r.out, r.out + r.err
+    assert "a fresh node's daemons adopt these tables rank by rank" in r.out
+    assert f"fix: fi-cache evict {hash_dir}/ --dry-run" in r.out

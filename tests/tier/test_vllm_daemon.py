@@ -70,7 +70,7 @@ def test_the_daemon_publishes_and_fi_cache_judges(daemon: Daemon, run: Run) -> N
     r = run("doctor", url, *TARGET)
     assert r.code == 0 and "0 error(s), 0 warning(s)" in r.out, r.out + r.err
     h100 = run("doctor", url, "--gpu", "NVIDIA H100 80GB HBM3")
-    assert h100.code == 1 and "every H100 80GB HBM3 rejects it" in h100.out
+    assert h100.code == 1 and "every H100 80GB HBM3 daemon on a fresh node rejects it" in h100.out
 
 
 def test_fi_cache_publishes_and_the_daemon_adopts(daemon: Daemon, run: Run, store: Path) -> None:
