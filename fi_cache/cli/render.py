@@ -133,10 +133,49 @@ def table(
     return "\n".join(lines)
 
 
-def emit_json(document: Any) -> None:
-    import json
+# A list longer than this is printed one item a line (each item compact, by json's C encoder):
+# indent=2 runs json's pure-Python encoder, 12 s of `--format json diff` on 200,000 entries.
+LONG_LIST = 1000
 
-    click.echo(json.dumps(document, indent=2, sort_keys=False))
+
+def emit_json(document: Any) -> None:
+    click.echo(json_text(document))
+
+
+def json_text(document: Any) -> str:
+    """`document` as --format json prints it: indent=2, except that the items of a list longer
+    than LONG_LIST take one line each (same JSON, and `jq`/`grep` friendly)."""
+    import json
+    import secrets
+
+    long: list[list[Any]] = []
+    nonce = secrets.token_hex(8)  # a file's own strings cannot name a placeholder
+    skeleton = _without_long_lists(document, long, nonce)
+    text = json.dumps(skeleton, indent=2, sort_keys=False)
+    for i, items in enumerate(long):
+        mark = json.dumps(_mark(i, nonce))
+        at = text.index(mark)
+        indent = at - text.rfind("\n", 0, at) - 1
+        line = text[at - indent : at]
+        pad = " " * (len(line) - len(line.lstrip(" ")) + 2)
+        body = ",\n".join(pad + json.dumps(item) for item in items)
+        text = f"{text[:at]}[\n{body}\n{pad[:-2]}]{text[at + len(mark) :]}"
+    return text
+
+
+def _mark(i: int, nonce: str) -> str:
+    return f"\0fi-cache-long-list-{nonce}-{i}\0"
+
+
+def _without_long_lists(value: Any, long: list[list[Any]], nonce: str) -> Any:
+    if isinstance(value, dict):
+        return {k: _without_long_lists(v, long, nonce) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        if len(value) > LONG_LIST:
+            long.append(list(value))
+            return _mark(len(long) - 1, nonce)
+        return [_without_long_lists(v, long, nonce) for v in value]
+    return value
 
 
 def _quiet() -> bool:

@@ -66,3 +66,17 @@ def test_doctor_log_escapes_a_logs_paths(run, tmp_path: Path) -> None:  # type: 
     )
     r = run("doctor", "--log", log)
     assert "PWNED" in r.out and "\x1b" not in r.out + r.err and "\x07" not in r.out + r.err
+
+
+def test_a_long_list_is_one_item_a_line_and_the_same_json() -> None:
+    # indent=2 runs json's pure-Python encoder: 12 s of `--format json diff` on 200,000 entries.
+    from fi_cache.cli.render import LONG_LIST, json_text
+
+    entries = [{"op": f"op{i}", "a": {"tactic": [i, []]}} for i in range(LONG_LIST + 1)]
+    doc = {"path": "x", "entries": entries, "ranks": [{"entries": entries}, {"entries": [1]}]}
+    text = json_text(doc)
+    assert json.loads(text) == doc
+    assert '\n    {"op": "op7", "a": {"tactic": [7, []]}},\n' in text
+    assert '\n        {"op": "op7", "a": {"tactic": [7, []]}},\n' in text  # nested: deeper
+    small = {"path": "x", "entries": entries[:3]}
+    assert json_text(small) == json.dumps(small, indent=2)  # short lists: as before
