@@ -12,9 +12,11 @@ SCHEME = "mooncake://"
 # click's Path type and pathlib collapse "//": "mooncake://k" reaches a command as "mooncake:/k".
 _COLLAPSED = "mooncake:/"
 HASH_DIR_PREFIX = f"{TIER_KEY_PREFIX}/{TIER_FLASHINFER_KIND}/"
-# Mooncake lists no keys: a hash dir's ranks are probed by name, dp0..dp7 x rank0..rank63.
-MAX_DP = 8
-MAX_RANK = 64
+# Mooncake lists no keys: a hash dir's ranks are probed by name in one batch, dp0..dp31 x
+# rank0..rank511 (16,384 names, ~30 ms). MoE with dp > 1 folds DP into one world, so rank r of
+# DP rank d is named rank{d*tp*pp + r}: 32 x 8 x 2 = 512 ranks.
+MAX_DP = 32
+MAX_RANK = 512
 
 
 @dataclass(frozen=True)
