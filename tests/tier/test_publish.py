@@ -98,3 +98,23 @@ def test_pull_adopts_a_fitting_table_and_refuses_a_foreign_one(
     assert not (dest.parent.parent / g).exists()
     for x in (h, g):
         client.remove(rank_key(x, 0, 0))
+
+
+def test_pull_refuses_a_fused_0617_table_for_the_unfused_namespace(
+    run: Run, store: Path, client: TierClient, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from tests.conftest import MOE_617_FUSED
+
+    fp = Fingerprint.from_metadata(json.loads(MOE_617_FUSED.read_text())["_metadata"], "90a")
+    # a vLLM that reads VLLM_FLASHINFER_MOE_FUSED_FINALIZE: unfused really runs unfused
+    env = Environment(fp, (), VllmInfo("0.34.0", "/site/vllm/envs.py", True), "2.8.0")
+    monkeypatch.setattr(environment, "detect", lambda *a, **k: env)
+    h = "b2" * 32
+    client.remove(rank_key(h, 0, 0))
+    client.publish(rank_key(h, 0, 0), MOE_617_FUSED.read_bytes())
+    url = f"mooncake://{rank_key(h, 0, 0)}"
+    r = run("pull", url, "--finalize", "unfused")
+    assert r.code == 2 and "not pulled: MoE GEMM2 entries here were tuned fused" in r.err, r.err
+    assert not Namespace(fp, "unfused").path(store).exists()
+    assert run("pull", url).code == 0  # the fused namespace: its own mode
+    client.remove(rank_key(h, 0, 0))
