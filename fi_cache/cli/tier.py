@@ -255,7 +255,7 @@ def push(url_arg: str, which: str, replace: bool) -> int:
     arg = parse_arg(url_arg)
     sources = push_sources(resolve_namespaces(ctx.store, which), arg)
     with _client() as client:
-        items = plan_push(client, sources, replace)
+        items = plan_push(client, sources, replace, ctx.store)
         done = apply_push(client, items)
     written = {item.key.key for item in done}
     rows: list[dict[str, Any]] = [
@@ -266,6 +266,13 @@ def push(url_arg: str, which: str, replace: bool) -> int:
     if ctx.json:
         render.emit_json({"published": rows})
         return 0
+    for item in items:
+        if item.mode_blind and item.key.key in written:
+            render.warn(
+                f"{item.key.url}: its MoE keys (FlashInfer <= 0.6.17) record no finalize mode, "
+                "nor does the tier's key: every daemon that adopts it must run the mode it was "
+                "tuned in (this namespace's), or its GEMM2 ids crash or run other kernels"
+            )
     for r in rows:
         verb = {"publish": "published", "replace": "replaced", "same": "already there"}
         state = verb[r["action"]] if r["written"] or r["action"] == "same" else "taken meanwhile"

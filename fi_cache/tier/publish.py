@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Literal
 
-from fi_cache.caches.inventory import scan
+from fi_cache.caches.inventory import Cache, scan
 from fi_cache.doctor.inputs import Target
 from fi_cache.errors import Refused
 from fi_cache.tier.judge import judge
@@ -34,6 +34,8 @@ class PushItem:
     source: Path
     data: bytes
     action: Literal["publish", "same", "replace"]
+    # MoE keys of FlashInfer <= 0.6.17 record no finalize mode, nor does the tier's key
+    mode_blind: bool = False
 
 
 def _rank_files(ns_dir: Path, arg: TierArg) -> list[tuple[TierKey, Path]]:
@@ -68,13 +70,32 @@ def push_sources(ns_dirs: list[Path], arg: TierArg) -> list[tuple[TierKey, Path]
     return next(iter(found.values()))
 
 
-def _unpublishable(path: Path) -> str | None:
-    """Why this file must not reach the tier, or None: only what `verify` passes, with every
-    `_metadata` field detected (an "unknown" one blocks every fully detected host)."""
+def _read_checked(path: Path, store: Path) -> Cache:
+    """The file, if it may reach the tier: only what `verify` passes, with every `_metadata`
+    field detected (an "unknown" one blocks every fully detected host), of its namespace's own
+    FlashInfer and GPU (the tier's key would not say it is another's). Refused otherwise."""
     inv = scan([path])
     if inv.problems:
-        return inv.problems[0].message
+        raise Refused(f"not published: {inv.problems[0].message}", path)
     cache = inv.caches[0]
+    if (why := _unpublishable(cache) or _not_of_namespace(cache, store)) is not None:
+        raise Refused(f"not published: {why}", path)
+    return cache
+
+
+def _not_of_namespace(cache: Cache, store: Path) -> str | None:
+    from fi_cache.store.namespace import namespace_parts, slug
+
+    parts = namespace_parts(cache.path, store)
+    meta = cache.metadata or {}
+    for name in ("flashinfer_version", "gpu"):
+        value = meta.get(name)
+        if parts and slug(value if isinstance(value, str) else None) != parts[name]:
+            return f"its {name} {value!r} is not its namespace's ({parts[name]}): a stray file"
+    return None
+
+
+def _unpublishable(cache: Cache) -> str | None:
     if defects := cache.defects():
         return f"verify finds it corrupt ({defects[0].message})"
     meta = cache.metadata
@@ -90,19 +111,18 @@ def _unpublishable(path: Path) -> str | None:
 
 
 def plan_push(
-    client: TierClient, sources: list[tuple[TierKey, Path]], replace: bool
+    client: TierClient, sources: list[tuple[TierKey, Path]], replace: bool, store: Path
 ) -> list[PushItem]:
     items = []
     for key, path in sources:
-        if (why := _unpublishable(path)) is not None:
-            raise Refused(f"not published: {why}", path)
+        blind = _read_checked(path, store).finalize() == "unknown"
         data = path.read_bytes()
         size = client.size(key.key)
         if size is None:
-            items.append(PushItem(key, path, data, "publish"))
+            items.append(PushItem(key, path, data, "publish", blind))
             continue
         if size == len(data) and client.get(key.key) == data:
-            items.append(PushItem(key, path, data, "same"))
+            items.append(PushItem(key, path, data, "same", blind))
             continue
         if not replace:
             raise Refused(
@@ -110,7 +130,7 @@ def plan_push(
                 "it); `fi-cache doctor` it, or push --replace",
                 key.url,
             )
-        items.append(PushItem(key, path, data, "replace"))
+        items.append(PushItem(key, path, data, "replace", blind))
     return items
 
 

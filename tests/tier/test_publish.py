@@ -33,8 +33,8 @@ def client(tier: Tier, monkeypatch: pytest.MonkeyPatch) -> Iterator[TierClient]:
         yield c
 
 
-def _namespace(store: Path, config_hash: str, table: bytes) -> Path:
-    ns = Namespace(H200, "fused")
+def _namespace(store: Path, config_hash: str, table: bytes, fp: Fingerprint = H200) -> Path:
+    ns = Namespace(fp, "fused")
     d = ns.path(store)
     f = d / "vllm" / config_hash / "autotune_configs_dp0_rank0.json"
     f.parent.mkdir(parents=True)
@@ -117,4 +117,28 @@ def test_pull_refuses_a_fused_0617_table_for_the_unfused_namespace(
     assert r.code == 2 and "not pulled: MoE GEMM2 entries here were tuned fused" in r.err, r.err
     assert not Namespace(fp, "unfused").path(store).exists()
     assert run("pull", url).code == 0  # the fused namespace: its own mode
+    client.remove(rank_key(h, 0, 0))
+
+
+def test_push_of_a_mode_blind_moe_table_says_which_mode_adopters_must_run(
+    run: Run, store: Path, client: TierClient
+) -> None:
+    from tests.conftest import MOE_617_FUSED
+
+    h = "c3" * 32
+    client.remove(rank_key(h, 0, 0))
+    url = f"mooncake://vllm-warmup-cache/flashinfer_autotune/{h}/"
+    stray = _namespace(store, h, MOE_617_FUSED.read_bytes())  # a 0.6.17 file in H200's 0.6.18 ns
+    r = run("push", url, "--namespace", "fused")
+    assert (
+        r.code == 2 and "its flashinfer_version '0.6.17' is not its namespace's (0.6.18)" in r.err
+    )
+    assert client.exists([rank_key(h, 0, 0)]) == [False]
+    stray.unlink()
+    fp = Fingerprint.from_metadata(json.loads(MOE_617_FUSED.read_text())["_metadata"], "90a")
+    ns_dir = _namespace(store, h, MOE_617_FUSED.read_bytes(), fp).parents[2]
+    r = run("push", url, "--namespace", str(ns_dir))
+    assert r.code == 0, r.err
+    assert "record no finalize mode, nor does the tier's key" in r.err
+    assert client.exists([rank_key(h, 0, 0)]) == [True]
     client.remove(rank_key(h, 0, 0))
