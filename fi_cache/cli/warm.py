@@ -132,6 +132,14 @@ SEED_OPT = click.option(
     help="Seconds to wait for another warm of the same namespace.",
 )
 @click.option(
+    "--repeat",
+    type=click.IntRange(1, 50),
+    default=1,
+    show_default=True,
+    help="--engine flashinfer: time every tactic this many rounds and keep per bucket the one "
+    "that wins robustly, else FlashInfer's default (docs/tuning.md): two fresh warms agree.",
+)
+@click.option(
     "--again",
     is_flag=True,
     help="Start the engine even when a warm of these arguments is recorded and its files are "
@@ -150,6 +158,7 @@ def warm_command(
     port: int | None,
     force: bool,
     lock_timeout: float,
+    repeat: int,
     again: bool,
     seed: bool,
     vllm_path: str | None,
@@ -185,9 +194,11 @@ def warm_command(
         from fi_cache.cli.warm_flashinfer import warm_flashinfer
 
         limit = 7200.0 if timeout is None else timeout
-        return warm_flashinfer(plan_path, finalize, python, limit, lock_timeout)
+        return warm_flashinfer(plan_path, finalize, python, limit, lock_timeout, repeat)
     if plan_path is not None or python is not None:
         raise Refused("--plan and --python apply to --engine flashinfer only")
+    if repeat != 1:
+        raise Refused("--repeat applies to --engine flashinfer only")
     from fi_cache.engines.api import Request
     from fi_cache.lifecycle.warm import WarmOptions
 

@@ -49,6 +49,10 @@ class _TuneStatus:
             if self.tty:
                 self._live(self._line(event, "…"))
             return
+        if event["event"] == "op_done":  # a line of its own on a terminal and in a log
+            took = f"{event['calls']} calls in {float(event['seconds']):.1f}s"
+            self.note_plain(f"[op {event['op_i']}/{event['ops']}] {event['op']}: {took}")
+            return
         if event["event"] == "bucket":
             where = f"bucket {event.get('bucket')} ({event.get('step')}/{event.get('total')})"
             if self.tty:
@@ -77,10 +81,17 @@ class _TuneStatus:
         if self.tty and n:
             done = round(20 * i / n)
             bar = "#" * done + "-" * (20 - done) + " "
+        where = f", op {event['op_i']}/{event['ops']}" if event.get("ops") else ""
         return (
-            f"[tune {bar}{i}/{n}] {event.get('op')} "
+            f"[tune {bar}{i}/{n}{where}] {event.get('op')} "
             f"[{event.get('backend')}] {event.get('tokens')} tokens {took}"
         )
+
+    def note_plain(self, message: str) -> None:
+        if self.live:
+            click.echo(err=True)
+            self.live = False
+        self._plain(message)
 
     def note(self, message: str) -> None:
         if self.live:
@@ -96,6 +107,7 @@ def warm_flashinfer(
     python: str | None,
     timeout: float,
     lock_timeout: float,
+    repeat: int = 1,
 ) -> int:
     """`warm --engine flashinfer --plan PLAN` (fi_cache/lifecycle/tune.py), rendered."""
     from fi_cache.engines.api import WarmFailed
@@ -107,7 +119,7 @@ def warm_flashinfer(
     progress = tune_warm.TuneProgress(status.waiting, status.call, status.note)
     try:
         results = tune.warm_plan(
-            ctx.store, plan_path, finalize, python, timeout, lock_timeout, progress
+            ctx.store, plan_path, finalize, python, timeout, lock_timeout, progress, repeat
         )
     except tune_warm.TuneInterrupted as exc:
         for mode, ns_dir in exc.recorded:
@@ -137,6 +149,9 @@ def _report(plan_path: Path, results: list[Any], as_json: bool) -> None:
             "flashinfer_version": r.flashinfer_version,
             "device": r.device,
             "tactic_counts": r.counts,
+            "robust": None
+            if r.robust is None
+            else {"kept_default": r.robust[0], "buckets": r.robust[1]},
         }
         for r in results
     ]
@@ -156,5 +171,9 @@ def _report(plan_path: Path, results: list[Any], as_json: bool) -> None:
             f"{d['finalize']}: {d['calls']} calls tuned in {d['seconds']:.1f}s on {d['device']} "
             f"(FlashInfer {d['flashinfer_version']}): {d['entries']} entries{extra}"
         )
+        if d["robust"]:
+            kept, total = d["robust"]["kept_default"], d["robust"]["buckets"]
+            click.echo(f"  --repeat: {kept} of {total} buckets kept FlashInfer's default "
+                       "(no tactic won robustly)")  # fmt: skip
         click.echo(f"  {d['file']}")
     click.echo("load it: flashinfer.autotune(False, cache=FILE) around your engine's warm-up")

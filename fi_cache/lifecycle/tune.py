@@ -24,6 +24,7 @@ def warm_plan(
     timeout: float,
     lock_timeout: float,
     progress: TuneProgress,
+    repeat: int = 1,
 ) -> list[TuneResult]:
     """Tune the plan at `plan_path` into each of its modes' namespaces (`finalize`: that mode
     only). Raises Refused, TuneInterrupted (with how to resume), WarmFailed or FiCacheError."""
@@ -51,7 +52,7 @@ def warm_plan(
         more = f" (+{len(problems) - 1} more)" if len(problems) > 1 else ""
         raise Refused(problems[0] + more, plan_path)
     python = engine.find_executable(python)
-    options = tune_warm.TuneOptions(python, timeout, lock_timeout, signals.stop_grace())
+    options = tune_warm.TuneOptions(python, timeout, lock_timeout, signals.stop_grace(), repeat)
     signals.sigterm_as_interrupt()
     try:
         return tune_warm.warm_plan(store, plan, text, env, modes, options, progress)

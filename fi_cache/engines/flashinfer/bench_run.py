@@ -66,7 +66,7 @@ def recorded_plan(cache_path: Path, store: Path) -> tuple[Path | None, str | Non
         return None, None
     m = manifests.load(Path(parts["dir"]))
     plans = [w.argv[1] for w in (m.warms if m else []) if w.engine == "flashinfer" and
-             len(w.argv) == 2 and w.argv[0] == "--plan"]  # fmt: skip
+             len(w.argv) >= 2 and w.argv[0] == "--plan"]  # fmt: skip
     return (Path(plans[-1]) if plans else None), parts["finalize"]
 
 

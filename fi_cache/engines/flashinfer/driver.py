@@ -14,6 +14,7 @@ the first tuning call and exit 2; a failure while tuning exits 1.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import time
 from collections.abc import Callable, Iterator
@@ -23,6 +24,7 @@ from typing import Any
 from fi_cache.engines.flashinfer.plan import MoeOp, Op, op_from_json, op_to_json
 
 EXIT_OK, EXIT_FAILED, EXIT_REFUSED = 0, 1, 2
+EXIT_INTERRUPTED = 130
 MEMORY_HEADROOM = 0.8  # leave a fifth of free memory to FlashInfer's workspaces and cuBLAS
 
 Emit = Callable[[dict[str, Any]], None]
@@ -61,6 +63,30 @@ class Job:
         return out
 
 
+class _OpClock:
+    """`op_done` (op k of N, its calls, its seconds) as the calls move to the next op."""
+
+    def __init__(self, ops: tuple[Op, ...], emit: Emit) -> None:
+        self.order = {id(op): k for k, op in enumerate(ops, 1)}
+        self.total, self.emit = len(ops), emit
+        self.op: Op | None = None
+        self.position, self.calls, self.started = 0, 0, 0.0
+
+    def starts(self, op: Op) -> None:
+        if op is not self.op:
+            self.finish()
+            self.op, self.position = op, self.order.get(id(op), 0)
+            self.calls, self.started = 0, time.perf_counter()
+        self.calls += 1
+
+    def finish(self) -> None:
+        if self.op is not None:
+            self.emit({"event": "op_done", "op_i": self.position, "ops": self.total,
+                       "op": self.op.label, "calls": self.calls,
+                       "seconds": round(time.perf_counter() - self.started, 3)})  # fmt: skip
+        self.op = None
+
+
 class Stop(Exception):
     def __init__(self, kind: str, message: str, code: int) -> None:
         super().__init__(message)
@@ -82,6 +108,8 @@ def run(job: Job, emit: Emit, receive: Receive, adapters: dict[str, Any] | None 
     except Stop as stop:
         emit({"event": "error", "kind": stop.kind, "message": stop.message})
         return stop.code
+    except KeyboardInterrupt:  # the parent stops us (SIGINT, then SIGTERM): no traceback
+        return EXIT_INTERRUPTED
     return EXIT_OK
 
 
@@ -116,6 +144,9 @@ def _run(job: Job, emit: Emit, receive: Receive, adapters: dict[str, Any] | None
     if "cache" not in answer:
         raise Stop("stopped", "the parent stopped the run before tuning", EXIT_REFUSED)
     cache = str(answer["cache"])
+    partial = str(answer["partial"]) if answer.get("partial") else None
+    if partial:
+        _sigterm_as_interrupt()
 
     import flashinfer
 
@@ -134,10 +165,13 @@ def _run(job: Job, emit: Emit, receive: Receive, adapters: dict[str, Any] | None
     started = time.perf_counter()
     with flashinfer.autotune(job.tune, cache=cache):
         try:
+            ops = _OpClock(job.ops, emit)
             for i, call in enumerate(_calls(job, adapters, device), 1):
                 current["i"] = i
+                ops.starts(call.op)
                 emit({"event": "call", "i": i, "n": n, "op": call.op.label,
-                      "backend": call.backend, "tokens": call.tokens})  # fmt: skip
+                      "backend": call.backend, "tokens": call.tokens,
+                      "op_i": ops.position, "ops": len(job.ops)})  # fmt: skip
                 t0 = time.perf_counter()
                 try:
                     call.run()
@@ -149,6 +183,12 @@ def _run(job: Job, emit: Emit, receive: Receive, adapters: dict[str, Any] | None
                 emit({"event": "called", "i": i, "seconds": round(time.perf_counter() - t0, 4)})
                 if os.getppid() != parent:  # fi-cache was killed: nobody holds the lock now
                     raise Stop("orphaned", "fi-cache went away; stopping", EXIT_FAILED)
+            ops.finish()
+        except KeyboardInterrupt:
+            if partial:
+                _save_partial(partial, emit)
+            _discard_unsaved()
+            raise
         except BaseException:
             _discard_unsaved()
             raise
@@ -284,6 +324,28 @@ def _calls(job: Job, adapters: dict[str, Any], device: Any) -> Iterator[Any]:
     """Every call in plan order; an op's inputs are made when its turn comes, then dropped."""
     for op in job.ops:
         yield from adapters[op.op].calls(op, device, job.mode)
+
+
+def _sigterm_as_interrupt() -> None:
+    """SIGTERM (the parent's second signal) interrupts like SIGINT, so what was tuned is saved."""
+    import signal
+
+    def handler(signum: int, frame: object) -> None:
+        raise KeyboardInterrupt
+
+    signal.signal(signal.SIGTERM, handler)
+
+
+def _save_partial(path: str, emit: Emit) -> None:
+    """Interrupted: FlashInfer's own save of what this process has (the file's entries and the
+    buckets tuned so far) to `path`, beside the cache; the parent moves it into place with the
+    store's writer, under the namespace lock it still holds."""
+    from flashinfer.autotuner import AutoTuner
+
+    tuner = AutoTuner.get()
+    tuner.save_configs(path)
+    with contextlib.suppress(OSError, ValueError):  # the parent may have stopped reading
+        emit({"event": "partial", "path": path, "tuned": len(tuner.profiling_cache)})
 
 
 def _discard_unsaved() -> None:

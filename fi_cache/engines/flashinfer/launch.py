@@ -20,6 +20,7 @@ from fi_cache.engines.guard import Guard, holding_lock, start_guarded
 from fi_cache.errors import Refused
 
 _REFUSALS = {"no-gpu", "unsupported", "flashinfer", "job", "stopped"}
+_PROGRESS = ("probe", "call", "bucket", "called", "op_done")  # events the progress line shows
 _TAIL = 30  # lines of the child's stderr kept for a failure report
 
 
@@ -127,11 +128,11 @@ class TuningChild:
     def until(
         self, name: str, on_call: Callable[[dict[str, Any]], None] | None = None
     ) -> Iterator[dict[str, Any]]:
-        """Events up to and including the one called `name` (probe, call and bucket events also
-        go to `on_call`); raises on `error` or death."""
+        """Events up to and including the one called `name` (_PROGRESS events also go to
+        `on_call`); raises on `error` or death."""
         for event in self._read():
             self._fail_on(event)
-            if on_call is not None and event["event"] in ("probe", "call", "bucket", "called"):
+            if on_call is not None and event["event"] in _PROGRESS:
                 on_call(event)
             yield event
             if event["event"] == name:

@@ -26,17 +26,19 @@ from fi_cache.engines.flashinfer.launch import TuningChild
 from fi_cache.engines.flashinfer.plan import GemmOp, MoeOp, Plan
 from fi_cache.environment import Environment, with_flashinfer_metadata
 from fi_cache.errors import FiCacheError, Refused
+from fi_cache.model import v1
 from fi_cache.model.fingerprint import compare_metadata
 from fi_cache.store import locks
 from fi_cache.store import manifest as manifests
 from fi_cache.store import pin as pins
-from fi_cache.store.files import ensure_dir, share_like_store
+from fi_cache.store.files import atomic_write, ensure_dir, remove_file, share_like_store
 from fi_cache.store.manifest import CacheFileRecord, Manifest, WarmRecord
 from fi_cache.store.namespace import FinalizeMode, Namespace, slug
 from fi_cache.store.paths import state_dir
 from fi_cache.versions import GEMM_BACKEND_CCS, GEMM_CCS_ASKED, MOE_ARCH_MODULES
 
 CACHE_FILE = "autotune_configs.json"
+PARTIAL_SUFFIX = ".partial"  # beside the cache: an interrupted tune's save (_keep_partial)
 
 
 @dataclass
@@ -54,6 +56,7 @@ class TuneOptions:
     timeout: float = 7200.0  # one mode: a fresh box compiles the CUTLASS MoE module for ~30 min
     lock_timeout: float = 3600.0
     grace: float = 10.0
+    repeat: int = 1  # > 1: every tactic timed this many rounds, the robust winner kept (bench.py)
 
 
 @dataclass(frozen=True)
@@ -66,6 +69,7 @@ class TuneResult:
     device: str
     calls: int
     seconds: float  # the tuning calls and FlashInfer's save, not imports or compilation checks
+    robust: tuple[int, int] | None = None  # --repeat: (buckets kept at the default, buckets)
 
     @property
     def cache_path(self) -> Path:
@@ -154,7 +158,7 @@ def _recorded(
     for mode, ns_dir, started in attempts:
         with contextlib.suppress(FiCacheError):
             m = manifests.load(ns_dir)
-            if m and any(w.started == started for w in m.warms):
+            if m and any(w.started == started and w.ok for w in m.warms):
                 out.append((mode, ns_dir))
     return out
 
@@ -207,7 +211,7 @@ def _one_mode(
     attempts: list[tuple[FinalizeMode, Path, float]],
     gpu_dir: Path | None = None,
 ) -> TuneResult:
-    job = Job(mode, plan.for_mode(mode))
+    job = Job(mode, plan.for_mode(mode), repeat=options.repeat)
     with TuningChild(options.python, options.timeout, options.grace, gpu_dir) as child:
         child.send(job.to_json())
         ready = list(child.until("ready"))[-1]
@@ -227,28 +231,94 @@ def _one_mode(
             _refuse_foreign(target, fp)
             started = time.time()
             attempts.append((mode, ns_dir, started))
-            child.send({"cache": str(target)})
-            events = list(child.until("done", progress.call))
+            partial = target.with_name(target.name + PARTIAL_SUFFIX)
+            remove_file(partial)  # a killed run's leftover: FlashInfer would merge it
+            child.send({"cache": str(target), "partial": str(partial)})
+            try:
+                events = list(child.until("done", progress.call))
+            except KeyboardInterrupt:
+                child.stop()  # SIGINT: the child saves what it tuned to `partial`, then exits
+                _keep_partial(partial, target, ns, ns_dir, store, started, plan, plan_text,
+                              mode, options, progress)  # fmt: skip
+                raise
             done = events[-1]
             counts = _counts(events)
-            record = WarmRecord(
-                started=started,
-                seconds=round(time.time() - started, 3),
-                vllm_version=None,
-                argv=["--plan", plan.source],
-                argv_key=plan_key(plan_text, mode),
-                files=[_file_record(target, ns_dir)],
-                supports_finalize_env=True,  # the mode went to FlashInfer directly
-                engine=ENGINE.name,
-            )
+            record = _record(started, plan, plan_text, mode, options, target, ns_dir)
             share_like_store([target], store)
             m = manifests.load(ns_dir) or Manifest.new(ns, started)
             manifests.save(ns_dir, _with_counts(m.with_warm(record), counts))
     return TuneResult(
         mode, ns_dir, record, counts, str(ready.get("flashinfer_version")),
         str(ready.get("device")), sum(1 for e in events if e["event"] == "called"),
-        float(done.get("seconds", 0.0)),
+        float(done.get("seconds", 0.0)), _robust(events),
     )  # fmt: skip
+
+
+def _record(
+    started: float, plan: Plan, plan_text: str, mode: FinalizeMode, options: TuneOptions,
+    target: Path, ns_dir: Path, ok: bool = True,
+) -> WarmRecord:  # fmt: skip
+    return WarmRecord(
+        started=started,
+        seconds=round(time.time() - started, 3),
+        vllm_version=None,
+        argv=["--plan", plan.source, *_repeat_args(options.repeat)],
+        argv_key=plan_key(plan_text, mode),
+        files=[_file_record(target, ns_dir)],
+        supports_finalize_env=True,  # the mode went to FlashInfer directly
+        ok=ok,
+        engine=ENGINE.name,
+    )
+
+
+def _keep_partial(
+    partial: Path, target: Path, ns: Namespace, ns_dir: Path, store: Path, started: float,
+    plan: Plan, plan_text: str, mode: FinalizeMode, options: TuneOptions, progress: TuneProgress,
+) -> None:  # fmt: skip
+    """An interrupted tune: what the child saved beside the cache (FlashInfer's save_configs:
+    the file's entries and the buckets tuned so far) becomes the cache, written by the store's
+    writer under the namespace lock still held, and the manifest records the warm as not ok (a
+    later warm of the plan tunes only what is missing). Nothing saved: nothing changes."""
+    try:
+        if not partial.is_file():
+            return
+        try:
+            saved = read(classify_file(partial)).file
+        except FiCacheError:
+            return  # a save cut short by SIGKILL: the cache stays as it was
+        if not isinstance(saved, v1.CacheFile) or not saved.entries:
+            return
+        old = _readable(target)
+        entries = {**(old.entries if old is not None else {}), **saved.entries}
+        merged = replace(saved, entries=entries)
+        atomic_write(target, v1.dumps(merged).encode(), mode=0o644)
+        share_like_store([target], store)
+        record = _record(started, plan, plan_text, mode, options, target, ns_dir, ok=False)
+        m = manifests.load(ns_dir) or Manifest.new(ns, started)
+        manifests.save(ns_dir, m.with_warm(record))
+        progress.note(f"interrupted: kept {len(entries)} entries tuned so far in {target}; "
+                      "run the same warm again to tune the rest")  # fmt: skip
+    finally:
+        remove_file(partial)
+
+
+def _readable(path: Path) -> v1.CacheFile | None:
+    if not path.is_file():
+        return None
+    try:
+        cf = read(classify_file(path)).file
+    except FiCacheError:
+        return None
+    return cf if isinstance(cf, v1.CacheFile) else None
+
+
+def _robust(events: list[dict[str, Any]]) -> tuple[int, int] | None:
+    kept = [bool(e.get("default")) for e in events if e["event"] == "robust"]
+    return (sum(kept), len(kept)) if kept else None
+
+
+def _repeat_args(repeat: int) -> list[str]:
+    return ["--repeat", str(repeat)] if repeat > 1 else []
 
 
 def _refuse_foreign(target: Path, fp: Any) -> None:

@@ -207,6 +207,23 @@ def _install() -> None:
         lambda cls, data: replace(original(data), device="cpu")
     )
     child_main.Job = driver.Job  # type: ignore[attr-defined]
+    if os.environ.get("FI_CACHE_TEST_HANG_OP"):
+        _hang_before(os.environ["FI_CACHE_TEST_HANG_OP"], Path(os.environ["FI_CACHE_TEST_MARK"]))
+
+
+def _hang_before(op_name: str, mark: Path) -> None:
+    """A tune that hangs as it reaches `op_name` (what a stopped warm looks like to its
+    parent): the ops before it are tuned in FlashInfer's memory, nothing is saved yet."""
+    calls = driver._calls
+
+    def hanging(job: Any, adapters: Any, device: Any) -> Any:
+        for call in calls(job, adapters, device):
+            if call.op.op == op_name:
+                mark.write_text("hang")
+                time.sleep(300)
+            yield call
+
+    driver._calls = hanging
 
 
 if __name__ == "__main__":

@@ -219,8 +219,13 @@ def test_events_come_in_protocol_order(runs: Runs, version: str, mode: str) -> N
     run = _get(runs, version).tuned[mode]
     assert run.code == 0, run.stderr[-3000:]
     # ready (no untuned call first: that is the check stage's, in its own process), one
-    # call/called pair per call, the MoE tactic counts, done.
-    assert run.names == ["ready", *["call", "called"] * CALLS, "counts", "done"]
+    # call/called pair per call, op_done after each op's calls, the MoE tactic counts, done.
+    per_op = ["call", "called"] * (CALLS // 2) + ["op_done"]  # two ops, two calls each
+    assert run.names == ["ready", *per_op * 2, "counts", "done"]
+    assert [e["seconds"] >= 0 and e["calls"] for e in run.events if e["event"] == "op_done"] == [
+        2,
+        2,
+    ]
     ready = run.only("ready")
     assert ready["flashinfer_version"] == version
     assert ready["metadata"] == h200_metadata(version)  # FlashInfer's own, from the H200 file
@@ -328,7 +333,8 @@ def test_replay_finds_every_lookup_in_the_unfused_file(runs: Runs) -> None:
     replay = v.replay
     assert replay is not None and replay.code == 0, replay and replay.stderr[-3000:]
     assert f"Loaded {3 * len(BUCKETS)} configs from {v.files['unfused']}" in replay.stderr
-    assert replay.names == ["ready", *["call", "called"] * CALLS, "counts", "done"]
+    per_op = ["call", "called"] * (CALLS // 2) + ["op_done"]  # two ops, two calls each
+    assert replay.names == ["ready", *per_op * 2, "counts", "done"]
     done = replay.only("done")
     # AutoTuner.search_cache: one lookup per GEMM call, two (GEMM1, GEMM2) per MoE call.
     assert done["misses"] == []
