@@ -254,6 +254,11 @@ class ServerEngine(Engine):
         """This start is one rank on one node: it has no other rank's file to agree with."""
         return False
 
+    def tune_groups(self, run: Run) -> Expected | None:
+        """The deployment's tune groups where its arguments say and its files' names cannot
+        (vLLM with pp > 1: each stage's TP group), for warm's align; None: the names say."""
+        return None
+
     def rank_names(self, run: Run) -> Expected | None:
         """The deployment's rank files by name (every rank and this node's) where the engine's
         dir for them is known only on its worker (SGLang's key hash), so seed_targets cannot

@@ -53,17 +53,23 @@ def _named_missing(told: Expected | None, deployments: list[Deployment]) -> list
     return out
 
 
-def align_ranks(root: Path, report: Report, touched: Collection[Path] | None = None) -> int:
+def align_ranks(
+    root: Path,
+    report: Report,
+    touched: Collection[Path] | None = None,
+    groups: Expected | None = None,
+) -> int:
     """Align every deployment under `root` (only those in the dirs `touched`, when given: what
-    a start wrote); the number of files rewritten. A deployment align refuses is left as the
-    engine wrote it, with the reason noted."""
+    a start wrote), each tune group alone (`groups`: the engine's, when names cannot tell);
+    the number of files rewritten. A deployment align refuses is left as the engine wrote it,
+    with the reason noted."""
     from fi_cache.maintenance.align import apply
 
     dirs = [d for d in rank_dirs(root) if touched is None or d in touched]
     if not dirs:
         return 0
     try:
-        plans = apply(dirs)
+        plans = apply(dirs, expected=[groups] if groups is not None else ())
     except FiCacheError as exc:  # a lock held too long, an unreadable dir: the files stay
         report.note(f"rank files not aligned: {exc.message}")
         return 0

@@ -153,7 +153,8 @@ def _start(
         _until_healthy(server, port, engine.display, options.timeout, grace, ticking)
         seeded = seeding.settle(report, server.named_files)
         wrote = {p.parent for p, stamp in snapshot(watch).items() if before.get(p) != stamp}
-        align_ranks(watch, report, wrote)  # so the next start keeps and hits every rank's file
+        # so the next start keeps and hits every rank's file; pipeline stages each their own
+        align_ranks(watch, report, wrote, engine.tune_groups(run))
         used = used_files(watch, ns_dir, before, server.named_files, seeded)
         ours = {u for u in used if u.is_relative_to(ns_dir.resolve())}
         files = collect_files(watch, ns_dir, engine.display, ours, seeded)

@@ -74,6 +74,8 @@ def _plan_group(
         aligned = align(files)
     except CannotAlign as exc:
         return GroupPlan(dep, tuple(group), None, exc.message, (), 0)
+    if len(files) == 1 and len(dep.copies) == 1 and files[0].file is not None:
+        return GroupPlan(dep, tuple(group), aligned, None, (), len(aligned.file.entries))  # alone
     data = v1.dumps(aligned.file).encode()
     writes = []
     for copy in dep.copies:

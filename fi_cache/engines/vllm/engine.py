@@ -35,6 +35,7 @@ if TYPE_CHECKING:
 
     from fi_cache.maintenance.sweep import Sweep
     from fi_cache.model.v1 import CacheFile as V1File
+    from fi_cache.ranks.deployment import Expected
     from fi_cache.store.manifest import WarmRecord
 
 EMPTY_START = (
@@ -214,6 +215,25 @@ class Vllm(ServerEngine):
         # tp * pp * dp workers (a dense model's dp ranks are engines of their own, but each
         # names its own dp{d}_rank0 file in one dir: a deployment of dp files)
         return bool(run.args.world_size == 1 and run.args.nnodes == 1)
+
+    def tune_groups(self, run: Run) -> Expected | None:
+        """With pp > 1 each stage's TP group tunes and loads alone (kernel_warmup.py 0.32:440,
+        0.34:571): its ranks by the layout model, the model's MoE from its config.json."""
+        if run.args.pp <= 1:
+            return None
+        from fi_cache.engines import hf
+        from fi_cache.ranks.deployment import Expected, rank_name
+
+        a, fi = run.args, run.env.fingerprint.flashinfer_version
+        moe = layout.is_moe(hf.read_config(a.model, os.environ)) if a.model else None
+        files = layout.rank_files(run.env.vllm.version, fi, a, moe) or ()
+        every = tuple(r for f in files if (r := rank_name(f)).startswith("dp"))
+        groups = layout.tune_groups(a, every)
+        return (
+            Expected("vllm", every, every if a.nnodes == 1 else (), None, groups)
+            if groups
+            else None
+        )
 
     def seed_targets(
         self, run: Run, ns_dir: Path, store: Path, stop: Event | None = None

@@ -372,3 +372,31 @@ def test_doctor_says_when_a_start_tunes_other_ops_than_the_namespaces_warm(tmp_p
     [f] = _scope_findings(tmp_path, ["Qwen/Qwen3-8B", "--no-enable-extensible-kv-cache"], {})
     assert f.severity == "warning" and "extensible KV cache off (MLA decode tuned)" in f.message
     assert _scope_findings(tmp_path, ["Qwen/Qwen3-8B"], {}) == []  # the warm's own setting
+
+
+def _entry_counts(rig: Any) -> dict[str, int]:
+    [ns] = rig.namespaces()
+    return {
+        p.name: len(json.loads(p.read_text())) - 1  # less _metadata
+        for p in sorted(ns.rglob("autotune_configs_dp*_rank*.json"))
+    }
+
+
+@pytest.mark.parametrize("layout, aligned", [(["-pp", "2"], False), (["-tp", "2"], True)])
+def test_warm_aligns_a_tune_group_never_two_pipeline_stages(
+    tmp_path: Path, layout: list[str], aligned: bool
+) -> None:
+    """The stand-in vLLM writes two rank files of GEMM entries, rank 1 short of rank 0's first
+    entry. With -tp 2
+    they are one tune group and warm gives both the union; with -pp 2 they are two stages'
+    files, each its own group (kernel_warmup.py 0.34:571): left as each stage tuned them."""
+    from tests.vllm_rig import MODEL, make_rig, vllm_dist
+
+    rig = make_rig(tmp_path)
+    dist = {**vllm_dist(rig, "0.34.0"), "FAKE_VLLM_RANKS": "2",
+            "FAKE_VLLM_CACHE_SOURCE": str(GEMM_618)}  # fmt: skip
+    done = rig.run("warm", "--", MODEL, *layout, **dist)
+    assert done.returncode == 0, done.stderr
+    counts = list(_entry_counts(rig).values())
+    assert len(counts) == 2 and (counts[0] == counts[1]) is aligned, counts
+    assert ("aligned the rank files" in done.stderr) is aligned
