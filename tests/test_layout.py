@@ -31,9 +31,11 @@ ALLOWED: dict[str, set[str]] = {
     # serve --pull imports the fleet's bundle before the checks.
     "lifecycle": _BOTTOM
     | {"store", "caches", "environment", "engines", "doctor", "maintenance", "ranks", "fleet"},
+    # vLLM 0.34's Mooncake tier: reads tables as caches do, judges them with doctor's checks
+    "tier": _BOTTOM | {"store", "caches", "doctor"},
     "cli": _BOTTOM
     | {"store", "caches", "environment", "engines", "doctor", "maintenance", "fleet", "lifecycle"}
-    | {"ranks"},
+    | {"ranks", "tier"},
     "__init__": set(),
     "__main__": {"cli"},
 }
@@ -168,6 +170,7 @@ _WRITE_METHODS = {"mkdir", "write_text", "write_bytes", "unlink", "rmdir", "touc
 _ALLOWED_WRITES = {
     # stdout duplicated for the JSON-lines protocol: a pipe, not a file
     ("fi_cache/engines/flashinfer/__main__.py", "open:w"),
+    ("fi_cache/tier/worker.py", "open:w"),
     # a bundle is built in memory (BytesIO); the store writes it to disk
     ("fi_cache/fleet/bundle.py", "open:w:gz"),
     # push writes to the remote URL through fsspec, never into the store

@@ -105,7 +105,7 @@ def show_command(path: Path, op_filter: str | None) -> int:
     if is_tier_arg(path):  # mooncake://KEY: vLLM 0.34's fleet tier
         from fi_cache.cli import tier
 
-        return tier.show(path, op_filter)
+        return tier.show(path, op_filter, _entries, _show_human)
     ctx = _ctx()
     caches = _load(path)
     if len(caches) > 1:

@@ -5,7 +5,7 @@ their top; a command takes keys or paths, not both."""
 from __future__ import annotations
 
 import os
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import TYPE_CHECKING, Any
 
@@ -60,16 +60,35 @@ def url(cache: Cache) -> str:
     return f"mooncake://{cache.path}"
 
 
-def ls(args: list[TierArg], long_: bool, paths_only: bool) -> int:
-    from fi_cache.cli.ls import summary
+def _row(cache: Cache) -> dict[str, Any]:
+    """One `ls` row, the contract's fields (cli/ls.py's summary) for a key: no namespace, no
+    modified time (Mooncake keeps none), layout "mooncake"."""
+    return {
+        "path": url(cache),
+        "format": "v1",
+        "flashinfer_version": cache.flashinfer_version,
+        "gpu": cache.fingerprint.gpu,
+        "arch": cache.fingerprint.arch,
+        "entries": len(cache.file.entries),
+        "size": cache.size,
+        "ops": cache.file.ops(),
+        "finalize": cache.finalize(),
+        "modified": None,
+        "layout": "mooncake",
+        "rank": list(cache.found.rank or ()),
+        "namespace": None,
+        "key_dir": None,
+        "gpu_uuid": None,
+        "run": None,
+        "role": None,
+        "pinned": False,
+    }
 
+
+def ls(args: list[TierArg], long_: bool, paths_only: bool) -> int:
     ctx = _ctx()
     inv = _read(args)
-    rows = []
-    for cache in inv.caches:
-        row = summary(cache, ctx.store)
-        row.update(path=url(cache), modified=None, layout="mooncake", pinned=False)
-        rows.append(row)
+    rows = [_row(cache) for cache in inv.caches]
     code = _report(inv)
     if ctx.json:
         problems = [
@@ -94,8 +113,13 @@ def ls(args: list[TierArg], long_: bool, paths_only: bool) -> int:
     return code
 
 
-def show(arg: object, op_filter: str | None) -> int:
-    from fi_cache.cli.show import _entries, _show_human
+def show(
+    arg: object,
+    op_filter: str | None,
+    entries_of: Callable[[Cache, str | None], list[dict[str, Any]]],
+    show_human: Callable[..., None],
+) -> int:
+    """One table, decoded and shown by show's own functions (passed in: show imports this)."""
     from fi_cache.tier.keys import parse_arg
 
     ctx = _ctx()
@@ -110,12 +134,12 @@ def show(arg: object, op_filter: str | None) -> int:
     if not inv.caches:
         raise Refused("no table under this key (vLLM's daemon has published none)", tier_arg.text)
     cache = inv.caches[0]
-    entries = _entries(cache, op_filter)
+    entries = entries_of(cache, op_filter)
     if ctx.json:
         doc = {"path": url(cache), "format": "v1", "role": None, "metadata": cache.metadata}
         render.emit_json({**doc, "entries": entries, "namespace": None})
         return 0
-    _show_human(cache, entries, label=url(cache))
+    show_human(cache, entries, label=url(cache))
     return 0
 
 
