@@ -94,6 +94,11 @@ def _cure(dep: Deployment, group: list[RankFile]) -> str:
         align(group)
     except CannotAlign as exc:
         return exc.message[0].upper() + exc.message[1:]
+    if dep.tune_groups:  # pipeline stages: align's PATHs alone cannot tell them apart
+        return (
+            "`fi-cache warm -- ARGS` aligns each stage's rank files alone; `fi-cache align "
+            "PATH` sees no stages and would give every stage the union of all of them"
+        )
     return (
         f"`{_align_hint(dep)}` gives every rank the union of their entries (a cold node's "
         "empty hash dir given as a PATH too is filled)"

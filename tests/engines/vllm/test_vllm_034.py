@@ -264,6 +264,7 @@ def test_doctor_judges_pipeline_stage_files_per_stage(run: Any, tmp_path: Path) 
     assert (
         first["details"]["ranks"] == ["dp0_rank0", "dp0_rank1"] and not first["details"]["missing"]
     )
+    assert "aligns each stage's rank files alone" in first["fix"]
     assert second["details"]["ranks"] == second["details"]["missing"] == ["dp0_rank2", "dp0_rank3"]
 
 
