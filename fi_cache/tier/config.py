@@ -10,7 +10,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 
 from fi_cache.errors import Refused
-from fi_cache.versions.tier import MOONCAKE_CONFIG_DEFAULTS, MOONCAKE_CONFIG_ENV
+from fi_cache.versions import MOONCAKE_CONFIG_DEFAULTS, MOONCAKE_CONFIG_ENV
 
 _MAX_CONFIG_BYTES = 1 << 20
 TIMEOUT_ENV = "FI_CACHE_TIER_TIMEOUT_S"

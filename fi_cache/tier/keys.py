@@ -5,8 +5,12 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from fi_cache.errors import Refused
-from fi_cache.versions import VLLM_RANK_FILE
-from fi_cache.versions.tier import TIER_CONFIG_HASH, TIER_FLASHINFER_KIND, TIER_KEY_PREFIX
+from fi_cache.versions import (
+    TIER_CONFIG_HASH,
+    TIER_FLASHINFER_KIND,
+    TIER_KEY_PREFIX,
+    VLLM_RANK_FILE,
+)
 
 SCHEME = "mooncake://"
 # click's Path type and pathlib collapse "//": "mooncake://k" reaches a command as "mooncake:/k".

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from fi_cache.doctor.findings import Finding
 from fi_cache.errors import Refused
 from fi_cache.tier.keys import HASH_DIR_PREFIX, SCHEME
-from fi_cache.versions.tier import PRELOAD_SEED_TOKEN_FLAG, PRELOAD_STORES_FLAG
+from fi_cache.versions import PRELOAD_SEED_TOKEN_FLAG, PRELOAD_STORES_FLAG
 
 # The daemon's own options, each with a value (preload.py 0.34:144-221, add_cli_args).
 PRELOAD_OPTIONS = frozenset(

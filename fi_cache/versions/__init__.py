@@ -518,4 +518,7 @@ def vllm_passes_finalize_arg(version: str | None) -> bool | None:
 
 
 from fi_cache.versions.sglang import *  # noqa: E402, F403  (one import path for every fact)
+
+# --- vLLM 0.34's shared tier (`vllm preload --warmup-cache-stores mooncake`): versions/tier.py --
+from fi_cache.versions.tier import *  # noqa: E402, F403  (the Mooncake keys and their rules)
 from fi_cache.versions.tuning import *  # noqa: E402, F403  (what FlashInfer's tuner looks up)

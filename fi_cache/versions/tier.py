@@ -40,3 +40,15 @@ MOONCAKE_CONFIG_DEFAULTS: dict[str, object] = {
 # `vllm preload` flags (entrypoints/cli/preload.py 0.34:206,213; comma-separated names :330-334).
 PRELOAD_STORES_FLAG = "--warmup-cache-stores"
 PRELOAD_SEED_TOKEN_FLAG = "--seed-token"
+
+__all__ = [
+    "MOONCAKE_CONFIG_DEFAULTS",
+    "MOONCAKE_CONFIG_ENV",
+    "PRELOAD_SEED_TOKEN_FLAG",
+    "PRELOAD_STORES_FLAG",
+    "TIER_CONFIG_HASH",
+    "TIER_FIRST_WRITER_WINS",
+    "TIER_FLASHINFER_KIND",
+    "TIER_KEY_PREFIX",
+    "VLLM_TIER_FROM",
+]
