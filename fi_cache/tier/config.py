@@ -9,7 +9,7 @@ import socket
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-from fi_cache.errors import Refused
+from fi_cache.errors import Refused, refuse_special
 from fi_cache.versions import MOONCAKE_CONFIG_DEFAULTS, MOONCAKE_CONFIG_ENV
 
 _MAX_CONFIG_BYTES = 1 << 20
@@ -44,6 +44,7 @@ def load(environ: Mapping[str, str]) -> TierConfig:
         raise Refused(
             f"{MOONCAKE_CONFIG_ENV} is not set: it names the JSON file vLLM's daemon reads"
         )
+    refuse_special(path, "Mooncake config")  # before open(): a FIFO would block there
     try:
         with open(path, "rb") as f:
             raw = f.read(_MAX_CONFIG_BYTES + 1)

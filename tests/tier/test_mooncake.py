@@ -13,6 +13,7 @@ from conftest import Tier
 from fi_cache.errors import Refused
 from fi_cache.tier.keys import rank_key
 from fi_cache.tier.mooncake import TierClient
+from tests.conftest import no_hang
 
 HASH = "ab" * 32
 
@@ -81,3 +82,12 @@ def test_a_malformed_config_is_refused_before_any_connection(
 def test_no_config_variable_says_which_variable() -> None:
     with pytest.raises(Refused, match="MOONCAKE_CONFIG_PATH is not set"):
         TierClient.connect({}, 1 << 20)
+
+
+def test_a_fifo_as_config_is_refused_without_opening_it(tmp_path: Path) -> None:
+    import os
+
+    fifo = tmp_path / "mooncake.json"
+    os.mkfifo(fifo)  # open() would wait for a writer forever
+    with no_hang(), pytest.raises(Refused, match="is a FIFO, not a Mooncake config"):
+        TierClient.connect({"MOONCAKE_CONFIG_PATH": str(fifo)}, 1 << 20)
