@@ -109,6 +109,7 @@ def ls(args: list[TierArg], long_: bool, paths_only: bool) -> int:
             line = [r["flashinfer_version"] or "?", r["arch"] or "-", render.short_gpu(r["gpu"]),
                     str(r["entries"]), r["finalize"] or "-"]  # fmt: skip
             table.append([*line, *([render.human_size(r["size"])] if long_ else []), r["path"]])
+        table = render.printable_rows(table)  # a table's own metadata: escaped
         click.echo(render.table(headers, table, right=(3, 5) if long_ else (3,)))
     return code
 
@@ -213,9 +214,11 @@ def _render(findings: list[Finding], quiet: bool) -> None:
     for f in findings:
         if quiet and f.severity == "info":
             continue
-        click.echo(f"{f.severity:<7} {f.check}  {f.path}: {f.message}")
+        # messages quote the tables' own `_metadata`: text, never commands to the terminal
+        message = render.printable(f.message, lines=True)
+        click.echo(f"{f.severity:<7} {f.check}  {f.path}: {message}")
         if f.fix and f.fix != "-":
-            click.echo(f"        fix: {f.fix}")
+            click.echo(f"        fix: {render.printable(f.fix, lines=True)}")
     errors = sum(f.severity == "error" for f in findings)
     warnings = sum(f.severity == "warning" for f in findings)
     click.echo(

@@ -183,3 +183,15 @@ def test_rank_tables_that_disagree_are_named_with_the_hash_dirs_remedy(
     assert f"warning vllm-ranks-retune  {hash_dir}:" in r.out, r.out + r.err
     assert "a fresh node's daemons adopt these tables rank by rank" in r.out
     assert f"fix: fi-cache evict {hash_dir}/ --dry-run" in r.out
+
+
+def test_a_tables_control_characters_reach_the_terminal_escaped(
+    run: Run, client: TierClient
+) -> None:
+    h = "e5" * 32
+    _fresh(client, h, {0: _table("NVIDIA \x1b[2JH100"), 1: _table("\x1b]0;pwned\x07")})
+    hash_dir = f"mooncake://vllm-warmup-cache/flashinfer_autotune/{h}/"
+    for argv in (["ls", hash_dir], ["doctor", hash_dir, *H200]):
+        r = run(*argv)
+        assert "\x1b" not in r.out + r.err, argv
+        assert "\\x1b" in r.out, argv
