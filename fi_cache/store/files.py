@@ -1,8 +1,9 @@
-"""Writing one file: temp file + fsync + rename (+ dir fsync), optionally under a sibling lock.
+"""Writing the store's files: one file under its lock (`atomic_write`, `locked`), a set of files
+at once (`replace_all`), a new file only where none is (`create_new`), links, and cleanup.
 
-Readers never see a half-written file: data goes to a temp file in the target's directory,
-is fsynced, then renamed over the target (atomic on POSIX within one filesystem), and the
-directory is fsynced so the rename survives a crash.
+Every write is a temp file + fsync + rename (atomic.py); a file's lock is a sibling `.NAME.lock`
+taken by the store's lock strategy for its filesystem (locks/: flock, or a lock file where flock
+is not trusted), the same strategy as namespace locks.
 """
 
 from __future__ import annotations
@@ -10,67 +11,28 @@ from __future__ import annotations
 import contextlib
 import errno
 import os
-import stat
-import tempfile
 from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 
-from fi_cache.errors import FiCacheError, Refused, special_kind
-
-# Our temp files; doctor's tmp-leftover check knows this prefix.
-TMP_PREFIX = ".fi-cache-"
-LOCK_SUFFIX = ".lock"
-DEFAULT_LOCK_TIMEOUT = 60.0
-
-
-def lock_path_for(path: Path) -> Path:
-    return path.with_name(f".{path.name}{LOCK_SUFFIX}")
+from fi_cache.errors import FiCacheError, Refused
+from fi_cache.store import locks
+from fi_cache.store.atomic import TMP_PREFIX as TMP_PREFIX
+from fi_cache.store.atomic import check_writable as check_writable
+from fi_cache.store.atomic import ensure_dir as ensure_dir
+from fi_cache.store.atomic import fsync_dir as fsync_dir
+from fi_cache.store.atomic import refuse_destination as refuse_destination
+from fi_cache.store.atomic import replace, temp_file
+from fi_cache.store.atomic import unwritable_reason as unwritable_reason
+from fi_cache.store.atomic import write_failure as write_failure
+from fi_cache.store.locks import DEFAULT_LOCK_TIMEOUT as DEFAULT_LOCK_TIMEOUT
+from fi_cache.store.locks import LOCK_SUFFIX as LOCK_SUFFIX
 
 
 @contextlib.contextmanager
 def locked(path: Path, timeout: float = DEFAULT_LOCK_TIMEOUT) -> Iterator[None]:
-    """Hold the lock that guards `path` (a sibling `.NAME.lock` file)."""
-    import filelock  # deferred: 40 ms of imports that read-only commands and serve never need
-
-    lock_file = lock_path_for(path)
-    ensure_dir(lock_file.parent)
-    _make_lock_file(lock_file, path)
-    lock = filelock.FileLock(str(lock_file), timeout=timeout)
-    try:
-        with lock:
-            yield
-    except filelock.Timeout:
-        raise FiCacheError(
-            f"timed out after {timeout:.0f}s waiting for the lock {lock_file}", path
-        ) from None
-
-
-def _make_lock_file(lock_file: Path, path: Path) -> None:
-    """Refused (exit 2) when the lock file cannot be made (/proc/self/, a read-only dir):
-    filelock would retry that until its timeout. O_NONBLOCK: a FIFO planted there never waits.
-    O_NOFOLLOW: a symlink planted at the lock name is refused, nothing made at its target."""
-    flags = os.O_RDWR | os.O_CREAT | os.O_NONBLOCK | os.O_NOFOLLOW | getattr(os, "O_NOCTTY", 0)
-    for attempt in range(3):
-        try:
-            os.close(os.open(lock_file, flags, 0o644))
-            return
-        except OSError as exc:
-            if isinstance(exc, FileNotFoundError) and attempt < 2 and not lock_file.parent.is_dir():
-                ensure_dir(lock_file.parent)  # moved away by a concurrent import or prune
-                continue
-            if exc.errno == errno.ELOOP or os.path.islink(lock_file):
-                why = f"its lock file {lock_file.name} is a symlink: refusing to follow it"
-                raise Refused(f"cannot write here: {why}", path) from None
-            why = f"cannot create its lock file {lock_file.name} ({exc.strerror})"
-            raise Refused(f"cannot write here: {why}", path) from None
-
-
-def ensure_dir(directory: Path) -> None:
-    """mkdir -p; a failure is one Refused line naming the directory."""
-    try:
-        directory.mkdir(parents=True, exist_ok=True)
-    except OSError as exc:
-        raise Refused(f"cannot create directory: {exc.strerror}", directory) from None
+    """Hold the lock that guards `path` (a sibling `.NAME.lock` file): see locks.file_lock."""
+    with locks.file_lock(path, f"writing {path.name}", timeout):
+        yield
 
 
 def ensure_link(link: Path, target: Path) -> bool:
@@ -152,11 +114,8 @@ def atomic_write(
     """Replace `path` with `data` so that readers see the old or the new file, never a mix.
     What is at `path` must be a regular file (or nothing): see `refuse_destination`."""
     refuse_destination(path, "file")  # before the lock file is made: nothing written
-    if lock:
-        with locked(path, timeout):
-            _replace(path, data, mode)
-    else:
-        _replace(path, data, mode)
+    with locked(path, timeout) if lock else contextlib.nullcontext():
+        replace(path, data, mode)
 
 
 # (inode, mtime_ns, size): what `create_new` placed; a later write by anyone changes it.
@@ -168,7 +127,7 @@ def create_new(path: Path, data: bytes, *, mode: int = 0o644) -> Stamp | None:
     running engine about to save the same file wins, and never reads half of ours). Returns
     the placed file's stamp, None when something was there first."""
     refuse_destination(path, "file")
-    tmp = _temp_file(path, data, mode)
+    tmp = temp_file(path, data, mode)
     try:
         st = os.stat(tmp)
         try:
@@ -212,91 +171,6 @@ def through_links(path: Path) -> Path:
         return Path(os.path.realpath(path))
 
 
-def refuse_destination(path: Path, what: str, *, parent_must_exist: bool = False) -> None:
-    """Refused (exit 2) when `path` (through links) is a directory, FIFO, device, socket or any
-    other non-regular file: a writer replaces only files, never the /dev/null or pipe a user
-    named by mistake. `parent_must_exist`: a typo should not grow a directory tree either."""
-    try:
-        mode: int | None = os.stat(path).st_mode
-    except OSError:  # missing, a dangling link, a loop: the write creates or replaces the name
-        mode = None
-    if mode is not None and not stat.S_ISREG(mode):
-        kind = "a directory" if stat.S_ISDIR(mode) else special_kind(mode) or "no regular file"
-        raise Refused(f"is {kind}, not a {what}: refusing to replace it", path)
-    if parent_must_exist and not path.parent.is_dir():
-        raise Refused("no such directory", path.parent)
-
-
-def unwritable_reason(directory: Path) -> str | None:
-    """Why nothing can be written in the existing `directory` (a read-only mount, no
-    permission), or None when it can (or when it does not exist: creating it will say)."""
-    if not os.path.isdir(directory):
-        return None
-    try:
-        if os.statvfs(directory).f_flag & os.ST_RDONLY:
-            return "read-only file system"
-    except (OSError, AttributeError):  # no statvfs on this platform: access() still answers
-        pass
-    if not os.access(directory, os.W_OK | os.X_OK):
-        return "not writable by this user"
-    return None
-
-
-def check_writable(directory: Path) -> None:
-    """Refuse early (filelock would retry a read-only lock file until its timeout)."""
-    for attempt in range(3):
-        try:
-            fd, tmp = tempfile.mkstemp(dir=directory, prefix=TMP_PREFIX, suffix=".tmp")
-        except FileNotFoundError:
-            if attempt == 2:
-                raise Refused("store dir keeps disappearing", directory) from None
-            ensure_dir(directory)  # an import or prune moved the namespace away just now
-            continue
-        except OSError as exc:
-            raise Refused(f"store is not writable: {exc.strerror}", directory) from None
-        os.close(fd)
-        with contextlib.suppress(FileNotFoundError):
-            os.unlink(tmp)  # moved away with the namespace by a concurrent import: fine
-        return
-
-
-def _temp_file(path: Path, data: bytes, mode: int) -> str:
-    """`data` in a fsynced temp file beside `path` (its dir made), ready to be renamed or linked."""
-    ensure_dir(path.parent)
-    try:
-        fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=TMP_PREFIX, suffix=".tmp")
-    except OSError as exc:
-        raise Refused(f"cannot write here: {exc.strerror}", path.parent) from None
-    with _cleaned_up(tmp, path):
-        with os.fdopen(fd, "wb") as f:
-            f.write(data)
-            f.flush()
-            os.fsync(f.fileno())
-        os.chmod(tmp, mode)
-    return tmp
-
-
-@contextlib.contextmanager
-def _cleaned_up(tmp: str, path: Path) -> Iterator[None]:
-    """On any failure the temp file goes, and an OSError is one line naming `path`."""
-    try:
-        yield
-    except BaseException as exc:
-        with contextlib.suppress(OSError):
-            os.unlink(tmp)
-        if isinstance(exc, OSError):
-            raise write_failure(exc, path) from None
-        raise
-
-
-def _replace(path: Path, data: bytes, mode: int) -> None:
-    tmp = _temp_file(path, data, mode)
-    with _cleaned_up(tmp, path):
-        refuse_destination(path, "file")  # again: a node made while we waited or wrote
-        os.replace(tmp, path)
-    fsync_dir(path.parent)
-
-
 def replace_all(
     writes: Sequence[tuple[Path, bytes, int]], before_rename: Callable[[], None] | None = None
 ) -> None:
@@ -311,7 +185,7 @@ def replace_all(
     done: list[Path] = []
     try:
         for path, data, mode in writes:
-            staged.append((_temp_file(path, data, mode), path))
+            staged.append((temp_file(path, data, mode), path))
         if before_rename is not None:
             before_rename()
         for tmp, path in staged:
@@ -335,21 +209,6 @@ def replace_all(
                 os.unlink(tmp)
         for directory in sorted({p.parent for p in done}):
             fsync_dir(directory)
-
-
-def write_failure(exc: OSError, path: Path) -> FiCacheError:
-    """A write that failed half-way (ENOSPC, EDQUOT, EIO) as one line naming the file: a
-    storage failure (exit 1). The OSError alone names no file: write(2) has no path."""
-    return FiCacheError(f"cannot write: {exc.strerror or exc} (nothing was replaced)", path)
-
-
-def fsync_dir(directory: Path) -> None:
-    with contextlib.suppress(OSError):  # not every platform/filesystem can fsync a directory
-        fd = os.open(directory, os.O_RDONLY)
-        try:
-            os.fsync(fd)
-        finally:
-            os.close(fd)
 
 
 def remove_file(path: Path) -> None:

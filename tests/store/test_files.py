@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 from pathlib import Path
 
@@ -114,3 +115,55 @@ def test_a_symlink_at_a_lock_name_is_refused_and_nothing_is_made_at_its_target(
         assert "is a symlink" in result.err
     assert not (victim / "new1").exists() and list(victim.iterdir()) == []
     assert cache.read_bytes() == GEMM_618.read_bytes()
+
+
+# --- a file's lock follows the store's strategy: a lock file where flock is not trusted ----------
+
+
+def _on_nfs(monkeypatch: pytest.MonkeyPatch) -> None:
+    """What /proc/mounts says of a shared store: an NFS mount, where flock is not trusted."""
+    from fi_cache.store import locks
+
+    monkeypatch.delenv("FI_CACHE_LOCK", raising=False)
+    monkeypatch.setattr(locks, "filesystem_type", lambda p: "nfs4")
+
+
+def test_on_nfs_a_write_waits_for_the_lock_file_another_host_holds(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Two hosts' `merge -o` of one file on a shared NFS store: host B's lock file is all host A
+    can see (its flock is B's own); A waits, names B, and writes nothing."""
+    _on_nfs(monkeypatch)
+    out = tmp_path / "merged.json"
+    out.write_bytes(b"B is writing")
+    lock = tmp_path / ".merged.json.lock"
+    theirs = {"pid": 4242, "host": "node-b", "since": 0.0, "purpose": "writing merged.json"}
+    lock.write_text(json.dumps(theirs))
+    with pytest.raises(FiCacheError) as info:
+        files.atomic_write(out, b"A's merge", timeout=0.3)
+    assert info.value.path == str(out) and info.value.exit_code == EXIT_PROBLEM
+    assert "timed out after 0s waiting for writing merged.json by pid 4242 on host node-b" in (
+        info.value.message
+    )
+    assert out.read_bytes() == b"B is writing" and json.loads(lock.read_text()) == theirs
+
+
+def test_on_nfs_two_writers_of_one_file_take_turns_by_lock_file(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The lock file names its holder (what another host's writer is told), and is gone after."""
+    _on_nfs(monkeypatch)
+    out = tmp_path / "merged.json"
+    lock = tmp_path / ".merged.json.lock"
+    with files.locked(out):
+        holder = json.loads(lock.read_text())
+        assert holder["pid"] == os.getpid() and holder["purpose"] == "writing merged.json"
+        with pytest.raises(
+            FiCacheError, match=f"waiting for writing merged.json by pid {os.getpid()}"
+        ):
+            files.atomic_write(out, b"second", timeout=0.2)
+    assert not lock.exists() and not out.exists()
+    files.atomic_write(out, b"second", timeout=0.2)
+    assert out.read_bytes() == b"second" and sorted(p.name for p in tmp_path.iterdir()) == [
+        "merged.json"
+    ]

@@ -1,8 +1,11 @@
-"""Namespace locks: one per namespace dir, taken by warm, import, prune and serve's bookkeeping.
+"""Every lock fi-cache takes: one per namespace dir (warm, import, prune, pin, serve's
+bookkeeping), and one per file it replaces (`file_lock`: merge -o, evict, align).
 
 Two strategies behind one interface (api.py): flock where the filesystem honours it (flock.py),
-else an O_EXCL lock file with dead-holder recovery (lockfile.py). `lock_strategy` picks one per
-directory; the functions below are all the rest of fi-cache uses.
+else a lock file with dead-holder recovery (lockfile.py). `lock_strategy` picks one per
+directory, for a namespace's lock and a file's alike (two hosts writing one file on NFS see each
+other's lock file; neither sees the other's flock); the functions below are all the rest of
+fi-cache uses.
 """
 
 from __future__ import annotations
@@ -13,20 +16,18 @@ from collections.abc import Iterator
 from pathlib import Path
 
 from fi_cache.errors import Refused
-from fi_cache.store.files import (
-    DEFAULT_LOCK_TIMEOUT,
-    check_writable,
-    ensure_dir,
-    unwritable_reason,
-)
+from fi_cache.store.atomic import check_writable, ensure_dir, unwritable_reason
 from fi_cache.store.locks import flock, lockfile
 from fi_cache.store.locks.api import (
+    DEFAULT_LOCK_TIMEOUT,
     HOLDER_NAME,
     LOCK_NAME,
+    LOCK_SUFFIX,
     Holder,
     LockStrategy,
     NamespaceBusy,
     OnWait,
+    Site,
     this_holder,
 )
 from fi_cache.store.locks.in_use import IN_USE_NAME, in_use, mark
@@ -36,14 +37,17 @@ __all__ = [
     "HOLDER_NAME",
     "IN_USE_NAME",
     "LOCK_NAME",
+    "LOCK_SUFFIX",
     "Holder",
     "NamespaceBusy",
+    "file_lock",
     "filesystem_type",
     "guard_fds",
     "hold_in_use",
     "in_use",
     "lock_strategy",
     "namespace_lock",
+    "namespace_lock_if_any",
     "probe_namespace_lock",
     "share_with_guard",
     "try_namespace_lock",
@@ -55,7 +59,7 @@ _STRATEGIES: dict[str, LockStrategy] = {s.name: s for s in (flock.Flock(), lockf
 
 
 def _by_name(strategy: str) -> LockStrategy:
-    """Taking or probing an existing lock: lock files only when asked for, else flock."""
+    """Lock files only when asked for, else flock."""
     return _STRATEGIES["lockfile" if strategy == "lockfile" else "flock"]
 
 
@@ -127,9 +131,33 @@ def namespace_lock(
     check_writable(directory)
     me = this_holder(purpose)
     kind = strategy or lock_strategy(directory)[0]
-    with _STRATEGIES["flock" if kind == "flock" else "lockfile"].acquire(
-        directory, me, timeout, on_wait
-    ):
+    with _by_name(kind).acquire(Site.of_namespace(directory), me, timeout, on_wait):
+        yield me
+
+
+@contextlib.contextmanager
+def namespace_lock_if_any(
+    directory: Path | None, purpose: str, timeout: float = DEFAULT_LOCK_TIMEOUT
+) -> Iterator[Holder | None]:
+    """`directory`'s lock when it is a namespace that exists; nothing to hold for a file outside
+    any namespace (None), or in one deleted since (a lock would make its dir again, empty)."""
+    if directory is None or not directory.is_dir():
+        yield None
+        return
+    with namespace_lock(directory, purpose, timeout) as me:
+        yield me
+
+
+@contextlib.contextmanager
+def file_lock(path: Path, purpose: str, timeout: float = DEFAULT_LOCK_TIMEOUT) -> Iterator[Holder]:
+    """Hold the lock of the file `path` (`.NAME.lock` beside it, its dir made), by the strategy
+    of its dir's filesystem. Refused (exit 2, nothing made) when a symlink, FIFO or dir is at the
+    lock name or it cannot be created; FiCacheError naming the holder when `timeout` passes."""
+    site = Site.of_file(path)
+    ensure_dir(site.lock_file.parent)
+    site.clear()  # before anything is made here
+    me = this_holder(purpose)
+    with _by_name(lock_strategy(site.lock_file.parent)[0]).acquire(site, me, timeout, None):
         yield me
 
 
@@ -138,20 +166,20 @@ def try_namespace_lock(directory: Path, purpose: str, strategy: str) -> Iterator
     """Take `directory`'s lock without waiting and without creating the directory or any file
     but the lock itself. Raises NamespaceBusy when it is held, Refused when it cannot be taken."""
     me = this_holder(purpose)
-    with _by_name(strategy).try_acquire(directory, me):
+    with _by_name(strategy).try_acquire(Site.of_namespace(directory), me):
         yield me
 
 
 def probe_namespace_lock(directory: Path, strategy: str) -> tuple[bool, Holder | None]:
     """(held, holder) of `directory`'s lock, creating and changing nothing."""
-    return _by_name(strategy).probe(directory)
+    return _by_name(strategy).probe(Site.of_namespace(directory))
 
 
 def share_with_guard(directory: Path, guard: int) -> None:
     """The lock this process holds on `directory` stays held by `guard` too, when this process
     dies first: flock through the inherited descriptor (`guard_fds`), a lock file by naming the
     guard in it (its holder is not stale while the guard lives)."""
-    if str(directory) in flock.HELD:  # taken by the flock strategy
+    if str(directory / LOCK_NAME) in flock.HELD:  # taken by the flock strategy
         flock.add_guard(directory, guard)
     else:
         lockfile.add_guard(directory, guard)
@@ -159,7 +187,7 @@ def share_with_guard(directory: Path, guard: int) -> None:
 
 def guard_fds(directory: Path) -> list[int]:
     """Descriptors a guard of `directory`'s lock must inherit (flock; none for a lock file)."""
-    fd = flock.HELD.get(str(directory))
+    fd = flock.HELD.get(str(directory / LOCK_NAME))
     return [fd] if fd is not None else []
 
 

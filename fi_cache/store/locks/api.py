@@ -1,12 +1,14 @@
-"""The contract every namespace-lock strategy keeps, and what they share: who holds a lock.
+"""The contract every lock strategy keeps, and what they share: where a lock lives (`Site`: a
+namespace's, or one file's) and who holds it (`Holder`).
 
-A strategy takes a namespace's lock waiting (`acquire`), without waiting (`try_acquire`), or
-only looks (`probe`); flock.py and lockfile.py are the two strategies.
+A strategy takes a lock waiting (`acquire`), without waiting (`try_acquire`), or only looks
+(`probe`); flock.py and lockfile.py are the two strategies.
 """
 
 from __future__ import annotations
 
 import contextlib
+import errno
 import json
 import os
 import socket
@@ -20,11 +22,13 @@ from pathlib import Path
 from typing import Any
 
 from fi_cache.errors import FiCacheError, Refused, read_regular, special_kind
-from fi_cache.store.files import TMP_PREFIX
+from fi_cache.store.atomic import TMP_PREFIX
 from fi_cache.store.locks import process
 
 LOCK_NAME = ".fi-cache.lock"
 HOLDER_NAME = ".fi-cache.lock.holder"
+LOCK_SUFFIX = ".lock"  # a file's lock: `.NAME.lock` beside it
+DEFAULT_LOCK_TIMEOUT = 60.0
 _MAX_HOLDER_BYTES = 64 << 10  # a holder record is ~100 bytes of JSON
 
 
@@ -70,26 +74,90 @@ class NamespaceBusy(FiCacheError):
         self.holder = holder
 
 
+@dataclass(frozen=True)
+class Site:
+    """Where one lock lives. A namespace's: `.fi-cache.lock` in its dir, flock's holder record
+    beside it, serve's in-use mark honoured, and what no lock makes at its name cleared away. A
+    file's: `.NAME.lock` beside the file, nothing else; it sits in a dir the user named (`merge
+    -o`), so what is at its name and is no lock file (a symlink, a FIFO) is refused instead."""
+
+    lock_file: Path
+    guarded: Path  # the namespace dir or the file: what a message names
+    namespace: bool
+
+    @classmethod
+    def of_namespace(cls, directory: Path) -> Site:
+        return cls(directory / LOCK_NAME, directory, True)
+
+    @classmethod
+    def of_file(cls, path: Path) -> Site:
+        return cls(path.with_name(f".{path.name}{LOCK_SUFFIX}"), path, False)
+
+    @property
+    def holder_file(self) -> Path | None:
+        """Who holds a flock (its lock file stays empty); a file's lock names nobody there."""
+        return self.lock_file.with_name(HOLDER_NAME) if self.namespace else None
+
+    def clear(self) -> None:
+        """Make way at the lock name: what no lock strategy makes there is cleared from a
+        namespace (`clear_non_lock`), and refused beside a file."""
+        if self.namespace:
+            clear_non_lock(self.lock_file)
+        elif (kind := non_lock_kind(self.lock_file)) is not None:
+            what = "refusing to follow it" if kind == "a symlink" else "not a lock file"
+            raise self.refused(f"its lock file {self.lock_file.name} is {kind}: {what}")
+
+    def refused(self, why: str) -> Refused:
+        if self.namespace:
+            return Refused(f"cannot lock: {why}", self.lock_file)
+        return Refused(f"cannot write here: {why}", self.guarded)
+
+    def cannot_open(self, exc: OSError) -> Refused:
+        """The lock file cannot be made or opened: one line (exit 2), never a wait."""
+        if exc.errno == errno.ELOOP or os.path.islink(self.lock_file):  # planted after `clear`
+            return self.refused(f"its lock file {self.lock_file.name} is a symlink: refusing to "
+                                "follow it")  # fmt: skip
+        if self.namespace:
+            return self.refused(str(exc.strerror))
+        return self.refused(f"cannot create its lock file {self.lock_file.name} ({exc.strerror})")
+
+    def vanished(self, exc: FileNotFoundError) -> Refused:
+        """No lock file could be made in ten tries, each after the dir was made again."""
+        if self.lock_file.parent.is_dir():  # the dir is there: nothing can be made in it (/proc)
+            return self.cannot_open(exc)
+        return self.refused("the directory keeps disappearing")
+
+    def timed_out(self, holder: Holder | None, timeout: float) -> FiCacheError:
+        who = holder.describe() if holder else "another process"
+        if self.namespace:
+            return FiCacheError(f"timed out after {timeout:.0f}s waiting for {who}", self.lock_file)
+        return FiCacheError(
+            f"timed out after {timeout:.0f}s waiting for {who} (lock file {self.lock_file})",
+            self.guarded,
+        )
+
+
 class LockStrategy(ABC):
-    """One way of locking a namespace dir. `acquire` is called on an existing dir; `try_acquire`
-    and `probe` on one that may have been moved away just now (prune), and say so."""
+    """One way of taking a lock at a `Site`. `acquire` is called where the lock file's dir
+    exists; `try_acquire` and `probe` on a namespace that may have been moved away just now
+    (prune), and say so."""
 
     name: str
 
     @abstractmethod
     def acquire(
-        self, directory: Path, me: Holder, timeout: float, on_wait: OnWait | None
+        self, site: Site, me: Holder, timeout: float, on_wait: OnWait | None
     ) -> AbstractContextManager[None]:
         """Hold the lock, waiting up to `timeout` (on_wait(holder) once if someone has it);
         raises FiCacheError naming the holder when it passes."""
 
     @abstractmethod
-    def try_acquire(self, directory: Path, me: Holder) -> AbstractContextManager[None]:
+    def try_acquire(self, site: Site, me: Holder) -> AbstractContextManager[None]:
         """Hold the lock without waiting, creating nothing but the lock itself; raises
         NamespaceBusy when it is held, Refused when it cannot be taken."""
 
     @abstractmethod
-    def probe(self, directory: Path) -> tuple[bool, Holder | None]:
+    def probe(self, site: Site) -> tuple[bool, Holder | None]:
         """(held, holder), creating and changing nothing."""
 
 
@@ -135,11 +203,6 @@ def alive(pid: int) -> bool:
     except PermissionError:
         return True
     return True
-
-
-def timeout_error(holder: Holder | None, timeout: float, lock_file: Path) -> FiCacheError:
-    who = holder.describe() if holder else "another process"
-    return FiCacheError(f"timed out after {timeout:.0f}s waiting for {who}", lock_file)
 
 
 def non_lock_kind(path: Path) -> str | None:

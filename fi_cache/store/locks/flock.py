@@ -10,27 +10,33 @@ import time
 from collections.abc import Iterator
 from pathlib import Path
 
-from fi_cache.errors import Refused
-from fi_cache.store.files import TMP_PREFIX, atomic_write
+from fi_cache.store import atomic
+from fi_cache.store.atomic import TMP_PREFIX
 from fi_cache.store.locks.api import (
     HOLDER_NAME,
-    LOCK_NAME,
     Holder,
     LockStrategy,
     NamespaceBusy,
     OnWait,
+    Site,
     clear_non_lock,
     holder_bytes,
     read_holder,
-    timeout_error,
     unlink_if_same,
     with_guard,
 )
 from fi_cache.store.locks.in_use import PROBE_FLAGS, flock_refused, in_use
 
-# Descriptors of the namespace locks this process holds, by dir: a guard process inherits them,
-# so the lock stays held (one open file description) until the guard has stopped the engine.
+# Descriptors of the locks this process holds, by lock file: a guard process inherits a
+# namespace's, so it stays held (one open file description) until the guard has stopped the engine.
 HELD: dict[str, int] = {}
+# O_NOFOLLOW: a symlink planted at a lock name is never followed out of its dir (nothing is made
+# at its target); O_NONBLOCK: a FIFO planted there never makes the open wait.
+_OPEN_FLAGS = os.O_CREAT | os.O_RDWR | os.O_NOFOLLOW | os.O_NONBLOCK | getattr(os, "O_NOCTTY", 0)
+
+
+def _holder(site: Site) -> Holder | None:
+    return read_holder(site.holder_file) if site.holder_file is not None else None
 
 
 class Flock(LockStrategy):
@@ -38,75 +44,77 @@ class Flock(LockStrategy):
 
     @contextlib.contextmanager
     def acquire(
-        self, directory: Path, me: Holder, timeout: float, on_wait: OnWait | None
+        self, site: Site, me: Holder, timeout: float, on_wait: OnWait | None
     ) -> Iterator[None]:
         import fcntl  # POSIX only; the lockfile strategy is picked elsewhere
 
-        lock_file, holder_file = directory / LOCK_NAME, directory / HOLDER_NAME
-        clear_non_lock(lock_file)  # a link would lead the lock out of the namespace
-        clear_non_lock(holder_file)
-        fd = _acquired(lock_file, holder_file, time.monotonic() + timeout, timeout, on_wait)
-        HELD[str(directory)] = fd
+        site.clear()  # a link would lead the lock out of its dir
+        holder_file = site.holder_file
+        if holder_file is not None:
+            clear_non_lock(holder_file)
+        fd = _acquired(site, time.monotonic() + timeout, timeout, on_wait)
+        HELD[str(site.lock_file)] = fd
         try:
             mine: os.stat_result | None = None
             try:
-                atomic_write(holder_file, holder_bytes(me), lock=False)
-                mine = os.stat(holder_file)
+                if holder_file is not None:
+                    atomic.replace(holder_file, holder_bytes(me))
+                    mine = os.stat(holder_file)
                 yield
             finally:
-                if mine is not None:  # the dir may have been replaced: never remove another's
-                    unlink_if_same(holder_file, mine)
+                if holder_file is not None and mine is not None:  # never remove another's
+                    unlink_if_same(holder_file, mine)  # (the dir may have been replaced)
                 fcntl.flock(fd, fcntl.LOCK_UN)
         finally:
-            HELD.pop(str(directory), None)
+            HELD.pop(str(site.lock_file), None)
             os.close(fd)  # the kernel drops the lock with the last descriptor, even on SIGKILL
 
     @contextlib.contextmanager
-    def try_acquire(self, directory: Path, me: Holder) -> Iterator[None]:
+    def try_acquire(self, site: Site, me: Holder) -> Iterator[None]:
         import fcntl
 
-        lock_file = directory / LOCK_NAME
-        clear_non_lock(lock_file)
+        lock_file = site.lock_file
+        site.clear()
         try:
-            fd = os.open(lock_file, os.O_CREAT | os.O_RDWR, 0o644)
+            fd = os.open(lock_file, _OPEN_FLAGS, 0o644)
         except FileNotFoundError:  # moved away just now (an import or another prune): not ours
-            raise NamespaceBusy(directory, None) from None
+            raise NamespaceBusy(site.guarded, None) from None
         except OSError as exc:
-            raise Refused(f"cannot lock: {exc.strerror}", lock_file) from None
+            raise site.cannot_open(exc) from None
         try:
             try:
                 fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
             except BlockingIOError:
-                raise NamespaceBusy(directory, read_holder(directory / HOLDER_NAME)) from None
+                raise NamespaceBusy(site.guarded, _holder(site)) from None
             try:
-                if in_use(directory) or not _same_file(fd, lock_file):
+                if _served(site) or not _same_file(fd, lock_file):
                     # A server holds it, or an import replaced the dir since our open: what the
                     # caller judged is no longer there, so leave it for next time.
-                    raise NamespaceBusy(directory, None)
+                    raise NamespaceBusy(site.guarded, None)
                 yield
             finally:
                 fcntl.flock(fd, fcntl.LOCK_UN)
         finally:
             os.close(fd)
 
-    def probe(self, directory: Path) -> tuple[bool, Holder | None]:
+    def probe(self, site: Site) -> tuple[bool, Holder | None]:
         """A lock file that cannot be opened counts as held: whoever cannot probe it cannot
         take it either."""
         import fcntl
 
-        if in_use(directory):
+        if _served(site):
             return True, None  # a running server (serve) holds it
         try:
-            fd = os.open(directory / LOCK_NAME, PROBE_FLAGS)
+            fd = os.open(site.lock_file, PROBE_FLAGS)
         except FileNotFoundError:
             return False, None
         except OSError:
-            return True, read_holder(directory / HOLDER_NAME)
+            return True, _holder(site)
         try:
             # Shared, so that two probes never see each other as holders.
             fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
         except BlockingIOError:
-            return True, read_holder(directory / HOLDER_NAME)
+            return True, _holder(site)
         except OSError:
             return False, None  # flock unsupported here: nobody can hold it either
         else:
@@ -114,6 +122,11 @@ class Flock(LockStrategy):
             return False, None
         finally:
             os.close(fd)
+
+
+def _served(site: Site) -> bool:
+    """A namespace a running server uses (its in-use mark) is held too."""
+    return site.namespace and in_use(site.guarded)
 
 
 def held(lock_file: Path) -> bool:
@@ -136,40 +149,35 @@ def _same_file(fd: int, path: Path) -> bool:
     return (a.st_dev, a.st_ino) == (b.st_dev, b.st_ino)
 
 
-def _acquired(
-    lock_file: Path,
-    holder_file: Path,
-    deadline: float,
-    timeout: float,
-    on_wait: OnWait | None,
-) -> int:
-    """A descriptor of `lock_file` holding LOCK_EX, reopened if the file was replaced meanwhile."""
+def _acquired(site: Site, deadline: float, timeout: float, on_wait: OnWait | None) -> int:
+    """A descriptor of the lock file holding LOCK_EX, reopened if it was replaced meanwhile."""
     import fcntl
 
+    lock_file = site.lock_file
     waited = False
     vanished = 0
     while True:
         try:
             lock_file.parent.mkdir(parents=True, exist_ok=True)
-            fd = os.open(lock_file, os.O_CREAT | os.O_RDWR, 0o644)
-        except FileNotFoundError:  # the dir was moved between the mkdir and the open
+            fd = os.open(lock_file, _OPEN_FLAGS, 0o644)
+        except FileNotFoundError as exc:  # the dir was moved between the mkdir and the open
             vanished += 1
             if vanished < 10:
                 continue
-            raise Refused("cannot lock: the directory keeps disappearing", lock_file) from None
+            raise site.vanished(exc) from None
         except OSError as exc:
-            raise Refused(f"cannot lock: {exc.strerror}", lock_file) from None
+            raise site.cannot_open(exc) from None
         while True:
             try:
                 fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
                 break
             except BlockingIOError:
                 if not waited and on_wait:
-                    on_wait(read_holder(holder_file))
+                    on_wait(_holder(site))
                 waited = True
                 if time.monotonic() >= deadline:
                     os.close(fd)
-                    raise timeout_error(read_holder(holder_file), timeout, lock_file) from None
+                    raise site.timed_out(_holder(site), timeout) from None
                 time.sleep(0.1)
         if _same_file(fd, lock_file):
             return fd
@@ -238,4 +246,4 @@ def add_guard(directory: Path, guard: int) -> None:
     holder = read_holder(holder_file)
     if holder is not None and holder.pid == os.getpid():
         with contextlib.suppress(OSError):
-            atomic_write(holder_file, holder_bytes(with_guard(holder, guard)), lock=False)
+            atomic.replace(holder_file, holder_bytes(with_guard(holder, guard)))

@@ -1,9 +1,9 @@
 """The lock-file strategy, for filesystems where flock is not honoured (NFS without lockd,
 Lustre, GPFS, FUSE object stores): a lock file holds pid/host/since, and a lock file without a
-live holder is taken over.
+live holder is taken over. A namespace's lock file and a file's (`.NAME.lock`) alike.
 
 Without a live holder means: its holder is a process of this host that has exited, or it names
-no holder at all (the empty `.fi-cache.lock` the flock strategy leaves behind, or garbage) and no
+no holder at all (the empty lock file the flock strategy leaves behind, or garbage) and no
 process holds it by flock. A holder on another host cannot be checked: it holds until it lets go.
 """
 
@@ -20,21 +20,18 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
-from fi_cache.errors import Refused
-from fi_cache.store.files import TMP_PREFIX, ensure_dir
+from fi_cache.store.atomic import TMP_PREFIX, ensure_dir
 from fi_cache.store.locks import flock
 from fi_cache.store.locks.api import (
-    HOLDER_NAME,
     LOCK_NAME,
     Holder,
     LockStrategy,
     NamespaceBusy,
     OnWait,
-    clear_non_lock,
+    Site,
     holder_bytes,
     non_lock_kind,
     read_holder,
-    timeout_error,
     unlink_if_same,
     with_guard,
 )
@@ -51,66 +48,64 @@ class LockFile(LockStrategy):
 
     @contextlib.contextmanager
     def acquire(
-        self, directory: Path, me: Holder, timeout: float, on_wait: OnWait | None
+        self, site: Site, me: Holder, timeout: float, on_wait: OnWait | None
     ) -> Iterator[None]:
-        lock_file = directory / LOCK_NAME
+        lock_file = site.lock_file
         deadline = time.monotonic() + timeout
         waited = False
         vanished = 0
         while True:
-            clear_non_lock(lock_file)  # a dir, link or FIFO there: no holder, and no file to take
+            site.clear()  # a dir, link or FIFO there: no holder, and no file to take
             try:
                 mine = _create(lock_file, me)
-            except FileNotFoundError:  # an import or prune moved the dir away just now
+            except FileNotFoundError as exc:  # an import or prune moved the dir away just now
                 vanished += 1
                 if vanished >= 10:
-                    raise Refused(
-                        "cannot lock: the directory keeps disappearing", lock_file
-                    ) from None
+                    raise site.vanished(exc) from None
                 ensure_dir(lock_file.parent)
                 continue
             except OSError as exc:
-                raise Refused(f"cannot lock: {exc.strerror}", lock_file) from None
+                raise site.cannot_open(exc) from None
             if mine is not None:
                 break
-            seen = _look(lock_file, me.host)
+            seen = _look(site, me.host)
             if seen is None or (not seen.live and _break_stale(lock_file, seen, me)):
                 continue
             if not waited and on_wait:
                 on_wait(seen.holder)
             waited = True
             if time.monotonic() >= deadline:
-                raise timeout_error(seen.holder, timeout, lock_file) from None
+                raise site.timed_out(seen.holder, timeout) from None
             time.sleep(0.1)
         with _holding(lock_file, mine):
             yield
 
     @contextlib.contextmanager
-    def try_acquire(self, directory: Path, me: Holder) -> Iterator[None]:
-        lock_file = directory / LOCK_NAME
+    def try_acquire(self, site: Site, me: Holder) -> Iterator[None]:
+        lock_file = site.lock_file
         mine = None
         for _ in range(2):  # the second try follows the recovery of a lock without a holder
-            clear_non_lock(lock_file)
+            site.clear()
             try:
                 mine = _create(lock_file, me)
             except FileNotFoundError:  # moved away just now (an import or another prune)
-                raise NamespaceBusy(directory, None) from None
+                raise NamespaceBusy(site.guarded, None) from None
             except OSError as exc:
-                raise Refused(f"cannot lock: {exc.strerror}", lock_file) from None
+                raise site.cannot_open(exc) from None
             if mine is not None:
                 break
-            seen = _look(lock_file, me.host)
+            seen = _look(site, me.host)
             if seen is not None and (seen.live or not _break_stale(lock_file, seen, me)):
-                raise NamespaceBusy(directory, seen.holder)
+                raise NamespaceBusy(site.guarded, seen.holder)
         if mine is None:
-            raise NamespaceBusy(directory, read_holder(lock_file))
+            raise NamespaceBusy(site.guarded, read_holder(lock_file))
         with _holding(lock_file, mine):
             yield
 
-    def probe(self, directory: Path) -> tuple[bool, Holder | None]:
-        if non_lock_kind(directory / LOCK_NAME) is not None:
+    def probe(self, site: Site) -> tuple[bool, Holder | None]:
+        if non_lock_kind(site.lock_file) is not None:
             return False, None  # no lock: what acquire clears away (a dry run says what apply does)
-        seen = _look(directory / LOCK_NAME, socket.gethostname())
+        seen = _look(site, socket.gethostname())
         if seen is None:
             return False, None
         return seen.live, seen.holder
@@ -125,8 +120,9 @@ class _Seen:
     ident: tuple[int, int] | None  # (st_dev, st_ino): never take over another file than judged
 
 
-def _look(lock_file: Path, host: str) -> _Seen | None:
-    """Judge the lock file at `lock_file`; None when there is none. Reads only."""
+def _look(site: Site, host: str) -> _Seen | None:
+    """Judge the lock file at `site`; None when there is none. Reads only."""
+    lock_file = site.lock_file
     try:
         st = os.lstat(lock_file)
     except FileNotFoundError:
@@ -141,7 +137,8 @@ def _look(lock_file: Path, host: str) -> _Seen | None:
         dead = holder.host == host and not holder.live()  # its guard still stopping vLLM: live
         return _Seen(not dead, holder, ident)
     if flock.held(lock_file):  # the flock strategy's lock file, and its holder is running
-        return _Seen(True, read_holder(lock_file.with_name(HOLDER_NAME)), ident)
+        holder_file = site.holder_file
+        return _Seen(True, read_holder(holder_file) if holder_file else None, ident)
     # Empty or garbage: left by the flock strategy or a killed writer, unless being written now
     # (abs: an NFS server's clock a little ahead makes a fresh file look from the future).
     writing = abs(time.time() - st.st_mtime) < WRITING_S
