@@ -286,26 +286,33 @@ def _show_human(
             click.echo(render.printable(f"  {name:<24}{value}"))
     if cache.file.generation:
         click.echo(f"  {'_generation':<24}{render.printable(cache.file.generation[:16])}…")
-    groups: dict[tuple[str, str], list[list[str]]] = {}
+    # Each row with its sort key: (0, the profile) where it is tuples of ints (a numeric sort
+    # of the parsed dims), else (1, the shapes text in numeric order).
+    groups: dict[tuple[str, str], list[tuple[Any, list[str]]]] = {}
     moe_ops: dict[str, bool] = {}
     for entry in entries:
         if isinstance(entry, dict):  # as `--format json` lists it (a tier's table)
             group, row = _json_row(entry)
-            groups.setdefault(group, []).append(row)
+            groups.setdefault(group, []).append(((1, shape_order(row[0])), row))
             continue
         raw, key, value = entry
         tactic = value[1] if isinstance(value, list) and len(value) > 1 else value
         if key is None:
             runner = value[0] if isinstance(value, list) and value else None
             row = ["", _compact(tactic), raw]  # the raw key, to find it in the file
-            groups.setdefault(("(unparsable key)", str(runner or "?")), []).append(row)
+            groups.setdefault(("(unparsable key)", str(runner or "?")), []).append(((1, ()), row))
             continue
-        shapes = keymod.shapes_text(raw) or keymod.shapes(key.profile)
+        shapes = keymod.shapes_text(raw)
+        order = (0, key.profile) if shapes else None
+        if shapes is None:
+            shapes = keymod.shapes(key.profile)
+            order = (1, shape_order(shapes))
         row = [shapes, _compact(tactic), _extras_text(key, moe_ops)]
-        groups.setdefault((key.op, key.runner), []).append(row)
-    for (op, runner), rows in sorted(groups.items()):
-        click.echo(render.printable(f"\n{op} · {runner}  ({len(rows)} entries)", lines=True))
-        rows.sort(key=lambda row: (shape_order(row[0]), row[2]))  # buckets in numeric order
+        groups.setdefault((key.op, key.runner), []).append((order, row))
+    for (op, runner), keyed in sorted(groups.items(), key=lambda item: item[0]):
+        click.echo(render.printable(f"\n{op} · {runner}  ({len(keyed)} entries)", lines=True))
+        keyed.sort(key=lambda pair: (pair[0], pair[1][2]))  # buckets in numeric order
+        rows = [row for _, row in keyed]
         headers = ["PROFILE", "TACTIC", "EXTRAS"]
         click.echo(
             render.table(headers, render.printable_rows(rows), width=render.terminal_width())

@@ -5,7 +5,7 @@ says where, decoded (op, the bucket's shapes, runner, tactic, the MoE tactic's c
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Literal
 
 from fi_cache.model import keys as keymod
@@ -35,6 +35,9 @@ class EntryDiff:
     bucket: str  # the profile's shapes, `1x2048 128x1536x2048 ...`
     a: Side | None
     b: Side | None
+    # Sort key of the bucket: (0, the profile) where it is tuples of ints, else (1, the shapes
+    # text in numeric order).
+    order: Any = field(default=(1, ()), compare=False, repr=False)
 
 
 @dataclass(frozen=True)
@@ -92,8 +95,12 @@ def _entry(
 ) -> EntryDiff:
     if key is None:
         return EntryDiff(change, raw, None, None, "", a, b)
-    bucket = keymod.shapes_text(raw) or keymod.shapes(key.profile)
-    return EntryDiff(change, raw, key.op, key.runner, bucket, a, b)
+    bucket = keymod.shapes_text(raw)
+    if bucket is not None:
+        return EntryDiff(change, raw, key.op, key.runner, bucket, a, b, (0, key.profile))
+    bucket = keymod.shapes(key.profile)
+    order = (1, shape_order(bucket))
+    return EntryDiff(change, raw, key.op, key.runner, bucket, a, b, order)
 
 
 def _parsed(raw: str) -> keymod.CacheKey | None:
@@ -127,7 +134,7 @@ def diff(a: v1.CacheFile, b: v1.CacheFile) -> CacheDiff:
             out.append(_entry("only-b", raw, key, None, _side(key, value, lb)))
     ma, mb = a.metadata or {}, b.metadata or {}
     metadata = {f: (ma.get(f), mb.get(f)) for f in sorted({*ma, *mb}) if ma.get(f) != mb.get(f)}
-    out.sort(key=lambda e: (e.op or "~", e.runner or "", shape_order(e.bucket), e.raw_key))
+    out.sort(key=lambda e: (e.op or "~", e.runner or "", e.order, e.raw_key))
     return CacheDiff(tuple(out), same, metadata)
 
 
