@@ -8,9 +8,7 @@ such actions are held back, and each is checked again under the namespace's lock
 
 from __future__ import annotations
 
-import contextlib
 import time
-from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
@@ -92,16 +90,6 @@ def hold_pinned(
     return kept, held
 
 
-@contextlib.contextmanager
-def _namespace_locked(ns: Path | None, timeout: float) -> Iterator[None]:
-    """A namespace's lock (a warm or a pin changes it while holding it); none outside one."""
-    if ns is None or not ns.is_dir():
-        yield
-        return
-    with locks.namespace_lock(ns, "doctor --fix", timeout):
-        yield
-
-
 def apply(
     actions: list[Action], store: Path, timeout: float = DEFAULT_LOCK_TIMEOUT
 ) -> list[tuple[Action, Path | None]]:
@@ -111,7 +99,7 @@ def apply(
     done: list[tuple[Action, Path | None]] = []
     for action in actions:
         ns = pins.namespace_of(action.path, store)
-        with _namespace_locked(ns, timeout):
+        with locks.namespace_lock_if_any(ns, "doctor --fix", timeout):  # as a warm or pin
             if ns is not None and pins.pinned(ns) is not None:
                 continue  # pinned since the plan: its files stay as they are
             done.append((action, _carry_out(action, folder)))

@@ -11,11 +11,10 @@ namespace's manifest records the evict: when, by which selector, which keys went
 
 from __future__ import annotations
 
-import contextlib
 import os
 import stat
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import Any
@@ -173,7 +172,7 @@ def apply(
         if p.evicted:
             groups.setdefault(p.namespace, []).append(p)
     for ns, group in groups.items():
-        with _namespace_locked(ns, timeout):
+        with locks.namespace_lock_if_any(ns, "evict", timeout):  # a warm writes there under it
             m = manifests.load(ns) if ns is not None else None
             if ns is not None:
                 _refuse_pinned(ns, m)  # pinned since the plan: nothing written
@@ -195,16 +194,6 @@ def _relative(path: Path, ns: Path) -> str:
 
 def _recorded(p: FilePlan, m: Manifest | None) -> FilePlan:
     return FilePlan(p.path, p.evicted, p.kept, p.namespace, m is not None and bool(p.evicted))
-
-
-@contextlib.contextmanager
-def _namespace_locked(ns: Path | None, timeout: float) -> Iterator[None]:
-    """A namespace's lock (a warm's engine writes its files while holding it); none outside."""
-    if ns is None:
-        yield
-        return
-    with locks.namespace_lock(ns, "evict", timeout):
-        yield
 
 
 def _rewrite(first: FilePlan, selector: Selector, timeout: float) -> FilePlan:

@@ -167,3 +167,59 @@ def test_on_nfs_two_writers_of_one_file_take_turns_by_lock_file(
     assert out.read_bytes() == b"second" and sorted(p.name for p in tmp_path.iterdir()) == [
         "merged.json"
     ]
+
+
+@pytest.mark.parametrize("strategy", ["flock", "lockfile"])
+def test_a_writer_killed_holding_a_files_lock_leaves_no_stale_lock(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, strategy: str
+) -> None:
+    """A `merge -o` SIGKILLed mid-write: the next one takes the lock at once, either strategy."""
+    import signal
+    import subprocess
+    import sys
+
+    from tests.conftest import ROOT
+
+    monkeypatch.setenv("FI_CACHE_LOCK", strategy)
+    out = tmp_path / "merged.json"
+    code = (
+        "import sys, time; from pathlib import Path; from fi_cache.store import files\n"
+        "with files.locked(Path(sys.argv[1])):\n"
+        "    print('held', flush=True); time.sleep(60)\n"
+    )
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    holder = subprocess.Popen(
+        [sys.executable, "-c", code, str(out)], env=env, stdout=subprocess.PIPE, text=True
+    )
+    try:
+        assert holder.stdout is not None and holder.stdout.readline() == "held\n"
+        with pytest.raises(FiCacheError, match="timed out after 0s waiting for"):
+            files.atomic_write(out, b"while held", timeout=0.2)
+    finally:
+        holder.send_signal(signal.SIGKILL)
+        holder.wait(10)
+    files.atomic_write(out, b"after", timeout=0.5)
+    assert out.read_bytes() == b"after"
+
+
+@pytest.mark.parametrize("strategy", ["flock", "lockfile"])
+@pytest.mark.parametrize("kind", ["symlink", "fifo"])
+def test_what_no_lock_makes_at_a_files_lock_name_is_refused_in_one_line(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, strategy: str, kind: str
+) -> None:
+    """Either strategy: nothing is made at a link's target, a FIFO never makes the lock wait."""
+    monkeypatch.setenv("FI_CACHE_LOCK", strategy)
+    out = tmp_path / "merged.json"
+    lock = tmp_path / ".merged.json.lock"
+    victim = tmp_path / "victim"
+    if kind == "fifo":
+        os.mkfifo(lock)
+    else:
+        lock.symlink_to(victim)  # dangling: O_CREAT would make it
+    with no_hang(5.0), pytest.raises(Refused) as info:
+        files.atomic_write(out, b"data", timeout=2)
+    what = "a symlink: refusing to follow it" if kind == "symlink" else "a FIFO: not a lock file"
+    assert info.value.path == str(out) and info.value.exit_code == EXIT_REFUSED
+    assert info.value.message == f"cannot write here: its lock file .merged.json.lock is {what}"
+    assert not victim.exists() and not out.exists()
+    assert sorted(p.name for p in tmp_path.iterdir()) == [".merged.json.lock"]

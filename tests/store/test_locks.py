@@ -495,3 +495,22 @@ def test_a_lock_path_that_is_a_dir_with_files_is_refused_saying_how(
         with pytest.raises(Refused, match="is a directory, not a lock file: move it out"), take():
             pass
     assert (lock / "notes.txt").read_text() == "someone's"  # never deleted
+
+
+# --- one helper for "this namespace's lock, if the path is in one" (evict, doctor --fix) --------
+
+
+def test_namespace_lock_if_any_holds_an_existing_namespace_and_makes_no_other(
+    tmp_path: Path,
+) -> None:
+    ns = tmp_path / "ns"
+    ns.mkdir()
+    with locks.namespace_lock_if_any(ns, "evict", timeout=1) as me:
+        assert me is not None and me.purpose == "evict"
+        assert locks.probe_namespace_lock(ns, locks.lock_strategy(ns)[0])[0]
+    gone = tmp_path / "pruned"  # deleted since the plan: never made again, empty
+    with locks.namespace_lock_if_any(gone, "doctor --fix", timeout=1) as me:
+        assert me is None
+    with locks.namespace_lock_if_any(None, "evict", timeout=1) as me:
+        assert me is None
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["ns"]
