@@ -150,6 +150,19 @@ def _valid(tuner: Any, op: str, runner: Any, tensors: Any, profile: Any) -> list
     return list(blocklist.filter(op, runner, tactics)) if blocklist is not None else tactics
 
 
+def _store_winner(tuner: Any, key: Any, tactic: Any, profile: Any, config: Any) -> None:
+    """Where choose_one looks first: `profiling_cache` (0.6.x); 0.7.x's winner partition of this
+    context (the plain `profiling_cache` for v1 flows) with the measurement policy it checks."""
+    winners = getattr(tuner, "_winner_cache", None)
+    cache = winners() if callable(winners) else tuner.profiling_cache
+    cache[key] = (tactic, profile)
+    policies = getattr(tuner, "_profiling_cache_policies", None)
+    policy = getattr(tuner, "_profiling_policy", None)
+    identity = getattr(tuner, "_winner_cache_identity", None)
+    if isinstance(policies, dict) and callable(policy) and callable(identity):
+        policies[(identity(), key)] = policy(config)
+
+
 def _bucket(profile: Any) -> int | None:
     try:
         return int(profile.get_opt_shapes()[0][0])
@@ -175,12 +188,16 @@ def install_bench(tuner: Any, settings: BenchSettings, emit: Emit) -> None:
                 if key in timed or key not in settings.entries:
                     continue
                 timed.add(key)
-                _bench_one(op, runners, rid, profile, config, inputs, kwargs, key)
+                try:
+                    _bench_one(op, runners, rid, profile, config, inputs, kwargs, key)
+                except Exception as exc:  # one entry untimed; the call and the run go on
+                    error = f"{type(exc).__name__}: {str(exc).strip()[:200]}"
+                    emit({"event": "timed", "key": key, "op": op, "error": error})
         return runners[0], -1  # the fallback: nothing here is cached in FlashInfer itself
 
     def _bench_one(op: str, runners: Any, rid: int, profile: Any, config: Any, inputs: Any,
                    kwargs: dict[str, Any], key: str) -> None:  # fmt: skip
-        name, raw = settings.entries[key]
+        name, raw = settings.entries[key][:2]  # 0.7.x adds the measurement policy
         runner = runners[rid]
         if name != type(runner).__name__:
             return  # FlashInfer would not use it either (search_cache checks the name)
@@ -242,7 +259,7 @@ def install_repeat(tuner: Any, rounds: int, emit: Emit) -> None:
         fastest = min(slots, key=lambda s: (s.candidate().median, s.order))
         key = tuner._get_cache_key(op, slot.runner, profile.get_opt_shapes(), config,
                                    slot.runner.get_cache_key_extras(tensors))  # fmt: skip
-        tuner.profiling_cache[key] = (slot.tactic, profile)
+        _store_winner(tuner, key, slot.tactic, profile, config)
         tuner._dirty = True
         if hasattr(tuner, "_dirty_seq"):
             tuner._dirty_seq += 1
