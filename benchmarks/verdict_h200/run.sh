@@ -47,8 +47,7 @@ file_of() { $PY -c "import json,sys; print(json.load(open(sys.argv[1]))['namespa
 one_version() {
   local ver=$1 i j kind
   D=$R/$ver; mkdir -p $D/files; venv $ver
-  step "$ver: compile (JIT builds; not measured)"
-  timed compile --store $V/compile-$ver --format json warm --engine flashinfer --plan $V/plan.toml
+  # No separate compile warm: plain-1's check child JIT-builds the kernels (its wall includes it).
   for kind in plain repeat; do
     for i in $(seq $RUNS); do
       local extra=""; [ $kind = repeat ] && extra="--repeat 3"
