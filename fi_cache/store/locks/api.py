@@ -115,8 +115,8 @@ class Site:
     def cannot_open(self, exc: OSError) -> Refused:
         """The lock file cannot be made or opened: one line (exit 2), never a wait."""
         if exc.errno == errno.ELOOP or os.path.islink(self.lock_file):  # planted after `clear`
-            return self.refused(f"its lock file {self.lock_file.name} is a symlink: refusing to "
-                                "follow it")  # fmt: skip
+            why = f"its lock file {self.lock_file.name} is a symlink: refusing to follow it"
+            return self.refused(why)
         if self.namespace:
             return self.refused(str(exc.strerror))
         return self.refused(f"cannot create its lock file {self.lock_file.name} ({exc.strerror})")
