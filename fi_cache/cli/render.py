@@ -45,11 +45,10 @@ def short_gpu(name: str | None) -> str:
 
 
 # What a terminal acts on rather than shows: C0/C1 controls (ESC starts a title or clipboard
-# escape sequence), DEL, bidi overrides, and lone surrogates (not encodable).
-_UNPRINTABLE = re.compile("[\x00-\x1f\x7f-\x9f\u202a-\u202e\u2066-\u2069\ud800-\udfff]")
-_UNPRINTABLE_BUT_NEWLINE = re.compile(
-    "[\x00-\x09\x0b-\x1f\x7f-\x9f\u202a-\u202e\u2066-\u2069\ud800-\udfff]"
-)
+# escape sequence), DEL, bidi overrides. A lone surrogate is left to the streams' error handler
+# (cli/__init__.py): a file name's undecodable byte goes out as that byte, pasteable.
+_UNPRINTABLE = re.compile("[\x00-\x1f\x7f-\x9f\u202a-\u202e\u2066-\u2069]")
+_UNPRINTABLE_BUT_NEWLINE = re.compile("[\x00-\x09\x0b-\x1f\x7f-\x9f\u202a-\u202e\u2066-\u2069]")
 
 
 def printable(text: str, *, lines: bool = False) -> str:

@@ -22,7 +22,7 @@ KEY = "('bf16_gemm" + TITLE + "', 'CublasltBf16GemmRunner', ((1, 4096), (4096, 2
     [
         ("bf16_gemm", "bf16_gemm"),
         (TITLE, "\\x1b]0;PWNED\\x07\\x1b[2J"),
-        ("a\u202eb\x9bc\ud800", "a\\u202eb\\x9bc\\ud800"),
+        ("a\u202eb\x9bc", "a\\u202eb\\x9bc"),
         ("two\nlines\t", "two\\x0alines\\x09"),
     ],
 )
