@@ -27,6 +27,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, replace
 from pathlib import Path
 
+from fi_cache.caches import daemon
 from fi_cache.engines.api import Run, ServerEngine
 from fi_cache.errors import FiCacheError
 from fi_cache.lifecycle.report import Report
@@ -192,6 +193,9 @@ def _place(
     if outside := [t for t in targets if not _inside(ns_dir, t)]:  # a planted saved answer
         say(f"not seeding {outside[0]}: not inside the namespace {ns_dir} (nothing written there)")
         targets = [t for t in targets if t not in outside]
+    if (busy := _daemon_on(targets)) is not None:
+        say(f"not seeding: {busy.describe()} (its tuning and D2D seeding write these files)")
+        return []
 
     def usable(warm: WarmRecord) -> bool:
         return engine.seed_source(run, warm)
@@ -225,6 +229,12 @@ def _place(
         say(f"seeded {s.entries} entries from {len(s.sources)} earlier file(s): {s.target}{when}")
         placed.append(Placed(s, str(s.target.relative_to(ns_dir)), stamp, running is not None))
     return placed
+
+
+def _daemon_on(targets: list[Path]) -> daemon.Daemon | None:
+    """A running `vllm preload` writing a target's dir: fi-cache leaves its files to it."""
+    found = daemon.running() if targets else []
+    return next((d for t in targets if (d := daemon.writing(t.parent, found))), None)
 
 
 def _inside(ns_dir: Path, target: Path) -> bool:

@@ -18,7 +18,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from fi_cache.caches import inventory
+from fi_cache.caches import daemon, inventory
 from fi_cache.caches.discover import ScanProblem, classify_file
 from fi_cache.errors import Refused, refuse_special
 from fi_cache.model import v1
@@ -106,6 +106,7 @@ def plan(paths: Sequence[Path], expected: Sequence[Expected] = ()) -> list[Group
             "`rank_tp*_pp*_dp*.json`); align works on a deployment's hash dir",
             paths[0] if len(paths) == 1 else None,
         )
+    _refuse_daemon_dirs(deployments)
     plans = []
     for dep in deployments:
         bad = _unreadable(dep, inv.problems)
@@ -115,6 +116,20 @@ def plan(paths: Sequence[Path], expected: Sequence[Expected] = ()) -> list[Group
             mine = [p for p in bad if rank_name(p.path) in group or rank_name(p.path) not in known]
             plans.append(_plan_group(dep, group, mine))
     return plans
+
+
+def _refuse_daemon_dirs(deployments: Sequence[Deployment]) -> None:
+    """A running `vllm preload` writes its hash dirs itself (its tuning, its D2D seeding): an
+    align there would race it, so its copies are refused whole and left as they are."""
+    copies = [c for dep in deployments if dep.engine == "vllm" for c in dep.copies]
+    found = daemon.running() if copies else []
+    for copy in copies:
+        if (d := daemon.writing(copy, found)) is not None:
+            raise Refused(
+                f"{d.describe()}; align leaves this dir to it (its tuning and D2D seeding "
+                "replace these files): align once the daemon has exited",
+                copy,
+            )
 
 
 def _unreadable(dep: Deployment, problems: Sequence[ScanProblem]) -> list[ScanProblem]:

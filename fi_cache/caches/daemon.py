@@ -1,0 +1,108 @@
+"""vLLM preload daemons running on this machine, as /proc shows them, and the cache root each
+writes. `vllm preload` (0.33+) tunes FlashInfer into the engine's per-rank files and, with
+`--seed-source-*`, installs a peer's table over a local file (warmup_cache.py 0.34:79-116,
+seed.py 0.34:102-130): fi-cache's align and seeding leave a dir such a daemon writes alone.
+
+Its spawned workers inherit its environment (entrypoints/cli/preload.py 0.34:317, "spawn"), and
+the `vllm preload` process lives as long as they do, so that process alone names the root:
+VLLM_FLASHINFER_AUTOTUNE_CACHE_DIR, else $VLLM_CACHE_ROOT/flashinfer_autotune_cache/<FlashInfer
+workspace> (flashinfer_autotune_root, warmup/flashinfer_autotune_cache.py 0.34:40-53; the
+workspace part needs FlashInfer, so the whole flashinfer_autotune_cache dir counts).
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+from fi_cache.versions import VLLM_CACHE_DIR_ENV, VLLM_CACHE_SUBDIR
+
+# `vllm` is vLLM's console script (entrypoints/cli/main.py); `python -m` reaches the same main.
+_CLI_MODULES = frozenset({"vllm", "vllm.entrypoints.cli.main"})
+
+
+@dataclass(frozen=True)
+class Daemon:
+    """One running `vllm preload`: its pid, the root its ranks write, and its command line."""
+
+    pid: int
+    root: str  # real path
+    argv: tuple[str, ...]
+
+    def describe(self) -> str:
+        return f"vLLM's preload daemon (pid {self.pid}) writes {self.root}"
+
+
+def is_preload(cmdline: Sequence[str]) -> bool:
+    """`vllm preload ...`, `PYTHON PATH/vllm preload ...` (the console script behind its
+    interpreter), or `PYTHON -m vllm.entrypoints.cli.main preload ...`."""
+    words = list(cmdline[:4])
+    if words and os.path.basename(words[0]).startswith("python"):
+        words = words[1:]  # the interpreter running the script or module
+        if words[:1] == ["-m"] and words[1:2] and words[1] in _CLI_MODULES:
+            return words[2:3] == ["preload"]
+    return bool(words) and os.path.basename(words[0]) == "vllm" and words[1:2] == ["preload"]
+
+
+def root(environ: Mapping[str, str], cwd: str = "/") -> str:
+    """The dir a daemon with `environ`, started in `cwd`, writes its per-rank files under."""
+    override = environ.get(VLLM_CACHE_DIR_ENV)
+    if override:
+        base = os.path.expanduser(override)
+    else:  # VLLM_CACHE_ROOT as envs.py reads it: an empty value counts as set
+        xdg = environ.get("XDG_CACHE_HOME", os.path.join(environ.get("HOME", "~"), ".cache"))
+        base = os.path.join(
+            os.path.expanduser(environ.get("VLLM_CACHE_ROOT", os.path.join(xdg, "vllm"))),
+            VLLM_CACHE_SUBDIR,
+        )
+    return os.path.realpath(os.path.join(cwd, base))  # a relative root is the daemon's cwd's
+
+
+def daemons(procs: Iterable[tuple[int, Sequence[str], Mapping[str, str], str]]) -> list[Daemon]:
+    """The preload daemons among (pid, cmdline, environ, cwd) rows."""
+    return [
+        Daemon(pid, root(environ, cwd), tuple(cmdline))
+        for pid, cmdline, environ, cwd in procs
+        if is_preload(cmdline)
+    ]
+
+
+def _read(pid: str) -> tuple[int, list[str], dict[str, str], str] | None:
+    """A preload daemon's row; None for any other process (its environ is not read), one that
+    is gone, or another user's."""
+    try:
+        raw_argv = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
+        words = [w.decode(errors="replace") for w in raw_argv if w]
+        if not is_preload(words):
+            return None
+        raw = Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
+        cwd = os.readlink(f"/proc/{pid}/cwd")
+    except (OSError, ValueError):
+        return None
+    env = dict(kv.decode(errors="replace").partition("=")[::2] for kv in raw if b"=" in kv)
+    return int(pid), words, env, cwd
+
+
+def running() -> list[Daemon]:
+    """The preload daemons this user can see (Linux /proc; elsewhere none)."""
+    try:
+        pids = [p for p in os.listdir("/proc") if p.isdigit()]
+    except OSError:
+        return []
+    return daemons(row for p in pids if int(p) != os.getpid() and (row := _read(p)) is not None)
+
+
+def writing(path: Path, found: Sequence[Daemon] | None = None) -> Daemon | None:
+    """The running daemon whose root holds `path` or lies inside it (a store or namespace dir
+    given whole), if any. `found`: the daemons to look among (default: those running now)."""
+    real = os.path.realpath(path)
+    for d in running() if found is None else found:
+        if _within(real, d.root) or _within(d.root, real):
+            return d
+    return None
+
+
+def _within(inner: str, outer: str) -> bool:
+    return inner == outer or inner.startswith(outer.rstrip(os.sep) + os.sep)
