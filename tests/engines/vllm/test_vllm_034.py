@@ -401,3 +401,19 @@ def test_warm_aligns_a_tune_group_never_two_pipeline_stages(
     counts = list(_entry_counts(rig).values())
     assert len(counts) == 2 and (counts[0] == counts[1]) is aligned, counts
     assert ("aligned the rank files" in done.stderr) is aligned
+
+
+def test_serve_reads_tp_after_a_034_valueless_flag(tmp_path: Path) -> None:
+    """`serve -- M --shuffle-safetensors-files -tp 2` is two ranks: serve looks for this node's
+    rank files as for any `-tp 2` (read as one rank before, it skipped that). The stand-in vLLM
+    cannot answer where its files go, so serve says it cannot tell and starts."""
+    from tests.vllm_rig import MODEL, make_rig, vllm_dist
+
+    rig = make_rig(tmp_path)
+    dist = {**vllm_dist(rig, "0.34.0"), "FAKE_VLLM_RANKS": "2"}
+    argv = [MODEL, "--shuffle-safetensors-files", "-tp", "2"]
+    assert rig.run("warm", "--", *argv, **dist).returncode == 0
+    served = rig.run("serve", "--", *argv, FAKE_VLLM_MODE="exit-now", **dist)
+    assert served.returncode == 0, served.stderr
+    assert "cannot tell whether this node's rank files are all here" in served.stderr
+    assert rig.starts()[-1]["argv"][-len(argv) :] == argv  # handed over as given
