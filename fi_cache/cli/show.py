@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -111,7 +112,7 @@ def show_command(path: Path, op_filter: str | None) -> int:
     if len(caches) > 1:
         return _show_ranks(caches, op_filter)
     cache = caches[0]
-    entries = _parsed(cache, op_filter)
+    entries = _parsed(cache, op_filter, rows=not ctx.json)
     key = _sglang_key(caches, ctx.store)
     ns = _namespace_json(cache, ctx.store)
     if ctx.json:
@@ -210,7 +211,9 @@ def _say_key(key: dict[str, Any] | None) -> None:
         click.echo(f"  warmed by fi-cache with SGLang {key['sglang_version']}: {argv}")
 
 
-Entry = tuple[str, "keymod.CacheKey | None", Any]  # raw key, parsed key (None: unparsable), value
+# Raw key, its parsed key (None: unparsable) or for the human output its row read from the
+# text (keys.key_row, a tuple), and the value.
+Entry = tuple[str, "keymod.CacheKey | keymod.KeyRow | None", Any]
 
 
 def _entries(cache: Cache, op_filter: str | None) -> list[dict[str, Any]]:
@@ -218,21 +221,47 @@ def _entries(cache: Cache, op_filter: str | None) -> list[dict[str, Any]]:
     return _entries_json(_parsed(cache, op_filter))
 
 
-def _parsed(cache: Cache, op_filter: str | None) -> list[Entry]:
+def _parsed(cache: Cache, op_filter: str | None, rows: bool = False) -> list[Entry]:
+    """Every entry with its parsed key; `rows`: a non-MoE key of a shape seen before with its
+    row instead (what the human output prints, without parsing 200,000 keys)."""
     from fi_cache.model import v1
 
-    entries = list(v1.iter_entries(cache.file))
+    entries = list(_with_rows(cache) if rows else v1.iter_entries(cache.file))
     if not op_filter:
         return entries
-    matched = [e for e in entries if e[1] is not None and op_filter in e[1].op]
+    matched = [e for e in entries if e[1] is not None and op_filter in _op(e[1])]
     if entries and not matched:
         ops = ", ".join(cache.file.ops()) or "none"
         raise Refused(f"no op matches --op {op_filter!r}; its ops: {ops}", cache.path)
     return matched
 
 
+def _op(key: keymod.CacheKey | keymod.KeyRow) -> str:
+    return key[0] if isinstance(key, tuple) else key.op
+
+
+def _with_rows(cache: Cache) -> Iterator[Entry]:
+    from fi_cache.model import keys as keymod
+    from fi_cache.model import moe
+
+    moe_ops: dict[str, bool] = {}
+    for raw, value in cache.file.entries.items():
+        row = keymod.key_row(raw)
+        if row is not None:
+            if (is_moe := moe_ops.get(row[0])) is None:
+                is_moe = moe_ops[row[0]] = moe.is_moe(row[0])
+            if not is_moe:  # MoE extras are shown by name: from the parsed key
+                yield raw, row, value
+                continue
+        try:
+            yield raw, keymod.parse_key(raw), value
+        except keymod.KeyError_:
+            yield raw, None, value
+
+
 def _entries_json(entries: list[Entry]) -> list[dict[str, Any]]:
-    return [_entry_json(raw, key, value) for raw, key, value in entries]
+    # rows=False: every key here is parsed (or None)
+    return [_entry_json(raw, key, value) for raw, key, value in entries]  # type: ignore[arg-type]
 
 
 def _show_ranks(caches: list[Cache], op_filter: str | None) -> int:
@@ -243,7 +272,7 @@ def _show_ranks(caches: list[Cache], op_filter: str | None) -> int:
             "rank": list(c.found.rank or ()),
             "path": str(c.path),
             "metadata": c.metadata,
-            "entries": _parsed(c, op_filter),
+            "entries": _parsed(c, op_filter, rows=not _ctx().json),
         }
         for c in caches
     ]
@@ -297,17 +326,22 @@ def _show_human(
             continue
         raw, key, value = entry
         tactic = value[1] if isinstance(value, list) and len(value) > 1 else value
-        if key is None:
-            runner = value[0] if isinstance(value, list) and value else None
-            row = ["", _compact(tactic), raw]  # the raw key, to find it in the file
-            groups.setdefault(("(unparsable key)", str(runner or "?")), []).append(((1, ()), row))
+        if isinstance(key, tuple):  # read from the key's text
+            groups.setdefault((key[0], key[1]), []).append(
+                ((0, key[3]), [key[2], _compact(tactic), key[4]])
+            )
             continue
-        shapes = keymod.shapes_text(raw)
-        order = (0, key.profile) if shapes else None
-        if shapes is None:
-            shapes = keymod.shapes(key.profile)
-            order = (1, shape_order(shapes))
-        row = [shapes, _compact(tactic), _extras_text(key, moe_ops)]
+        if key is None:
+            holder = value[0] if isinstance(value, list) and value else None
+            row = ["", _compact(tactic), raw]  # the raw key, to find it in the file
+            groups.setdefault(("(unparsable key)", str(holder or "?")), []).append(((1, ()), row))
+            continue
+        text = keymod.shapes_text(raw)
+        order: tuple[int, Any] = (0, key.profile)
+        if text is None:
+            text = keymod.shapes(key.profile)
+            order = (1, shape_order(text))
+        row = [text, _compact(tactic), _extras_text(key, moe_ops)]
         groups.setdefault((key.op, key.runner), []).append((order, row))
     for (op, runner), keyed in sorted(groups.items(), key=lambda item: item[0]):
         click.echo(render.printable(f"\n{op} · {runner}  ({len(keyed)} entries)", lines=True))

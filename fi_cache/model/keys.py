@@ -396,6 +396,94 @@ def shapes_text(raw: str) -> str | None:
     return None if _ODD_NUMBER.search(text.replace("x", " ")) else text
 
 
+# A row of show/diff straight from a key's text: (op, runner, shapes text, profile as tuples of
+# ints, extras as show prints them: "[1,2048,4096,torch.bfloat16]", "-" without extras), for
+# keys of plain int shapes and a flat extras sequence. None: read the parsed key instead.
+KeyRow = tuple[str, str, str, tuple[tuple[int, ...], ...], str]
+_rows: dict[bytes, Callable[[str], KeyRow] | None] = {}
+
+
+def key_row(raw: str) -> KeyRow | None:
+    """`(op, runner, shapes(profile), profile, extras text)` of a key seen before in this shape,
+    without parsing it; None where that cannot be told from the text (see `shapes_text`)."""
+    if "\\" in raw:
+        return None
+    sig = raw.encode("utf-8", "surrogatepass").translate(_DIGITS)
+    if sig in _rows:
+        build = _rows[sig]
+    elif _builder(sig) is None:  # seen once, or no key: the caller parses it
+        return None
+    else:
+        if len(_rows) >= _BUILDERS_MAX:
+            _rows.clear()
+        build = _rows[sig] = _compile_row(sig.decode("utf-8", "surrogatepass"))
+    if build is None or _ODD_NUMBER.search(raw):
+        return None
+    return build(raw)
+
+
+def _str_code(token: tuple[str, str, int]) -> str:
+    _, text, pos = token
+    return repr(_decode_string(text)) if "0" not in text else f"t[{pos + 1}:{pos + len(text) - 1}]"
+
+
+def _compile_row(sig: str) -> Callable[[str], KeyRow] | None:
+    tokens = _tokenize(sig)
+    if len(tokens) < 7 or tokens[5][1] != "(":
+        return None
+    shapes: list[str] = []
+    dims_code: list[str] = []
+    i = 6
+    while tokens[i][1] == "(":
+        texts, ints, i = [], [], i + 1
+        while tokens[i][0] == "num" and not any(c in tokens[i][1] for c in ".eE"):
+            _, text, pos = tokens[i]
+            texts.append(f"{{t[{pos}:{pos + len(text)}]}}")
+            ints.append(f"int(t[{pos}:{pos + len(text)}]), ")
+            i += 1
+            if tokens[i][1] == ",":
+                i += 1
+        if tokens[i][1] != ")":
+            return None
+        shapes.append("x".join(texts) if texts else "()")
+        dims_code.append(f"({''.join(ints)})")
+        i += 1
+        if tokens[i][1] == ",":
+            i += 1
+    if tokens[i][1] != ")" or not shapes:
+        return None
+    i += 1
+    extras = "'-'"
+    if tokens[i][1] == ",":  # the 4-tuple of FlashInfer >= 0.6.13: (…, extras)
+        if tokens[i + 1][1] not in ("(", "["):
+            return None
+        close = ")" if tokens[i + 1][1] == "(" else "]"
+        items, i = [], i + 2
+        while tokens[i][1] != close:
+            kind, text, pos = tokens[i]
+            if kind == "num" and not any(c in text for c in ".eE"):
+                items.append(f"{{t[{pos}:{pos + len(text)}]}}")
+            elif kind == "name" and text != "torch.Size":
+                named = str(_KEYWORDS[text]) if text in _KEYWORDS else text
+                items.append(named if "0" not in text else f"{{t[{pos}:{pos + len(text)}]}}")
+            else:
+                return None  # a float, string, nested value: show formats the parsed one
+            i += 1
+            if tokens[i][1] == ",":
+                i += 1
+        extras = "f" + repr("[" + ",".join(items) + "]")
+        i += 1
+        if tokens[i][1] == ",":
+            i += 1
+    if tokens[i][1] != ")":
+        return None
+    source = (
+        f"lambda t: ({_str_code(tokens[1])}, {_str_code(tokens[3])}, "
+        f"f{' '.join(shapes)!r}, ({''.join(c + ', ' for c in dims_code)}), {extras})"
+    )
+    return eval(compile(source, "<row builder>", "eval"), {"__builtins__": {}, "int": int})  # type: ignore[no-any-return]
+
+
 def _compile_shapes(sig: str) -> Callable[[str], str] | None:
     tokens = _tokenize(sig)
     i = 5  # past "(", op, ",", runner, ","

@@ -261,3 +261,27 @@ def test_shapes_from_a_keys_text_are_the_parsed_profiles() -> None:
     assert keys.shapes_text(_SAME_SHAPE_KEYS[1]) == "9x1024 1024x3072 0 -1x3072"
     assert keys.shapes_text(odd[0]) is None and keys.shapes_text(odd[1]) is None
     assert keys.shapes_text(_SAME_SHAPE_KEYS[3]) is None  # a list and a torch.Size: parsed
+
+
+def test_a_keys_row_read_from_its_text_is_what_the_parsed_key_shows() -> None:
+    from fi_cache.cli.show import _extras_text
+
+    def parsed_row(raw: str) -> keys.KeyRow:
+        key = keys.parse_key(raw)
+        return key.op, key.runner, keys.shapes(key.profile), key.profile, _extras_text(key, {})  # type: ignore[return-value]
+
+    three = ["('a0', 'b', ((1, 2), ()))", "('a1', 'b', ((3, 4), ()))"]
+    extras = [
+        "('a', 'b', ((1, 2),), [True, None, x.y0])",
+        "('a', 'b', ((1, 3),), [True, None, x.y1])",
+    ]
+    for _ in range(2):
+        for raw in [*_SAME_SHAPE_KEYS, *three, *extras]:
+            row = keys.key_row(raw)
+            assert row is None or row == parsed_row(raw), raw
+    assert keys.key_row(_SAME_SHAPE_KEYS[1]) == parsed_row(_SAME_SHAPE_KEYS[1])
+    assert keys.key_row(three[1]) == ("a1", "b", "3x4 ()", ((3, 4), ()), "-")
+    assert keys.key_row(extras[1]) == ("a", "b", "1x3", ((1, 3),), "[True,None,x.y1]")
+    assert keys.key_row(_SAME_SHAPE_KEYS[3]) is None  # a torch.Size in the profile: parsed
+    odd = _SAME_SHAPE_KEYS[1].replace("(-1,", "(-0,")  # the same shape of key
+    assert keys.key_row(odd) is None  # -0: str(int) would print 0
