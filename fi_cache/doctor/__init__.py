@@ -19,6 +19,7 @@ def _registry() -> tuple[Check, ...]:
         cache_checks,
         log_checks,
         rank_checks,
+        replaced_checks,
         sglang_checks,
         sweep_checks,
         vllm_checks,
@@ -26,7 +27,7 @@ def _registry() -> tuple[Check, ...]:
 
     return (
         *cache_checks.CHECKS, *vllm_checks.CHECKS, *sglang_checks.CHECKS, *rank_checks.CHECKS,
-        *log_checks.CHECKS, *sweep_checks.CHECKS,
+        *log_checks.CHECKS, *sweep_checks.CHECKS, *replaced_checks.CHECKS,
     )  # fmt: skip
 
 
