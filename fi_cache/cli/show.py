@@ -336,11 +336,8 @@ def _show_human(
             row = ["", _compact(tactic), raw]  # the raw key, to find it in the file
             groups.setdefault(("(unparsable key)", str(holder or "?")), []).append(((1, ()), row))
             continue
-        text = keymod.shapes_text(raw)
-        order: tuple[int, Any] = (0, key.profile)
-        if text is None:
-            text = keymod.shapes(key.profile)
-            order = (1, shape_order(text))
+        text = keymod.shapes_text(raw) or keymod.shapes(key.profile)
+        order = keymod.profile_order(key.profile, text)
         row = [text, _compact(tactic), _extras_text(key, moe_ops)]
         groups.setdefault((key.op, key.runner), []).append((order, row))
     for (op, runner), keyed in sorted(groups.items(), key=lambda item: item[0]):

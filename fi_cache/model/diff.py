@@ -10,7 +10,6 @@ from typing import Any, Literal
 
 from fi_cache.model import keys as keymod
 from fi_cache.model import moe, v1
-from fi_cache.model.buckets import shape_order
 from fi_cache.versions import MoeTacticLists, moe_tactic_lists, sm_of_gpu
 
 Change = Literal["only-a", "only-b", "changed"]
@@ -95,11 +94,8 @@ def _entry(
 ) -> EntryDiff:
     if key is None:
         return EntryDiff(change, raw, None, None, "", a, b)
-    bucket = keymod.shapes_text(raw)
-    if bucket is not None:
-        return EntryDiff(change, raw, key.op, key.runner, bucket, a, b, (0, key.profile))
-    bucket = keymod.shapes(key.profile)
-    order = (1, shape_order(bucket))
+    bucket = keymod.shapes_text(raw) or keymod.shapes(key.profile)
+    order = keymod.profile_order(key.profile, bucket)
     return EntryDiff(change, raw, key.op, key.runner, bucket, a, b, order)
 
 
@@ -110,28 +106,50 @@ def _parsed(raw: str) -> keymod.CacheKey | None:
         return None
 
 
+@dataclass
+class _Differ:
+    """Builds one row per differing key: from the key's text where it tells everything (a
+    non-MoE key of a shape seen before: keys.key_row), else from the parsed key."""
+
+    la: MoeTacticLists | None
+    lb: MoeTacticLists | None
+    moe_ops: dict[str, bool] = field(default_factory=dict)
+
+    def row(self, change: Change, raw: str, va: Any, vb: Any) -> EntryDiff:
+        found = keymod.key_row(raw)
+        if found is not None:
+            op = found[0]
+            if (is_moe := self.moe_ops.get(op)) is None:
+                is_moe = self.moe_ops[op] = moe.is_moe(op)
+            if not is_moe:  # no tactic family to name: the key itself is not needed
+                a = None if va is _ABSENT else _side(None, va, self.la)
+                b = None if vb is _ABSENT else _side(None, vb, self.lb)
+                return EntryDiff(change, raw, op, found[1], found[2], a, b, (0, found[3]))
+        key = _parsed(raw)
+        a = None if va is _ABSENT else _side(key, va, self.la)
+        b = None if vb is _ABSENT else _side(key, vb, self.lb)
+        return _entry(change, raw, key, a, b)
+
+
 def diff(a: v1.CacheFile, b: v1.CacheFile) -> CacheDiff:
     """What differs between `a` and `b`, entries ordered by op, runner, bucket (numerically).
     Only the keys that differ are decoded: two 200,000-entry files mostly agree."""
-    la, lb = _lists(a), _lists(b)
+    differ = _Differ(_lists(a), _lists(b))
     theirs = b.entries
     out: list[EntryDiff] = []
     same = 0
     for raw, value in a.entries.items():
         other = theirs.get(raw, _ABSENT)
         if other is _ABSENT:
-            key = _parsed(raw)
-            out.append(_entry("only-a", raw, key, _side(key, value, la), None))
+            out.append(differ.row("only-a", raw, value, _ABSENT))
         elif other == value:
             same += 1
         else:
-            key = _parsed(raw)
-            out.append(_entry("changed", raw, key, _side(key, value, la), _side(key, other, lb)))
+            out.append(differ.row("changed", raw, value, other))
     mine = a.entries
     for raw, value in theirs.items():
         if raw not in mine:
-            key = _parsed(raw)
-            out.append(_entry("only-b", raw, key, None, _side(key, value, lb)))
+            out.append(differ.row("only-b", raw, _ABSENT, value))
     ma, mb = a.metadata or {}, b.metadata or {}
     metadata = {f: (ma.get(f), mb.get(f)) for f in sorted({*ma, *mb}) if ma.get(f) != mb.get(f)}
     out.sort(key=lambda e: (e.op or "~", e.runner or "", e.order, e.raw_key))

@@ -11,7 +11,7 @@ import functools
 import re
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Union
+from typing import Any, Union
 
 # Deeper nesting than this is hostile input, not a key FlashInfer wrote (real keys nest 3 deep).
 MAX_DEPTH = 32
@@ -379,21 +379,32 @@ def _builder(sig: bytes) -> Callable[[str], CacheKey] | None:
 
 
 # `shapes(profile)` straight from a key's text, for keys whose profile is tuples of ints: an
-# f-string of the digit slices. Only where every number is written as str(int) writes it.
+# f-string of str(int(slice)) of each dim (so 007 and -0 print as the parsed key's 7 and 0).
 _shape_texts: dict[bytes, Callable[[str], str] | None] = {}
-_ODD_NUMBER = re.compile(r"(?<![\w.])(?:-0(?![.eE\d])|-?0\d)")  # 007, -0: str(int) differs
 
 
 def shapes_text(raw: str) -> str | None:
     """`shapes(parse_key(raw).profile)` without the parsed profile, or None where this cannot
-    tell (a shape seen once, a profile of other values, a number as `007` or `-0`)."""
+    tell (a shape seen once, a profile of other values)."""
     if "\\" in raw:
         return None
     build = _shape_texts.get(raw.encode("utf-8", "surrogatepass").translate(_DIGITS))
     if build is None:
         return None
-    text = build(raw)
-    return None if _ODD_NUMBER.search(text.replace("x", " ")) else text
+    return build(raw)
+
+
+def profile_order(profile: KeyValue, text: str) -> tuple[int, Any]:
+    """Sort key of a profile (its shapes `text`): (0, the profile) when it is tuples of ints,
+    as `key_row` gives it, so all such keys sort numerically together; else (1, `text` in
+    numeric order)."""
+    from fi_cache.model.buckets import shape_order
+
+    if type(profile) is tuple and all(
+        type(s) is tuple and all(type(d) is int for d in s) for s in profile
+    ):
+        return (0, profile)
+    return (1, shape_order(text))
 
 
 # A row of show/diff straight from a key's text: (op, runner, shapes text, profile as tuples of
@@ -417,9 +428,7 @@ def key_row(raw: str) -> KeyRow | None:
         if len(_rows) >= _BUILDERS_MAX:
             _rows.clear()
         build = _rows[sig] = _compile_row(sig.decode("utf-8", "surrogatepass"))
-    if build is None or _ODD_NUMBER.search(raw):
-        return None
-    return build(raw)
+    return None if build is None else build(raw)
 
 
 def _str_code(token: tuple[str, str, int]) -> str:
@@ -433,13 +442,20 @@ def _compile_row(sig: str) -> Callable[[str], KeyRow] | None:
         return None
     shapes: list[str] = []
     dims_code: list[str] = []
+    numbers: list[str] = []  # int(slice) of each number, once: n0, n1, ... below
+
+    def number(token: tuple[str, str, int]) -> str:
+        _, text, pos = token
+        numbers.append(f"int(t[{pos}:{pos + len(text)}])")
+        return f"n{len(numbers) - 1}"
+
     i = 6
     while tokens[i][1] == "(":
         texts, ints, i = [], [], i + 1
         while tokens[i][0] == "num" and not any(c in tokens[i][1] for c in ".eE"):
-            _, text, pos = tokens[i]
-            texts.append(f"{{t[{pos}:{pos + len(text)}]}}")
-            ints.append(f"int(t[{pos}:{pos + len(text)}]), ")
+            name = number(tokens[i])
+            texts.append(f"{{{name}}}")  # str(int): 007 and -0 print as the parsed key's
+            ints.append(f"{name}, ")
             i += 1
             if tokens[i][1] == ",":
                 i += 1
@@ -462,7 +478,7 @@ def _compile_row(sig: str) -> Callable[[str], KeyRow] | None:
         while tokens[i][1] != close:
             kind, text, pos = tokens[i]
             if kind == "num" and not any(c in text for c in ".eE"):
-                items.append(f"{{t[{pos}:{pos + len(text)}]}}")
+                items.append(f"{{{number(tokens[i])}}}")
             elif kind == "name" and text != "torch.Size":
                 named = str(_KEYWORDS[text]) if text in _KEYWORDS else text
                 items.append(named if "0" not in text else f"{{t[{pos}:{pos + len(text)}]}}")
@@ -477,10 +493,12 @@ def _compile_row(sig: str) -> Callable[[str], KeyRow] | None:
             i += 1
     if tokens[i][1] != ")":
         return None
-    source = (
-        f"lambda t: ({_str_code(tokens[1])}, {_str_code(tokens[3])}, "
+    names = "".join(f"n{k}, " for k in range(len(numbers)))
+    row = (
+        f"({_str_code(tokens[1])}, {_str_code(tokens[3])}, "
         f"f{' '.join(shapes)!r}, ({''.join(c + ', ' for c in dims_code)}), {extras})"
     )
+    source = f"lambda t: (lambda {names}: {row})({', '.join(numbers)})"
     return eval(compile(source, "<row builder>", "eval"), {"__builtins__": {}, "int": int})  # type: ignore[no-any-return]
 
 
@@ -495,7 +513,7 @@ def _compile_shapes(sig: str) -> Callable[[str], str] | None:
         dims, i = [], i + 1
         while tokens[i][0] == "num" and not any(c in tokens[i][1] for c in ".eE"):
             _, text, pos = tokens[i]
-            dims.append(f"{{t[{pos}:{pos + len(text)}]}}")
+            dims.append(f"{{int(t[{pos}:{pos + len(text)}])}}")  # 007, -0: as str(int) prints
             i += 1
             if tokens[i][1] == ",":
                 i += 1
@@ -508,7 +526,7 @@ def _compile_shapes(sig: str) -> Callable[[str], str] | None:
     if tokens[i][1] != ")" or not shapes:
         return None  # a profile of other values: shapes() reads the parsed one
     source = "lambda t: f" + repr(" ".join(shapes))
-    return eval(compile(source, "<shapes builder>", "eval"), {"__builtins__": {}})  # type: ignore[no-any-return]
+    return eval(compile(source, "<shapes builder>", "eval"), {"__builtins__": {}, "int": int})  # type: ignore[no-any-return]
 
 
 def _compile(sig: str) -> Callable[[str], CacheKey] | None:

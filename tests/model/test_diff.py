@@ -44,3 +44,18 @@ def test_a_file_against_itself_and_a_changed_metadata_field() -> None:
     other = v1.loads(json.dumps(raw).encode())
     d = diff(same, other)
     assert d.differs and d.metadata == {"gpu": ("NVIDIA H200", "NVIDIA H100 80GB HBM3")}
+
+
+def test_buckets_sort_numerically_whether_or_not_their_key_shape_was_seen_before() -> None:
+    # A key shape met for the first time is parsed, later ones are read off their text: both
+    # kinds must sort together (the first 1-, 2-, 3-digit bucket of a shape sorted last).
+    from fi_cache.model import v1
+    from fi_cache.model.diff import diff as diff_of
+
+    key = "('gemm_x{n}', 'R', (({m}, 4096), (4096, 2048)), ())"
+    meta = {"flashinfer_version": "0.6.18"}
+    ms = (1024, 2, 128, 1, 16, 3)
+    a = v1.CacheFile(meta, {key.format(n=7, m=m): ["R", 1] for m in ms})
+    b = v1.CacheFile(meta, {key.format(n=7, m=m): ["R", 2] for m in ms})
+    rows = diff_of(a, b).entries
+    assert [e.bucket.split("x")[0] for e in rows] == ["1", "2", "3", "16", "128", "1024"]

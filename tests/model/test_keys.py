@@ -251,7 +251,7 @@ def test_a_key_of_a_seen_shape_is_built_in_a_few_lines_not_parsed() -> None:
 
 def test_shapes_from_a_keys_text_are_the_parsed_profiles() -> None:
     odd = [
-        _SAME_SHAPE_KEYS[0].replace("(7,", "(07,"),  # not as str(int) writes it: not by text
+        _SAME_SHAPE_KEYS[0].replace("(7,", "(07,"),  # not as str(int) writes it
         _SAME_SHAPE_KEYS[0].replace("(-1,", "(-0,"),
     ]
     for _ in range(2):
@@ -259,7 +259,8 @@ def test_shapes_from_a_keys_text_are_the_parsed_profiles() -> None:
             key = keys.parse_key(raw)
             assert keys.shapes_text(raw) in (None, keys.shapes(key.profile))
     assert keys.shapes_text(_SAME_SHAPE_KEYS[1]) == "9x1024 1024x3072 0 -1x3072"
-    assert keys.shapes_text(odd[0]) is None and keys.shapes_text(odd[1]) is None
+    for raw in odd:  # numbers as str(int) prints them, as the parsed key's
+        assert keys.shapes_text(raw) == keys.shapes(keys.parse_key(raw).profile)
     assert keys.shapes_text(_SAME_SHAPE_KEYS[3]) is None  # a list and a torch.Size: parsed
 
 
@@ -284,4 +285,4 @@ def test_a_keys_row_read_from_its_text_is_what_the_parsed_key_shows() -> None:
     assert keys.key_row(extras[1]) == ("a", "b", "1x3", ((1, 3),), "[True,None,x.y1]")
     assert keys.key_row(_SAME_SHAPE_KEYS[3]) is None  # a torch.Size in the profile: parsed
     odd = _SAME_SHAPE_KEYS[1].replace("(-1,", "(-0,")  # the same shape of key
-    assert keys.key_row(odd) is None  # -0: str(int) would print 0
+    assert keys.key_row(odd) == parsed_row(odd)  # numbers as str(int) prints them: 0
