@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from threading import Event
 
-from fi_cache.engines.api import Identity, Request, Run, ServerEngine, Target, Versions
+from fi_cache.engines.api import CommandLine, Identity, Request, Run, ServerEngine, Target, Versions
 from fi_cache.environment import Environment, Gpu, VllmInfo
 from fi_cache.errors import Refused
 from fi_cache.lifecycle.report import Report
@@ -36,6 +36,10 @@ class Args:
     key: str
 
 
+ThirdTarget = Target[Args, None]
+ThirdRun = Run[Args, None]
+
+
 def key_args(argv: Sequence[str]) -> list[str]:
     """fake_vllm.py's hash input: the argv without --port/--host and their values."""
     out, skip = [], False
@@ -49,7 +53,7 @@ def key_args(argv: Sequence[str]) -> list[str]:
     return out
 
 
-class Third(ServerEngine):
+class Third(ServerEngine[Args, None]):
     """A serving engine fi_cache has never heard of."""
 
     name = "third"
@@ -75,20 +79,28 @@ class Third(ServerEngine):
     ) -> tuple[str | None, tuple[str, ...]]:
         return path, tuple(argv)
 
-    def resolve(self, request: Request, store: Path) -> Target:
+    def resolve(self, request: Request, line: CommandLine[Args], store: Path) -> ThirdTarget:
         mode = request.asked or "unfused"  # its own rule: unfused unless asked
         env = Environment(FP, (Gpu(0, "NVIDIA H200", "9.0"),), VllmInfo(None, None, None), None)
-        ns = Namespace(FP, mode)
-        return Target(ns, env, "1.0", request.path, request.argv, ("third: chose " + mode,))
+        return Target(
+            ns=Namespace(FP, mode),
+            env=env,
+            version="1.0",
+            path=line.path,
+            argv=line.argv,
+            args=line.args,
+            launcher=None,
+            notes=("third: chose " + mode,),
+        )
 
-    def bind(self, target: Target) -> Run:
-        return Run(target, self.read_args(target.argv), None, None)
+    def bind(self, target: ThirdTarget) -> ThirdRun:
+        return Run(target=target, launcher=None, nothing_to_tune=None)
 
-    def checked_against(self, run: Run) -> Versions:
+    def checked_against(self, run: ThirdRun) -> Versions:
         return Versions()
 
     def environment(
-        self, run: Run, ns_dir: Path, environ: Mapping[str, str], warm: bool
+        self, run: ThirdRun, ns_dir: Path, environ: Mapping[str, str], warm: bool
     ) -> dict[str, str]:
         if warm:
             self.cache_dir(ns_dir).mkdir(parents=True, exist_ok=True)
@@ -97,18 +109,18 @@ class Third(ServerEngine):
         env.setdefault("FAKE_VLLM_TUNE_SECONDS", "0")  # a test may make it tune slowly
         return env
 
-    def command(self, run: Run, port: int | None = None) -> list[str]:
+    def command(self, run: ThirdRun, port: int | None = None) -> list[str]:
         extra = [] if port is None else ["--host", "127.0.0.1", "--port", str(port)]
         return [sys.executable, str(FAKE), "serve", *run.args.argv, *extra]
 
-    def identity(self, run: Run) -> Identity:
+    def identity(self, run: ThirdRun) -> Identity:
         return Identity(None, True, run.target.version)
 
-    def same_model(self, run: Run, argv: Sequence[str]) -> bool:
+    def same_model(self, run: ThirdRun, argv: Sequence[str]) -> bool:
         return bool(argv) and argv[0] == run.args.model
 
     def seed_targets(
-        self, run: Run, ns_dir: Path, store: Path, stop: Event | None = None
+        self, run: ThirdRun, ns_dir: Path, store: Path, stop: Event | None = None
     ) -> tuple[list[Path], str | None]:
         digest = hashlib.sha256(
             json.dumps([run.args.model, sorted(key_args(run.args.argv))]).encode()
@@ -126,4 +138,11 @@ class Heard:
 
 
 def request(*argv: str, warm: bool = True) -> Request:
-    return Request(None, argv, None, "--finalize", "--finalize unfused", warm=warm)
+    return Request(
+        path=None,
+        argv=argv,
+        asked=None,
+        given="--finalize",
+        implied="--finalize unfused",
+        warm=warm,
+    )

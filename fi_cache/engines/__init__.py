@@ -9,7 +9,7 @@ guard.py. How a warm or a serve runs, for every engine, is fi_cache/lifecycle/'s
 from __future__ import annotations
 
 import importlib
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:  # the tuning child imports this package: it stays empty at run time
     from fi_cache.engines.api import Engine, ServerEngine
@@ -18,18 +18,20 @@ NAMES = ("vllm", "flashinfer", "sglang")
 SERVERS = ("vllm", "sglang")  # the engines `serve` runs
 
 
-def get(name: str) -> Engine:
+def get(name: str) -> Engine[Any]:
     """The engine called `name` (one of NAMES)."""
     if name not in NAMES:
         raise KeyError(name)
     module = importlib.import_module(f"fi_cache.engines.{name}.engine")
-    engine: Engine = module.ENGINE
+    engine: Engine[Any] = module.ENGINE
     return engine
 
 
-def serving(name: str) -> ServerEngine:
+def serving(name: str) -> ServerEngine[Any, Any]:
     """The serving engine called `name` (one of SERVERS)."""
     if name not in SERVERS:
         raise KeyError(name)
-    engine: ServerEngine = importlib.import_module(f"fi_cache.engines.{name}.engine").ENGINE
+    engine: ServerEngine[Any, Any] = importlib.import_module(
+        f"fi_cache.engines.{name}.engine"
+    ).ENGINE
     return engine

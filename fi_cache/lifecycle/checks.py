@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 from fi_cache.doctor.findings import Finding
 from fi_cache.engines.api import Run, ServerEngine
@@ -11,7 +12,7 @@ from fi_cache.store.manifest import Manifest
 
 
 def namespace_findings(
-    engine: ServerEngine, run: Run, ns_dir: Path, m: Manifest | None
+    engine: ServerEngine[Any, Any], run: Run[Any, Any], ns_dir: Path, m: Manifest | None
 ) -> list[Finding]:
     from fi_cache.doctor import preflight
 

@@ -1,21 +1,33 @@
-"""Before anything starts: the namespace a start will use (resolve), then what will start on it
-(bind). Everything that refuses a command line refuses here, before the engine runs."""
+"""Before anything starts: the command line read once, the namespace a start will use (resolve),
+then what will start on it (bind). Everything that refuses a command line refuses here, before the
+engine runs."""
 
 from __future__ import annotations
 
 import os
 from pathlib import Path
 
-from fi_cache.engines.api import Request, Run, ServerEngine, Target
+from fi_cache.engines.api import (
+    CommandLine,
+    LauncherT,
+    Request,
+    Run,
+    ServedT,
+    ServerEngine,
+    Target,
+)
 from fi_cache.errors import Refused
 from fi_cache.lifecycle.report import Report
 
 
-def resolve(engine: ServerEngine, request: Request, store: Path, report: Report) -> Target:
+def resolve(
+    engine: ServerEngine[ServedT, LauncherT], request: Request, store: Path, report: Report
+) -> Target[ServedT, LauncherT]:
     """The engine's namespace for `request`, with what deciding it found said; a finalize mode
     the engine would not run is refused unless --force."""
-    _check_args(engine, request)  # a bad command line is refused before detection says anything
-    target = engine.resolve(request, store)
+    line = engine.read(request)  # a bad command line is refused before detection says anything
+    _check_model(engine, line)
+    target = engine.resolve(request, line, store)
     for note in target.notes:
         report.warn(note)
     problem = engine.mode_problem(target, "tune" if request.warm else "serve")
@@ -28,12 +40,10 @@ def resolve(engine: ServerEngine, request: Request, store: Path, report: Report)
     return target
 
 
-def _check_args(engine: ServerEngine, request: Request) -> None:
-    """The engine's arguments as bind will read them, and a model given as a local path that is
-    not there: the engine would take it for a Hugging Face repo id and fail only after loading
-    (vLLM 0.32's CPU build: 12 s)."""
-    _, argv = engine.command_line(request.path, request.argv)
-    model = str(getattr(engine.read_args(argv), "model", None) or "")
+def _check_model(engine: ServerEngine[ServedT, LauncherT], line: CommandLine[ServedT]) -> None:
+    """A model given as a local path that is not there: the engine would take it for a Hugging
+    Face repo id and fail only after loading (vLLM 0.32's CPU build: 12 s)."""
+    model = line.args.model or ""
     if model.startswith(("/", "./", "../")) and not os.path.exists(model):
         raise Refused(
             f"no such model directory ({engine.display} would take it for a Hugging Face "
@@ -42,9 +52,14 @@ def _check_args(engine: ServerEngine, request: Request) -> None:
         )
 
 
-def bind(engine: ServerEngine, target: Target, store: Path, report: Report) -> Run:
-    """The engine's arguments and launcher read (Refused where the engine would reject them),
-    then what a user may not expect said once."""
+def bind(
+    engine: ServerEngine[ServedT, LauncherT],
+    target: Target[ServedT, LauncherT],
+    store: Path,
+    report: Report,
+) -> Run[ServedT, LauncherT]:
+    """What will start on `target` (Refused where the engine would reject it), then what a user
+    may not expect said once."""
     run = engine.bind(target)  # its refusals come before any warning
     if not report.quiet:
         for line in engine.announce(target, target.ns.path(store), os.environ):

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from collections.abc import Collection
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from fi_cache.caches.discover import named_rank_files
 from fi_cache.errors import FiCacheError
@@ -88,7 +88,7 @@ def align_ranks(
 
 
 def complete_node(
-    engine: ServerEngine, run: Run, ns_dir: Path, store: Path, report: Report
+    engine: ServerEngine[Any, Any], run: Run[Any, Any], ns_dir: Path, store: Path, report: Report
 ) -> list[Path]:
     """Before a start on a namespace that holds rank files: the files this start will read
     (the engine's own answer: seed_targets) that are missing beside other ranks' files of the

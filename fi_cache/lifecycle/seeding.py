@@ -26,6 +26,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, replace
 from pathlib import Path
+from typing import Any
 
 from fi_cache.caches import daemon
 from fi_cache.engines.api import Run, ServerEngine
@@ -143,7 +144,7 @@ class Seeding:
 
 
 def seeder(
-    engine: ServerEngine, run: Run, store: Path, report: Report
+    engine: ServerEngine[Any, Any], run: Run[Any, Any], store: Path, report: Report
 ) -> Callable[[Path, Manifest], Seeding]:
     """The before-start hook of a warm (called under the namespace lock, which the warm holds
     until the engine has stopped: the seeding thread writes under it too)."""
@@ -173,8 +174,8 @@ def seeder(
 
 
 def _place(
-    engine: ServerEngine,
-    run: Run,
+    engine: ServerEngine[Any, Any],
+    run: Run[Any, Any],
     ns_dir: Path,
     manifest: Manifest | None,
     answer: tuple[list[Path], str | None],
@@ -245,9 +246,11 @@ def _inside(ns_dir: Path, target: Path) -> bool:
     return True
 
 
-def _after(engine: ServerEngine, running: tuple[threading.Event, float]) -> str:
+def _after(engine: ServerEngine[Any, Any], running: tuple[threading.Event, float]) -> str:
     return f"{time.time() - running[1]:.1f}s after {engine.display} started"
 
 
-def _first(target: Path, engine: ServerEngine, running: tuple[threading.Event, float]) -> str:
+def _first(
+    target: Path, engine: ServerEngine[Any, Any], running: tuple[threading.Event, float]
+) -> str:
     return f"not seeding {target}: {engine.display} wrote it first ({_after(engine, running)})"

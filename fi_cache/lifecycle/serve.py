@@ -10,17 +10,23 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, NoReturn
 
-from fi_cache.engines.api import Request, Run, ServerEngine
+from fi_cache.engines.api import LauncherT, Request, Run, ServedT, ServerEngine
 from fi_cache.errors import FiCacheError, Refused
 from fi_cache.lifecycle import prepare, signals
 from fi_cache.lifecycle.report import Report
 from fi_cache.store.manifest import Manifest
 
 if TYPE_CHECKING:  # a warm namespace is served without loading the warm (server, seeding)
+    from collections.abc import Callable
+
+    from fi_cache.doctor.findings import Finding
+    from fi_cache.doctor.inputs import Target
     from fi_cache.lifecycle.warm import WarmResult
 
+    TierCheck = Callable[[str, Path, Target], tuple[list[Finding], str | None]]
 
-@dataclass(frozen=True)
+
+@dataclass(frozen=True, kw_only=True)
 class Handover:
     """What serve hands the process to."""
 
@@ -40,10 +46,18 @@ class ServeOptions:
     seed: bool = True
     complete_ranks: bool = True  # fill this node's missing rank files from the other ranks'
     pull: str | None = None  # the fleet's URL: import this machine's bundle before the checks
+    lock_timeout: float = 3600.0  # for another warm of the namespace (serve --lock-timeout)
+    # The tier this deployment's `vllm preload` daemon adopts from, judged for a config hash
+    # (cli/serve.py passes tier/preflight.check: lifecycle does not reach the tier itself).
+    tier_check: TierCheck | None = None
 
 
 def serve(
-    engine: ServerEngine, request: Request, options: ServeOptions, store: Path, report: Report
+    engine: ServerEngine[ServedT, LauncherT],
+    request: Request,
+    options: ServeOptions,
+    store: Path,
+    report: Report,
 ) -> Handover:
     """Everything serve does before it hands over. Raises Refused, WarmFailed or FiCacheError
     (pre-flight errors without --force)."""
@@ -53,9 +67,15 @@ def serve(
     if why := engine.keeps_no_cache(target):
         report.warn(f"{why}: serving it as it is")
         run = engine.bind(target)
-        plain = dict(os.environ)
-        mode = target.ns.finalize
-        return Handover(engine.command(run), plain, engine.display, mode, None, None, None)
+        return Handover(
+            command=engine.command(run),
+            environ=dict(os.environ),
+            display=engine.display,
+            finalize=target.ns.finalize,
+            ns_dir=None,
+            cache_dir=None,
+            warmed=None,
+        )
     run = prepare.bind(engine, target, store, report)
     ns_dir = run.ns.path(store)
     m = preflight(engine, run, ns_dir, request.force, report)
@@ -78,13 +98,17 @@ def serve(
         elif options.warm:
             from fi_cache.lifecycle.warm import WarmOptions, warm_run
 
-            warm = WarmOptions(options.timeout, None, 3600.0, options.seed)
+            warm = WarmOptions(
+                timeout=options.timeout, lock_timeout=options.lock_timeout, seed=options.seed
+            )
             warmed = warm_run(engine, run, warm, store, report)
             signals.sigterm_default()
             if warmed.nothing_to_tune:
                 report.note(f"nothing to tune: {warmed.nothing_to_tune}")
         else:
             report.warn(f"namespace is cold: {engine.display} tunes at start-up and saves into it")
+    if options.tier_check is not None:
+        _check_tier(engine, run, ns_dir, store, options.tier_check, request.force, report)
     touch(ns_dir)
     if not report.quiet:
         for line in engine.before_serving(run, ns_dir):
@@ -94,13 +118,70 @@ def serve(
         from fi_cache.store import locks
 
         locks.hold_in_use(ns_dir)  # inherited by the engine: prune leaves a served namespace alone
-    cache_dir = engine.cache_dir(ns_dir)
     return Handover(
-        engine.command(run), environ, engine.display, run.ns.finalize, ns_dir, cache_dir, warmed
+        command=engine.command(run),
+        environ=environ,
+        display=engine.display,
+        finalize=run.ns.finalize,
+        ns_dir=ns_dir,
+        cache_dir=engine.cache_dir(ns_dir),
+        warmed=warmed,
     )
 
 
-def _check_pinned(engine: ServerEngine, run: Run, ns_dir: Path, m: Manifest) -> None:
+def _check_tier(
+    engine: ServerEngine[ServedT, LauncherT],
+    run: Run[ServedT, LauncherT],
+    ns_dir: Path,
+    store: Path,
+    tier_check: TierCheck,
+    force: bool,
+    report: Report,
+) -> None:
+    """The tier's tables for the config hash fi-cache knows this start uses (its saved
+    prediction; unknown: nothing checked): errors (a crash) stop the start unless --force."""
+    from fi_cache.doctor.inputs import Target
+
+    if (config_hash := _config_hash(engine, run, ns_dir, store)) is None:
+        return
+    v = engine.checked_against(run)
+    target = Target(run.ns.fingerprint, v.vllm, v.supports_finalize, run.ns.finalize, v.sglang)
+    findings, note = tier_check(config_hash, engine.cache_dir(ns_dir), target)
+    if note:
+        report.warn(note)
+    for f in findings:
+        report.finding(f)
+    if (errors := sum(f.severity == "error" for f in findings)) and not force:
+        raise FiCacheError(
+            f"pre-flight found {errors} error(s) in the tier this deployment's daemons adopt "
+            "from; remove the key (the fix says how) or pass --force"
+        )
+
+
+def _config_hash(
+    engine: ServerEngine[ServedT, LauncherT],
+    run: Run[ServedT, LauncherT],
+    ns_dir: Path,
+    store: Path,
+) -> str | None:
+    """The hash dir of the per-rank files vLLM's saved prediction names (the tier's keys)."""
+    from fi_cache.versions import TIER_CONFIG_HASH, VLLM_RANK_FILE
+
+    try:
+        known = engine.seed_targets_known(run, ns_dir, store)
+    except (FiCacheError, OSError):
+        return None
+    names = {t.parent.name for t in (known[0] if known else []) if VLLM_RANK_FILE.match(t.name)}
+    name = names.pop() if len(names) == 1 else ""
+    return name if TIER_CONFIG_HASH.match(name) else None
+
+
+def _check_pinned(
+    engine: ServerEngine[ServedT, LauncherT],
+    run: Run[ServedT, LauncherT],
+    ns_dir: Path,
+    m: Manifest,
+) -> None:
     """A pinned namespace (`fi-cache pin`) is served as it is, read-only: only where the start
     writes nothing. Not even --force changes that (unpin does)."""
     from fi_cache.store import pin as pins
@@ -146,7 +227,11 @@ def hand_over(handover: Handover) -> NoReturn:
 
 
 def preflight(
-    engine: ServerEngine, run: Run, ns_dir: Path, force: bool, report: Report
+    engine: ServerEngine[ServedT, LauncherT],
+    run: Run[ServedT, LauncherT],
+    ns_dir: Path,
+    force: bool,
+    report: Report,
 ) -> Manifest | None:
     """The namespace's manifest, after doctor's pre-flight checks on its caches: errors stop the
     start unless --force; every finding is reported."""

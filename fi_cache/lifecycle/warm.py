@@ -11,7 +11,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
-from fi_cache.engines.api import Request, Run, ServerEngine, WarmFailed
+from fi_cache.engines.api import LauncherT, Request, Run, ServedT, ServerEngine, WarmFailed
 from fi_cache.engines.server import Server, free_port, port_in_use, wait_healthy
 from fi_cache.errors import FiCacheError, Refused
 from fi_cache.lifecycle import prepare, signals
@@ -46,8 +46,12 @@ class WarmResult:
 
 
 def warm(
-    engine: ServerEngine, request: Request, options: WarmOptions, store: Path, report: Report
-) -> tuple[Run, WarmResult]:
+    engine: ServerEngine[ServedT, LauncherT],
+    request: Request,
+    options: WarmOptions,
+    store: Path,
+    report: Report,
+) -> tuple[Run[ServedT, LauncherT], WarmResult]:
     """The warm command: resolve, bind, warm. Raises Refused, WarmFailed or FiCacheError."""
     target = prepare.resolve(engine, request, store, report)
     if why := engine.keeps_no_cache(target):
@@ -57,7 +61,11 @@ def warm(
 
 
 def warm_run(
-    engine: ServerEngine, run: Run, options: WarmOptions, store: Path, report: Report
+    engine: ServerEngine[ServedT, LauncherT],
+    run: Run[ServedT, LauncherT],
+    options: WarmOptions,
+    store: Path,
+    report: Report,
 ) -> WarmResult:
     """Warm `run`'s namespace (serve warms a cold one so). A failed warm's whole output is kept
     in the store (WarmFailed.saved_log) for doctor --log."""
@@ -72,8 +80,8 @@ def warm_run(
 
 
 def _locked(
-    engine: ServerEngine,
-    run: Run,
+    engine: ServerEngine[ServedT, LauncherT],
+    run: Run[ServedT, LauncherT],
     options: WarmOptions,
     grace: float,
     before: Callable[[Path, Manifest], Seeding] | None,
@@ -126,8 +134,8 @@ def _overtaken(other: WarmRecord | None) -> str:
 
 
 def _start(
-    engine: ServerEngine,
-    run: Run,
+    engine: ServerEngine[ServedT, LauncherT],
+    run: Run[ServedT, LauncherT],
     ns_dir: Path,
     key: str,
     options: WarmOptions,

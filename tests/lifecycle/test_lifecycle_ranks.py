@@ -8,8 +8,8 @@ import shutil
 from pathlib import Path
 
 from fi_cache.caches.inventory import scan
-from fi_cache.engines.api import Run
-from fi_cache.engines.sglang.args import parse_sglang_args
+from fi_cache.engines.api import Run, Target
+from fi_cache.engines.sglang.args import SglangArgs, parse_sglang_args
 from fi_cache.engines.sglang.engine import ENGINE
 from fi_cache.lifecycle.ranks import complete_node
 from fi_cache.lifecycle.report import Report
@@ -21,9 +21,24 @@ from tests.sglang_layout import sglang_paths
 MODEL = ["--model-path", "Qwen/Qwen3-30B-A3B", "--moe-runner-backend", "flashinfer_cutlass"]
 
 
-def _node1(*more: str) -> Run:
-    args = parse_sglang_args([*MODEL, "--tp-size", "4", "--nnodes", "2", "--node-rank", "1", *more])
-    return Run(None, args, None, None)  # type: ignore[arg-type]  # the fill reads the args only
+def _run(args: SglangArgs) -> Run[SglangArgs, None]:
+    """A start of these arguments: the fill reads the args only."""
+    target = Target(
+        ns=None,  # type: ignore[arg-type]
+        env=None,  # type: ignore[arg-type]
+        version="0.5.23",
+        path=None,
+        argv=args.argv,
+        args=args,
+        launcher=None,
+    )
+    return Run(target=target, launcher=None, nothing_to_tune=None)
+
+
+def _node1(*more: str) -> Run[SglangArgs, None]:
+    return _run(
+        parse_sglang_args([*MODEL, "--tp-size", "4", "--nnodes", "2", "--node-rank", "1", *more])
+    )
 
 
 def _node0_files(ns_dir: Path) -> Path:
@@ -51,5 +66,5 @@ def test_nothing_is_written_where_another_nodes_ranks_are_missing(tmp_path: Path
     ns_dir = tmp_path / "ns"
     _node0_files(ns_dir)
     args = parse_sglang_args([*MODEL, "--tp-size", "8", "--nnodes", "2", "--node-rank", "1"])
-    run = Run(None, args, None, None)  # type: ignore[arg-type]
+    run = _run(args)
     assert complete_node(ENGINE, run, ns_dir, tmp_path, Report()) == []

@@ -26,7 +26,7 @@ class PlanArgs:
     text: str
 
 
-class FlashInfer(Engine):
+class FlashInfer(Engine[PlanArgs]):
     name = "flashinfer"
     cache_subdir = "flashinfer"  # inside a namespace: files FlashInfer wrote for `autotune(cache=)`
 

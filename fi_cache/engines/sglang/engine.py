@@ -10,11 +10,18 @@ from __future__ import annotations
 
 import os
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from fi_cache.engines.api import Identity, Request, Run, ServerEngine, Target, Versions
+from fi_cache.engines.api import (
+    CommandLine,
+    Identity,
+    Request,
+    Run,
+    ServerEngine,
+    Target,
+    Versions,
+)
 from fi_cache.engines.scripts import pasted_launcher
 from fi_cache.engines.sglang import args, launch
 from fi_cache.errors import Refused
@@ -48,20 +55,13 @@ NOTHING_TUNED = (
 )
 
 
-@dataclass(frozen=True)
-class Found:
-    """What resolve read: SGLang's finalize rule needs its arguments and release first."""
-
-    args: args.SglangArgs
-    launcher: launch.Launcher
-    version: str
+SglangTarget = Target[args.SglangArgs, launch.Launcher]
+SglangRun = Run[args.SglangArgs, launch.Launcher]
 
 
-def _found(target: Target) -> Found:
-    found = target.found
-    if not isinstance(found, Found):
-        raise TypeError(f"not an SGLang target: {found!r}")
-    return found
+def _version(target: SglangTarget) -> str:
+    """The release resolve required (it refuses a target without one)."""
+    return target.version or ""
 
 
 def _for_model(
@@ -81,7 +81,7 @@ def _for_model(
     return models.for_model(parsed, config, version, on_blackwell, megamoe)
 
 
-class Sglang(ServerEngine):
+class Sglang(ServerEngine[args.SglangArgs, launch.Launcher]):
     name = "sglang"
     cache_subdir = "sglang"  # SGLANG_CACHE_DIR inside a namespace
     display = "SGLang"
@@ -114,7 +114,9 @@ class Sglang(ServerEngine):
             path, argv, args.split_launcher, launch.find_launcher, self.path_flag, self.display
         )
 
-    def resolve(self, request: Request, store: Path) -> Target:
+    def resolve(
+        self, request: Request, line: CommandLine[args.SglangArgs], store: Path
+    ) -> SglangTarget:
         """Find SGLang and its release, read its arguments, choose the finalize mode. Refused
         before anything is looked up when the arguments alone refuse it (a warm of several
         nodes)."""
@@ -122,9 +124,8 @@ class Sglang(ServerEngine):
         from fi_cache.store.namespace import Namespace
         from fi_cache.store.paths import state_dir
 
-        path, argv = self.command_line(request.path, request.argv)
-        launcher = launch.find_launcher(path)
-        parsed = launch.with_environment(self.read_args(argv), os.environ)
+        launcher = launch.find_launcher(line.path)
+        parsed = launch.with_environment(line.args, os.environ)
         if request.warm and parsed.nnodes > 1:
             raise Refused(
                 f"SGLang with --nnodes {parsed.nnodes} starts only when every node does, and "
@@ -143,10 +144,18 @@ class Sglang(ServerEngine):
         )
         said = [n for n in (note, model_note) if n]
         notes = (*env.notes, *said, *launch.warnings(version, parsed))
-        ns = Namespace(env.fingerprint, finalize)
-        return Target(ns, env, version, path, argv, notes, Found(parsed, launcher, version))
+        return Target(
+            ns=Namespace(env.fingerprint, finalize),
+            env=env,
+            version=version,
+            path=line.path,
+            argv=line.argv,
+            args=parsed,
+            launcher=launcher,
+            notes=notes,
+        )
 
-    def keeps_no_cache(self, target: Target) -> str | None:
+    def keeps_no_cache(self, target: SglangTarget) -> str | None:
         """Before 0.5.12 SGLang keeps no cache: nothing to namespace."""
         v = parse_version(target.version)
         if v is not None and v >= SGLANG_PERSISTENT_CACHE:
@@ -156,13 +165,13 @@ class Sglang(ServerEngine):
             f"{SGLANG_PERSISTENT_CACHE})"
         )
 
-    def announce(self, target: Target, ns_dir: Path, environ: Mapping[str, str]) -> list[str]:
+    def announce(self, target: SglangTarget, ns_dir: Path, environ: Mapping[str, str]) -> list[str]:
         """Where its cache dir goes and what stays with the user."""
         from fi_cache.engines.sglang.layout import user_cache_dir
         from fi_cache.store.namespace import shared_when_undetected
 
         out = [shared] if (shared := shared_when_undetected(target.ns)) else []
-        kept = [var for var, _ in sglang_caches_moved(_found(target).version)]
+        kept = [var for var, _ in sglang_caches_moved(_version(target))]
         out.append(
             f"{SGLANG_CACHE_DIR_ENV}={self.cache_dir(ns_dir)} for SGLang (no release moves only "
             f"its autotune dir); kept in {user_cache_dir(environ)}: "
@@ -170,15 +179,15 @@ class Sglang(ServerEngine):
         )
         return out
 
-    def bind(self, target: Target) -> Run:
-        found = _found(target)
-        quiet = launch.nothing_to_tune(os.environ, found.version, found.args)
-        return Run(target, found.args, found.launcher, quiet)
+    def bind(self, target: SglangTarget) -> SglangRun:
+        quiet = launch.nothing_to_tune(os.environ, _version(target), target.args)
+        launcher = target.launcher or launch.find_launcher(target.path)  # resolve found it
+        return Run(target=target, launcher=launcher, nothing_to_tune=quiet)
 
-    def checked_against(self, run: Run) -> Versions:
+    def checked_against(self, run: SglangRun) -> Versions:
         return Versions(sglang=run.target.version)
 
-    def serve_without_warm(self, run: Run) -> str | None:
+    def serve_without_warm(self, run: SglangRun) -> str | None:
         if run.nothing_to_tune:
             return f"nothing to warm: {run.nothing_to_tune}; starting SGLang anyway"
         if run.args.nnodes > 1:  # a warm would wait for the other nodes; rank >= 1: no /health
@@ -188,7 +197,7 @@ class Sglang(ServerEngine):
             )
         return None
 
-    def before_serving(self, run: Run, ns_dir: Path) -> list[str]:
+    def before_serving(self, run: SglangRun, ns_dir: Path) -> list[str]:
         """A server already running on this namespace's SGLang dir and GPUs this one may use,
         when one of them runs MegaMoE (live.sharing)."""
         from fi_cache.engines.sglang import live
@@ -205,21 +214,21 @@ class Sglang(ServerEngine):
         ]
 
     def environment(
-        self, run: Run, ns_dir: Path, environ: Mapping[str, str], warm: bool
+        self, run: SglangRun, ns_dir: Path, environ: Mapping[str, str], warm: bool
     ) -> dict[str, str]:
         """SGLang's dir in the namespace, made, with its links into the user's dir."""
         gpus = len(run.target.env.gpus) or None  # the visible ones: torch's device count
         return launch.namespace_env(
-            self.cache_dir(ns_dir), environ, run.ns.finalize, _found(run.target).version, gpus
+            self.cache_dir(ns_dir), environ, run.ns.finalize, _version(run.target), gpus
         )
 
-    def command(self, run: Run, port: int | None = None) -> list[str]:
+    def command(self, run: SglangRun, port: int | None = None) -> list[str]:
         # Warming never needs outside traffic: loopback, our port (argparse: the last flag wins).
         extra = [] if port is None else ["--host", "127.0.0.1", "--port", str(port)]
         cmd: list[str] = run.launcher.command(run.args, extra)
         return cmd
 
-    def same_model(self, run: Run, argv: Sequence[str]) -> bool:
+    def same_model(self, run: SglangRun, argv: Sequence[str]) -> bool:
         from fi_cache.engines.sglang import seeds
 
         try:
@@ -227,13 +236,13 @@ class Sglang(ServerEngine):
         except Refused:
             return False
 
-    def seed_source(self, run: Run, warm: WarmRecord) -> bool:
+    def seed_source(self, run: SglangRun, warm: WarmRecord) -> bool:
         from fi_cache.engines.sglang import seeds
 
         return seeds.usable(run, warm)
 
     def seed_targets(
-        self, run: Run, ns_dir: Path, store: Path, stop: Event | None = None
+        self, run: SglangRun, ns_dir: Path, store: Path, stop: Event | None = None
     ) -> tuple[list[Path], str | None]:
         """This node's rank files in the key dir SGLang's own key code names for this start,
         its worker's values solved from an earlier warm's dir (seeds.py)."""
@@ -244,7 +253,7 @@ class Sglang(ServerEngine):
         earlier = [w for w in (found.warms if found else ()) if w.engine == self.name and w.ok]
         return seeds.targets(run, earlier, self.autotune_dir(ns_dir))
 
-    def rank_names(self, run: Run) -> Expected | None:
+    def rank_names(self, run: SglangRun) -> Expected | None:
         """SGLang's own launch rule (layout.py): the key dir hashes the model's HF config on
         the worker, the names follow from the arguments."""
         from fi_cache.engines.sglang.layout import rank_layout
@@ -255,7 +264,7 @@ class Sglang(ServerEngine):
             return None  # one rank: nothing to agree with
         return Expected("sglang", layout.ranks, layout.node)
 
-    def read_only_problem(self, run: Run) -> str | None:
+    def read_only_problem(self, run: SglangRun) -> str | None:
         version = parse_version(run.target.version)
         if version is None or version not in SGLANG_SAVES_EVERY_START or run.nothing_to_tune:
             return None
@@ -265,7 +274,7 @@ class Sglang(ServerEngine):
             "dir, so the start fails on this store"
         )
 
-    def identity(self, run: Run) -> Identity:
+    def identity(self, run: SglangRun) -> Identity:
         v = parse_version(run.target.version)
         reads = v is not None and v >= SGLANG_FINALIZE_FROM
         return Identity(None, reads, run.target.version)

@@ -9,6 +9,7 @@ import functools
 import os
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from fi_cache.engines import hf
 from fi_cache.engines.api import Run
@@ -25,6 +26,9 @@ from fi_cache.versions import (
     SGLANG_RANK_FILE,
     parse_version,
 )
+
+if TYPE_CHECKING:
+    from fi_cache.engines.sglang.launch import Launcher
 
 _MEGAMOE = ("flashinfer_megamoe",)  # args resolve the aliases
 
@@ -61,7 +65,7 @@ def same_model(a: SglangArgs, b: SglangArgs) -> bool:
     return hf.same_model(a.model, b.model, os.environ)
 
 
-def solved(run: Run, warm: WarmRecord) -> Solved | str:
+def solved(run: Run[SglangArgs, Launcher], warm: WarmRecord) -> Solved | str:
     """The earlier warm's key inputs, or why they cannot be had."""
     try:
         earlier = parse_sglang_args(warm.argv)
@@ -87,10 +91,12 @@ def solved(run: Run, warm: WarmRecord) -> Solved | str:
     return Solved(inputs, earlier, (fi, arch))
 
 
-def _why_unsolved(run: Run, warm: WarmRecord, key: str) -> str:
+def _why_unsolved(run: Run[SglangArgs, Launcher], warm: WarmRecord, key: str) -> str:
     now, then = parse_version(run.target.version), parse_version(warm.engine_version or "")
-    if now in SGLANG_CANDIDATE_SELECTION and then is not None and then not in (
-        SGLANG_CANDIDATE_SELECTION
+    if (
+        now in SGLANG_CANDIDATE_SELECTION
+        and then is not None
+        and then not in (SGLANG_CANDIDATE_SELECTION)
     ):
         return (
             f"SGLang {now} re-tunes files of SGLang {then} on purpose (candidate_selection="
@@ -110,7 +116,7 @@ def _key_dir(rel: str) -> tuple[str, str, str] | None:
     return (fi, arch, key) if SGLANG_ARCH_DIR.match(arch) and SGLANG_KEY_DIR.match(key) else None
 
 
-def usable(run: Run, warm: WarmRecord) -> bool:
+def usable(run: Run[SglangArgs, Launcher], warm: WarmRecord) -> bool:
     """Its files may seed this start's: same model, a key SGLang's code reproduces, and no op
     this start skips that it tuned."""
     try:
@@ -120,12 +126,14 @@ def usable(run: Run, warm: WarmRecord) -> bool:
         return False
 
 
-def _carry(run: Run, found: Solved) -> tuple[keydir.KeyInputs | None, str | None]:
+def _carry(
+    run: Run[SglangArgs, Launcher], found: Solved
+) -> tuple[keydir.KeyInputs | None, str | None]:
     return keydir.carried(found.inputs, found.args, run.args, key_code(run.launcher.python or ""))
 
 
 def targets(
-    run: Run, warms: list[WarmRecord], root: Path
+    run: Run[SglangArgs, Launcher], warms: list[WarmRecord], root: Path
 ) -> tuple[list[Path], str | None]:
     """This node's rank files under `root` (the namespace's autotune dir) as SGLang's code
     names them, from the newest earlier warm that solves; ([], why) when none does."""

@@ -8,6 +8,7 @@ import ast
 import functools
 import os
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from fi_cache.engines.api import ModeProblem, Target
 from fi_cache.engines.vllm import launch
@@ -21,6 +22,9 @@ from fi_cache.versions import (
     unfused_route,
     vllm_passes_finalize_arg,
 )
+
+if TYPE_CHECKING:
+    from fi_cache.engines.vllm.args import ServeArgs
 
 
 @functools.cache
@@ -58,7 +62,9 @@ def route(env: Environment) -> tuple[UnfusedRoute | None, str]:
     return unfused_route(info.supports_finalize_env, env.fingerprint.flashinfer_version, passes)
 
 
-def mode_problem(target: Target, verb: str, uses_ray: bool = False) -> ModeProblem | None:
+def mode_problem(
+    target: Target[ServeArgs, launch.Launcher], verb: str, uses_ray: bool = False
+) -> ModeProblem | None:
     """The unfused namespace on a vLLM that would silently run fused; on the plugin route, what
     it turns on (once, before vLLM starts)."""
     if target.ns.finalize != "unfused":

@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from fi_cache.engines.api import (
+    CommandLine,
     Identity,
     ModeProblem,
     Request,
@@ -66,7 +67,11 @@ def nothing_to_tune(env: Environment, a: args.ServeArgs) -> str | None:
     return None
 
 
-class Vllm(ServerEngine):
+VllmTarget = Target[args.ServeArgs, launch.Launcher]
+VllmRun = Run[args.ServeArgs, launch.Launcher]
+
+
+class Vllm(ServerEngine[args.ServeArgs, launch.Launcher]):
     name = "vllm"
     cache_subdir = "vllm"  # VLLM_FLASHINFER_AUTOTUNE_CACHE_DIR inside a namespace
     display = "vLLM"
@@ -77,7 +82,7 @@ class Vllm(ServerEngine):
     def find_executable(self, explicit: str | None) -> str:
         return launch.find_executable(explicit)
 
-    def serve_without_warm(self, run: Run) -> str | None:
+    def serve_without_warm(self, run: VllmRun) -> str | None:
         """A start that certainly tunes nothing (autotune off in its arguments, a vLLM without a
         persistent cache) is not warmed first: a warm would start vLLM once more for nothing.
         Detected facts (no FlashInfer, no GPU) may be wrong here, so those still warm."""
@@ -110,31 +115,42 @@ class Vllm(ServerEngine):
             path, argv, args.split_launcher, launch.find_launcher, self.path_flag, self.display
         )
 
-    def resolve(self, request: Request, store: Path) -> Target:
+    def resolve(
+        self, request: Request, line: CommandLine[args.ServeArgs], store: Path
+    ) -> VllmTarget:
         """The mode the command line asks for, else the user's VLLM_FLASHINFER_MOE_FUSED_FINALIZE;
-        the environment of the interpreter that runs the vLLM fi-cache launches."""
+        the environment of the interpreter that runs the vLLM fi-cache launches (none found:
+        fi-cache's own is asked, and bind refuses after what detection said)."""
         from fi_cache import environment
         from fi_cache.store.namespace import Namespace
         from fi_cache.store.paths import state_dir
 
-        path, argv = self.command_line(request.path, request.argv)
         mode, note = launch.user_finalize(os.environ, request.asked, request.given, request.implied)
-        env = environment.detect(state_dir(store), python=launch.vllm_python(path))
-        notes = (*([note] if note else []), *env.notes)
-        return Target(Namespace(env.fingerprint, mode), env, env.vllm.version, path, argv, notes)
+        try:
+            launcher: launch.Launcher | None = launch.find_launcher(line.path)
+        except Refused:
+            launcher = None
+        python = launcher.python if launcher is not None else None
+        env = environment.detect(state_dir(store), python=python)
+        return Target(
+            ns=Namespace(env.fingerprint, mode),
+            env=env,
+            version=env.vllm.version,
+            path=line.path,
+            argv=line.argv,
+            args=line.args,
+            launcher=launcher,
+            notes=(*([note] if note else []), *env.notes),
+        )
 
-    def mode_problem(self, target: Target, verb: str) -> ModeProblem | None:
+    def mode_problem(self, target: VllmTarget, verb: str) -> ModeProblem | None:
         """The unfused path on a vLLM that would silently ignore it (engines/vllm/deterministic.py:
         the variable, fi-cache's plugin, or refused)."""
         from fi_cache.engines.vllm import deterministic
 
-        try:
-            uses_ray = args.parse_serve_args(target.argv).uses_ray
-        except Refused:
-            uses_ray = False  # bind refuses these arguments, after this
-        return deterministic.mode_problem(target, verb, uses_ray)
+        return deterministic.mode_problem(target, verb, target.args.uses_ray)
 
-    def announce(self, target: Target, ns_dir: Path, environ: Mapping[str, str]) -> list[str]:
+    def announce(self, target: VllmTarget, ns_dir: Path, environ: Mapping[str, str]) -> list[str]:
         """A namespace named by undetected fields (shared with every machine whose detection
         fails alike), and the user's own VLLM_FLASHINFER_AUTOTUNE_CACHE_DIR giving way."""
         from fi_cache.store.namespace import shared_when_undetected
@@ -148,24 +164,27 @@ class Vllm(ServerEngine):
             )
         return out
 
-    def bind(self, target: Target) -> Run:
-        parsed = self.read_args(target.argv)
+    def bind(self, target: VllmTarget) -> VllmRun:
+        parsed = target.args
         if why := layout.argv_refusal(target.env.vllm.version, parsed):
             raise Refused(why)
-        launcher = launch.find_launcher(target.path)
-        return Run(target, parsed, launcher, nothing_to_tune(target.env, parsed))
+        # resolve found it; looked for again only to say why there is none
+        launcher = target.launcher or launch.find_launcher(target.path)
+        return Run(
+            target=target, launcher=launcher, nothing_to_tune=nothing_to_tune(target.env, parsed)
+        )
 
-    def checked_against(self, run: Run) -> Versions:
+    def checked_against(self, run: VllmRun) -> Versions:
         from fi_cache.engines.vllm.deterministic import passes_mode_on
 
         supports = passes_mode_on(run.env, run.ns.finalize)  # the plugin route passes it on
         return Versions(vllm=run.env.vllm.version, supports_finalize=supports)
 
-    def read_only_problem(self, run: Run) -> str | None:
+    def read_only_problem(self, run: VllmRun) -> str | None:
         return layout.read_only_problem(run.env.vllm.version, run.args)
 
     def environment(
-        self, run: Run, ns_dir: Path, environ: Mapping[str, str], warm: bool
+        self, run: VllmRun, ns_dir: Path, environ: Mapping[str, str], warm: bool
     ) -> dict[str, str]:
         root = self.cache_dir(ns_dir)
         if warm:
@@ -182,23 +201,23 @@ class Vllm(ServerEngine):
             return launch.plugin_env(env, run.args.uses_ray)
         return env
 
-    def command(self, run: Run, port: int | None = None) -> list[str]:
+    def command(self, run: VllmRun, port: int | None = None) -> list[str]:
         # Warming never needs outside traffic: loopback, on our port, in place of the user's.
         cmd: list[str] = run.launcher.command(launch.warm_argv(run.args.argv, port))
         return cmd
 
-    def identity(self, run: Run) -> Identity:
+    def identity(self, run: VllmRun) -> Identity:
         from fi_cache.engines.vllm.deterministic import passes_mode_on
 
         return Identity(run.env.vllm.version, passes_mode_on(run.env, run.ns.finalize))
 
-    def same_model(self, run: Run, argv: Sequence[str]) -> bool:
+    def same_model(self, run: VllmRun, argv: Sequence[str]) -> bool:
         try:
             return bool(args.parse_serve_args(argv).model == run.args.model)
         except Refused:
             return False
 
-    def seed_source(self, run: Run, warm: WarmRecord) -> bool:
+    def seed_source(self, run: VllmRun, warm: WarmRecord) -> bool:
         """The same model; on vLLM 0.33+, which tunes nothing on a full hit, also the same
         sharding, dtypes, quantisation, backends and drafter (engines/vllm/shapes.py): another
         start's table lacks this one's shapes, and nothing would tune them."""
@@ -211,12 +230,12 @@ class Vllm(ServerEngine):
             return True
         return shaping(args.parse_serve_args(warm.argv)) == shaping(run.args)
 
-    def one_rank(self, run: Run) -> bool:
+    def one_rank(self, run: VllmRun) -> bool:
         # tp * pp * dp workers (a dense model's dp ranks are engines of their own, but each
         # names its own dp{d}_rank0 file in one dir: a deployment of dp files)
         return bool(run.args.world_size == 1 and run.args.nnodes == 1)
 
-    def tune_groups(self, run: Run) -> Expected | None:
+    def tune_groups(self, run: VllmRun) -> Expected | None:
         """With pp > 1 each stage's TP group tunes and loads alone (kernel_warmup.py 0.32:440,
         0.34:571): its ranks by the layout model, the model's MoE from its config.json."""
         if run.args.pp <= 1:
@@ -236,7 +255,7 @@ class Vllm(ServerEngine):
         )
 
     def seed_targets(
-        self, run: Run, ns_dir: Path, store: Path, stop: Event | None = None
+        self, run: VllmRun, ns_dir: Path, store: Path, stop: Event | None = None
     ) -> tuple[list[Path], str | None]:
         """The files vLLM's own code says this start will read (engines/vllm/predict.py)."""
         answer = self._targets(run, ns_dir, store, stop, ask=True)
@@ -244,14 +263,14 @@ class Vllm(ServerEngine):
         return answer
 
     def seed_targets_known(
-        self, run: Run, ns_dir: Path, store: Path
+        self, run: VllmRun, ns_dir: Path, store: Path
     ) -> tuple[list[Path], str | None] | None:
         """The answer vLLM gave earlier for exactly these inputs; None: not asked yet (its
         child imports vLLM and builds the model on meta, ~25 s on the H200's host)."""
         return self._targets(run, ns_dir, store, None, ask=False)
 
     def _targets(
-        self, run: Run, ns_dir: Path, store: Path, stop: Event | None, ask: bool
+        self, run: VllmRun, ns_dir: Path, store: Path, stop: Event | None, ask: bool
     ) -> tuple[list[Path], str | None] | None:
         from fi_cache.engines.vllm import predict
         from fi_cache.store.paths import state_dir
@@ -276,7 +295,7 @@ class Vllm(ServerEngine):
             _SWEEPS[str(Path(where.dir))] = Sweep(where.sweep_tokens, where.sweep_unknown)
         return where.paths, None
 
-    def seed_gap(self, run: Run, tables: Sequence[tuple[Path, V1File]]) -> str | None:
+    def seed_gap(self, run: VllmRun, tables: Sequence[tuple[Path, V1File]]) -> str | None:
         """vLLM 0.33+ tunes nothing when every rank's file passes its gate: a seed must hold
         every bucket its sweep tunes for this config (maintenance/sweep.py)."""
         from fi_cache.maintenance.sweep import refusal
