@@ -17,7 +17,12 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from fi_cache.versions import VLLM_CACHE_DIR_ENV, VLLM_CACHE_SUBDIR
+from fi_cache.versions import (
+    MOONCAKE_CONFIG_ENV,
+    PRELOAD_STORES_FLAG,
+    VLLM_CACHE_DIR_ENV,
+    VLLM_CACHE_SUBDIR,
+)
 
 # `vllm` is vLLM's console script (entrypoints/cli/main.py); `python -m` reaches the same main.
 _CLI_MODULES = frozenset({"vllm", "vllm.entrypoints.cli.main"})
@@ -30,9 +35,21 @@ class Daemon:
     pid: int
     root: str  # real path
     argv: tuple[str, ...]
+    mooncake_config: str | None = None  # its MOONCAKE_CONFIG_PATH, absolute
 
     def describe(self) -> str:
         return f"vLLM's preload daemon (pid {self.pid}) writes {self.root}"
+
+    @property
+    def stores(self) -> tuple[str, ...]:
+        """Its --warmup-cache-stores names (preload.py 0.34:330-334: comma-separated)."""
+        raw = ""
+        for i, word in enumerate(self.argv):
+            if word == PRELOAD_STORES_FLAG and i + 1 < len(self.argv):
+                raw = self.argv[i + 1]
+            elif word.startswith(PRELOAD_STORES_FLAG + "="):
+                raw = word.partition("=")[2]
+        return tuple(n.strip() for n in raw.split(",") if n.strip())
 
 
 def is_preload(cmdline: Sequence[str]) -> bool:
@@ -63,10 +80,15 @@ def root(environ: Mapping[str, str], cwd: str = "/") -> str:
 def daemons(procs: Iterable[tuple[int, Sequence[str], Mapping[str, str], str]]) -> list[Daemon]:
     """The preload daemons among (pid, cmdline, environ, cwd) rows."""
     return [
-        Daemon(pid, root(environ, cwd), tuple(cmdline))
+        Daemon(pid, root(environ, cwd), tuple(cmdline), _config(environ, cwd))
         for pid, cmdline, environ, cwd in procs
         if is_preload(cmdline)
     ]
+
+
+def _config(environ: Mapping[str, str], cwd: str) -> str | None:
+    path = environ.get(MOONCAKE_CONFIG_ENV)
+    return os.path.join(cwd, os.path.expanduser(path)) if path else None
 
 
 def _read(pid: str) -> tuple[int, list[str], dict[str, str], str] | None:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import os
 import sys
+from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
 import click
@@ -115,6 +116,10 @@ def serve_command(
     report, status = reporter(ctx.quiet)
     try:
         options = ServeOptions(do_warm, timeout, seed, pull=pull_url)
+        if engine == "vllm":  # only vLLM's preload daemon adopts from a tier
+            from fi_cache.tier import preflight as tier_preflight
+
+            options = replace(options, tier_check=tier_preflight.check)
         handover = serve(adapter, request, options, ctx.store, report)
     except WarmFailed as exc:
         say_failed_warm(exc, adapter.display, status)

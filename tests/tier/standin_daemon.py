@@ -15,16 +15,25 @@ from pathlib import Path
 
 @contextlib.contextmanager
 def preload_daemon(
-    tmp: Path, env: dict[str, str], cwd: Path | None = None
+    tmp: Path, env: dict[str, str], cwd: Path | None = None, options: tuple[str, ...] = ()
 ) -> Iterator[subprocess.Popen[bytes]]:
     """A `vllm preload` process running with `env` (added to a bare environment) until the
-    block ends."""
+    block ends; `options`: the daemon's own, after the engine's arguments."""
     bindir = tmp / "standin-bin"
     bindir.mkdir(exist_ok=True)
     script = bindir / "vllm"
     # Says it runs (its /proc entry is then whole), and lives until its stdin closes.
     script.write_text("import sys\nprint('up', flush=True)\nsys.stdin.read()\n")
-    argv = [sys.executable, str(script), "preload", "--model", "Qwen/Qwen3-8B", "-tp", "2"]
+    argv = [
+        sys.executable,
+        str(script),
+        "preload",
+        "--model",
+        "Qwen/Qwen3-8B",
+        "-tp",
+        "2",
+        *options,
+    ]
     proc = subprocess.Popen(
         argv,
         stdin=subprocess.PIPE,
