@@ -108,7 +108,7 @@ def bench_command(
     env = environment.detect(state_dir(ctx.store), exact=False)
     tune = TuneOptions(engine.find_executable(python), timeout, 3600.0, signals.stop_grace())
     options = bench_run.BenchOptions(tune, rounds, budget_ms, alternatives)
-    status = _TuneStatus(ctx.quiet)
+    status = _TuneStatus(ctx.quiet, verb="bench")
     progress = TuneProgress(status.waiting, status.call, status.note)
     run = bench_run.run_bench(ctx.store, cache, plan, mode, ops, env, options, progress)  # type: ignore[arg-type]
     status.note("timed")

@@ -26,8 +26,10 @@ class _TuneStatus:
 
     QUIET_S = 10.0  # a MoE call tunes every bucket in one call: minutes without a finished call
 
-    def __init__(self, quiet: bool, clock: Callable[[], float] = time.monotonic) -> None:
-        self.quiet = quiet
+    def __init__(
+        self, quiet: bool, clock: Callable[[], float] = time.monotonic, verb: str = "tune"
+    ) -> None:
+        self.quiet, self.verb = quiet, verb  # verb: "tune" (warm), "bench" (fi-cache bench)
         self.tty = sys.stderr.isatty()
         self.current: dict[str, Any] = {}
         self.live = False
@@ -83,7 +85,7 @@ class _TuneStatus:
             bar = "#" * done + "-" * (20 - done) + " "
         where = f", op {event['op_i']}/{event['ops']}" if event.get("ops") else ""
         return (
-            f"[tune {bar}{i}/{n}{where}] {event.get('op')} "
+            f"[{self.verb} {bar}{i}/{n}{where}] {event.get('op')} "
             f"[{event.get('backend')}] {event.get('tokens')} tokens {took}"
         )
 

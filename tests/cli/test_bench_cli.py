@@ -81,6 +81,7 @@ def test_entries_slower_than_the_default_are_named_and_nothing_is_written(
     assert len(lines) == len(slower)
     assert "10 entries: " in p.stdout and f"{len(slower)} slower" in p.stdout
     assert "add --apply" in p.stdout
+    assert "[bench 4/4, op 2/2] cutlass_fused_moe" in p.stderr  # progress, as a warm shows it
     assert rig["untouched"]  # bench alone writes nothing
 
 

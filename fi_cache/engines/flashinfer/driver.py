@@ -234,7 +234,7 @@ def _bench(job: Job, adapters: dict[str, Any], device: Any, torch: Any, emit: Em
     started = time.perf_counter()
     n = sum(op.n_calls for op in job.ops)
     i = 0
-    for op in job.ops:
+    for k, op in enumerate(job.ops, 1):
         calls = adapters[op.op].calls(op, device, job.mode)
         while True:
             try:
@@ -246,7 +246,7 @@ def _bench(job: Job, adapters: dict[str, Any], device: Any, torch: Any, emit: Em
                 break
             i += 1
             emit({"event": "call", "i": i, "n": n, "op": op.label, "backend": call.backend,
-                  "tokens": call.tokens})  # fmt: skip
+                  "tokens": call.tokens, "op_i": k, "ops": len(job.ops)})  # fmt: skip
             t0 = time.perf_counter()
             try:
                 call.run()
