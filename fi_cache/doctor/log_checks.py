@@ -140,16 +140,16 @@ def log_summary(inp: Inputs) -> Iterator[Finding]:
             yield Finding("log-summary", "info", log.path, "; ".join(parts), "-")
         elif not log.from_tools:
             what = (
-                "is empty"
+                "it is empty"
                 if log.lines == 0
-                else f"has {log.lines} lines, none from vLLM or FlashInfer"
+                else f"{log.lines} lines, none from vLLM or FlashInfer"
             )
             yield Finding(
                 "log-summary",
                 "warning",
                 log.path,
-                f"{what}: nothing here to explain (the wrong file, or a log cut before vLLM "
-                "started?)",
+                f"no vLLM, SGLang or FlashInfer output in {log.path} ({what}): nothing here to "
+                "explain (the wrong file, or a log cut before vLLM started?)",
                 "pass the output of the vLLM start that failed, e.g. `kubectl logs POD > "
                 "vllm.log` or `vllm serve ... 2>&1 | tee vllm.log`",
             )

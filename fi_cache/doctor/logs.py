@@ -89,10 +89,13 @@ _NEEDLES = ("utotune", "profile id", "cuDNN", "No tuned config", "Error: ", "Exc
 _BYTE_NEEDLES = tuple(needle.encode() for needle in _NEEDLES)
 _BREAKS = re.compile(r"[\r\n]")
 
-# A line vLLM or FlashInfer printed: their names, the autotuner's tag, vLLM's level + date prefix.
+# A line vLLM, SGLang or FlashInfer printed, not one that names them (a README does): vLLM's
+# level + date prefix, SGLang's "[date time", the autotuner's tag, FlashInfer's JIT logger
+# (jit/core.py 0.7.4:69-72), a traceback frame in one of their packages.
 _TOOL_LINE = re.compile(
-    rb"vllm|vLLM|VLLM|flashinfer|FlashInfer|\[Auto[Tt]uner\]|"
-    rb"(?:DEBUG|INFO|WARNING|ERROR|CRITICAL) \d\d-\d\d \d\d:\d\d:\d\d"
+    rb"(?:DEBUG|INFO|WARNING|ERROR|CRITICAL) \d\d-\d\d \d\d:\d\d:\d\d|"
+    rb"\[\d{4}-\d\d-\d\d \d\d:\d\d:\d\d|\[Auto[Tt]uner\]| - flashinfer\.\w+: |"
+    rb"[/\\](?:vllm|sglang|flashinfer)[/\\][^\"\n]*\.py\", line \d+"
 )
 
 # FlashInfer writes "[Autotuner]" in these messages and "[AutoTuner]" elsewhere; accept both.
