@@ -20,12 +20,14 @@ from pathlib import Path
 from fi_cache.versions import (
     MOONCAKE_CONFIG_ENV,
     PRELOAD_STORES_FLAG,
+    PRELOAD_SUBCOMMAND,
     VLLM_CACHE_DIR_ENV,
     VLLM_CACHE_SUBDIR,
+    VLLM_CLI_MODULE,
 )
 
-# `vllm` is vLLM's console script (entrypoints/cli/main.py); `python -m` reaches the same main.
-_CLI_MODULES = frozenset({"vllm", "vllm.entrypoints.cli.main"})
+# `vllm` is vLLM's console script; `python -m` of its module reaches the same main.
+_CLI_MODULES = frozenset({"vllm", VLLM_CLI_MODULE})
 
 
 @dataclass(frozen=True)
@@ -59,8 +61,10 @@ def is_preload(cmdline: Sequence[str]) -> bool:
     if words and os.path.basename(words[0]).startswith("python"):
         words = words[1:]  # the interpreter running the script or module
         if words[:1] == ["-m"] and words[1:2] and words[1] in _CLI_MODULES:
-            return words[2:3] == ["preload"]
-    return bool(words) and os.path.basename(words[0]) == "vllm" and words[1:2] == ["preload"]
+            return words[2:3] == [PRELOAD_SUBCOMMAND]
+    return (
+        bool(words) and os.path.basename(words[0]) == "vllm" and words[1:2] == [PRELOAD_SUBCOMMAND]
+    )
 
 
 def root(environ: Mapping[str, str], cwd: str = "/") -> str:

@@ -40,15 +40,21 @@ MOONCAKE_CONFIG_DEFAULTS: dict[str, object] = {
 # `vllm preload` flags (entrypoints/cli/preload.py 0.34:206,213; comma-separated names :330-334).
 PRELOAD_STORES_FLAG = "--warmup-cache-stores"
 PRELOAD_SEED_TOKEN_FLAG = "--seed-token"
+# A running daemon's command line: `vllm preload` (PreloadSubcommand.name, preload.py 0.34:139),
+# `vllm` being the console script for vllm.entrypoints.cli.main:main (entry_points.txt 0.34).
+PRELOAD_SUBCOMMAND = "preload"
+VLLM_CLI_MODULE = "vllm.entrypoints.cli.main"
 
 __all__ = [
     "MOONCAKE_CONFIG_DEFAULTS",
     "MOONCAKE_CONFIG_ENV",
     "PRELOAD_SEED_TOKEN_FLAG",
     "PRELOAD_STORES_FLAG",
+    "PRELOAD_SUBCOMMAND",
     "TIER_CONFIG_HASH",
     "TIER_FIRST_WRITER_WINS",
     "TIER_FLASHINFER_KIND",
     "TIER_KEY_PREFIX",
+    "VLLM_CLI_MODULE",
     "VLLM_TIER_FROM",
 ]

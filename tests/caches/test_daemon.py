@@ -36,3 +36,24 @@ def test_only_a_preload_command_line_is_a_daemon() -> None:
     assert not daemon.is_preload(["vllm", "serve", "preload"])  # a model named preload
     assert not daemon.is_preload(["python", "-m", "vllm.entrypoints.cli.main", "serve"])
     assert not daemon.is_preload(["grep", "vllm", "preload"])
+
+
+def test_the_cited_wheel_lines_name_the_daemons_command_and_root() -> None:
+    """versions/tier.py's PRELOAD_SUBCOMMAND and VLLM_CLI_MODULE, and the root rule, as the 0.34
+    wheel has them."""
+    import zipfile
+
+    from fi_cache.versions import PRELOAD_SUBCOMMAND, VLLM_CLI_MODULE
+    from tests.vllm_wheels import module_text, need, vllm_wheel
+
+    need("0.34.0")
+    preload = module_text("0.34.0", "vllm/entrypoints/cli/preload.py").splitlines()
+    assert preload[138].strip() == f'name = "{PRELOAD_SUBCOMMAND}"'  # :139
+    assert 'ctx = multiprocessing.get_context("spawn")' in preload[316]  # :317, its ranks
+    with zipfile.ZipFile(vllm_wheel("0.34.0")) as z:
+        entry = z.read("vllm-0.34.0.dist-info/entry_points.txt").decode()
+    assert f"vllm = {VLLM_CLI_MODULE}:main" in entry
+    root = module_text("0.34.0", "vllm/model_executor/warmup/flashinfer_autotune_cache.py")
+    lines = "\n".join(root.splitlines()[39:53])  # :40-53
+    assert "override_dir = envs.VLLM_FLASHINFER_AUTOTUNE_CACHE_DIR" in lines
+    assert 'Path(envs.VLLM_CACHE_ROOT)\n        / "flashinfer_autotune_cache"' in lines
