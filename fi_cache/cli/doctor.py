@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-import os
+import functools
 import sys
 from pathlib import Path
 from typing import Any
@@ -86,137 +86,102 @@ def doctor_command(
     you run it (`-- vllm serve MODEL ...`, `-- python -m vllm.entrypoints.openai.api_server
     --model MODEL ...`).
     """
-    from fi_cache import doctor, environment
+    from fi_cache import doctor
+    from fi_cache.doctor import check_ids
     from fi_cache.doctor import fix as fixes
-    from fi_cache.doctor.gather import Overrides, gather, make_target
-    from fi_cache.store.paths import state_dir
+    from fi_cache.doctor.diagnose import Request, diagnose, target_of
+    from fi_cache.tier.keys import split_args
+    from fi_cache.tier.preload import findings as preload_findings
+    from fi_cache.tier.preload import split_preload
 
     ctx = click.get_current_context()
     obj = ctx.obj
-    known = sorted({c.id for c in doctor.checks()})
     if list_checks:
-        return _list_checks(doctor.checks(), obj.json)
-    if unknown := [c for c in only if c not in known]:
-        raise Refused(f"unknown check id {unknown[0]!r}; known: {', '.join(known)}")
+        return _list_checks(check_ids.declared(doctor.checks()), obj.json)
+    if unknown := check_ids.unknown(only, doctor.checks()):
+        known = ", ".join(sorted(c.id for c in check_ids.declared(doctor.checks())))
+        raise Refused(f"unknown check id {unknown[0]!r}; known: {known}")
     if dry_run and not fix:
         raise Refused("--dry-run goes with --fix (it prints what --fix would do)")
-    from fi_cache.engines import serving
-    from fi_cache.engines.vllm.launch import vllm_python
-
-    vllm_args = ctx.meta.get("vllm_args")
-    from fi_cache.tier.preload import split_preload
-
-    preload = split_preload(vllm_args) if vllm_args and sglang_version is None else None
+    engine_argv = ctx.meta.get("vllm_args")
+    preload = split_preload(engine_argv) if engine_argv and sglang_version is None else None
     if preload is not None:  # `vllm preload ARGS`: the daemons of the engine those ARGS start
-        vllm_args = preload.serve_argv()
-    vllm_path = None
-    if vllm_args is not None:  # a pasted `vllm serve ...` line: judge that vLLM
-        vllm_path, pasted = serving("vllm").command_line(None, vllm_args)
-        vllm_args = list(pasted)
-    env = environment.detect(state_dir(obj.store), python=vllm_python(vllm_path))
-    environ = dict(os.environ)
-    sglang_argv = tuple(vllm_args or ()) if sglang_version is not None else None
-    overrides = Overrides(
-        flashinfer_version, vllm_version, finalize, gpu, sglang_version, sglang_argv
-    )
-    target = make_target(env, overrides, environ)
-    from fi_cache.tier.keys import split_args
-
+        engine_argv = preload.serve_argv()
+    request = Request(
+        obj.store, tuple(paths), tuple(logs),
+        tuple(engine_argv) if engine_argv is not None else None,
+        flashinfer_version, vllm_version, sglang_version, finalize, gpu, only, fix,
+        wrapper=functools.partial(preload_findings, preload) if preload else None,
+    )  # fmt: skip
     if tier_args := split_args(paths)[0]:  # mooncake://KEY: vLLM 0.34's fleet tier
         from fi_cache.cli import tier
 
-        return tier.doctor(tier_args, target, only, strict, fix, dry_run)
-    if sglang_version is not None:
-        location, why = None, ""  # SGLang is never asked: no CPU build to ask
-    else:
-        location, why = _vllm_location(env, target, vllm_args, environ, state_dir(obj.store))
-    inputs = gather(obj.store, paths, logs, vllm_args, target, environ, location, why)
-    findings = doctor.run(inputs, only or None)
-    if preload is not None and not only:
-        from fi_cache.tier.preload import findings as preload_findings
-
-        findings += preload_findings(preload, location.hash if location else None)
-    actions = fixes.plan(findings, inputs) if fix else []
-    actions, held = fixes.hold_pinned(actions, obj.store)
-    for action, ns in held:  # a pinned namespace is known good: --fix leaves it as it is
+        return tier.doctor(tier_args, target_of(request), only, strict, fix, dry_run)
+    d = diagnose(request)
+    for action, ns in d.held:  # a pinned namespace is known good: --fix leaves it as it is
         render.warn(f"left {action.path} as it is: its namespace is pinned; "
                     f"`fi-cache unpin {ns}` to let --fix {action.kind} it")  # fmt: skip
+    actions = list(d.actions)
     done = fixes.apply(actions, obj.store) if fix and not dry_run else []
-    errors = sum(f.severity == "error" for f in findings)
-    warnings = sum(f.severity == "warning" for f in findings)
     if obj.json:
-        render.emit_json(
-            {
-                "findings": [f.to_json() for f in findings],
-                "errors": errors,
-                "warnings": warnings,
-                "target": {
-                    **target.fingerprint.metadata(),
-                    "arch": target.fingerprint.arch,
-                    "vllm_version": target.vllm_version,
-                    "finalize": target.finalize,
-                    "sglang_version": target.sglang_version,
-                },
-                "actions": [
-                    {
-                        "action": a.kind,
-                        "path": str(a.path),
-                        "to": str(to) if to else None,
-                        "why": a.why,
-                        "applied": not dry_run,
-                    }
-                    for a, to in (done or [(a, None) for a in actions])
-                ],
-            }
-        )
+        _emit_json(d, actions, done, dry_run)
     else:
-        _render(findings, errors, warnings, obj.quiet)
+        _render(list(d.findings), d.errors, d.warnings, obj.quiet)
         _render_actions(actions, done, dry_run)
-    for path in inputs.empty:
+    for path in d.inputs.empty:
         render.error(f"{path}: no FlashInfer autotune caches found here")
-    for path in inputs.logs_as_paths:
+    for path in d.inputs.logs_as_paths:
         render.error(
             f"{path}: a text file, not an autotune cache; to explain a log: "
             f"fi-cache doctor --log {render.display_path(path)}"
         )
-    if inputs.empty or inputs.logs_as_paths:
+    if d.refused:
         return EXIT_REFUSED
-    return EXIT_PROBLEM if errors or (strict and warnings) else 0
+    return EXIT_PROBLEM if d.errors or (strict and d.warnings) else 0
 
 
-def _vllm_location(
-    env: Any, target: Any, argv: list[str] | None, environ: dict[str, str], state: Path
-) -> tuple[Any, str]:
-    """(vLLM's own answer for `-- ARGS` or None, which of the two answers doctor gives and why).
-    A vLLM that rejects the arguments is refused here (exit 2), in vLLM's words."""
-    from fi_cache.engines.vllm.predict import predict
-    from fi_cache.errors import FiCacheError
+def _emit_json(d: Any, actions: list[Any], done: list[Any], dry_run: bool) -> None:
+    target = d.target
+    render.emit_json(
+        {
+            "findings": [f.to_json() for f in d.findings],
+            "errors": d.errors,
+            "warnings": d.warnings,
+            "target": {
+                **target.fingerprint.metadata(),
+                "arch": target.fingerprint.arch,
+                "vllm_version": target.vllm_version,
+                "finalize": target.finalize,
+                "sglang_version": target.sglang_version,
+            },
+            "actions": [
+                {
+                    "action": a.kind,
+                    "path": str(a.path),
+                    "to": str(to) if to else None,
+                    "why": a.why,
+                    "applied": not dry_run,
+                }
+                for a, to in (done or [(a, None) for a in actions])
+            ],
+        }
+    )
 
-    if argv is None:
-        return None, ""
-    if env.vllm.version is None:
-        return None, "fi-cache's layout model (no vLLM found to ask)"
-    if target.vllm_version != env.vllm.version:
-        return None, f"fi-cache's layout model (the target is vLLM {target.vllm_version})"
-    try:
-        where = predict(env.python, env.vllm.version, argv, environ, state, site=env.vllm.site)
-        return where, "vLLM's own code"
-    except Refused:
-        raise
-    except FiCacheError as exc:
-        return None, f"fi-cache's layout model (asking vLLM failed: {exc})"
 
-
-def _list_checks(checks: Any, as_json: bool) -> int:
-    seen: dict[str, list[str]] = {}
-    for c in checks:
-        seen.setdefault(c.id, []).extend([c.summary] if c.summary else [])
+def _list_checks(ids: Any, as_json: bool) -> int:
     if as_json:
-        render.emit_json({"checks": [{"id": k, "summary": "; ".join(v)} for k, v in seen.items()]})
+        render.emit_json(
+            {
+                "checks": [
+                    {"id": c.id, "summary": c.summary, "severities": list(c.severities)}
+                    for c in ids
+                ]
+            }
+        )
     else:
-        width = max(len(k) for k in seen)
-        for k, v in seen.items():
-            click.echo(f"{k:<{width}}  {'; '.join(v)}")
+        width = max(len(c.id) for c in ids)
+        for c in ids:
+            click.echo(f"{c.id:<{width}}  {c.summary}")
     return 0
 
 

@@ -1,7 +1,9 @@
 """doctor: every check is a small pure function over `Inputs`, registered in CHECKS.
 
-The shell (cli/doctor.py) gathers the inputs (caches, logs, argv, environment) and renders the
-findings; nothing here reads files or prints.
+diagnose.py is the doctor as a library (`diagnose(Request) -> Diagnosis`): gather.py and
+sources/ read the inputs (caches, logs, argv, environment), the checks judge them, and
+check_ids.py declares every id a finding can carry. `fi-cache doctor` and serve's pre-flight
+both ask diagnose; the checks never read files, and nothing here prints.
 """
 
 from __future__ import annotations

@@ -14,7 +14,7 @@ class Finding:
     severity: Severity
     path: str | None
     message: str
-    fix: str
+    fix: str  # "-" or "": nothing to do (JSON null)
     details: dict[str, Any] | None = None  # machine-readable facts behind the message
 
     def to_json(self) -> dict[str, Any]:
@@ -23,7 +23,7 @@ class Finding:
             "severity": self.severity,
             "path": self.path,
             "message": self.message,
-            "fix": self.fix,
+            "fix": None if self.fix in ("", "-") else self.fix,
         }
         if self.details is not None:
             out["details"] = self.details

@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING
 if TYPE_CHECKING:  # types only: serve's pre-flight imports this, and pays for what it loads
     from fi_cache.caches.discover import ScanProblem
     from fi_cache.caches.inventory import Cache
-    from fi_cache.doctor.findings import Finding
+    from fi_cache.doctor.findings import Finding, Severity
     from fi_cache.doctor.logs import LogFacts
     from fi_cache.engines.sglang.args import SglangArgs
     from fi_cache.engines.sglang.live import Engine as LiveSglang
@@ -80,3 +80,12 @@ class Check:
     id: str
     summary: str
     run: Callable[[Inputs], Iterable[Finding]]
+
+
+@dataclass(frozen=True)
+class CheckId:
+    """An id a finding can carry (doctor/check_ids.py declares every one)."""
+
+    id: str
+    severities: tuple[Severity, ...]
+    summary: str

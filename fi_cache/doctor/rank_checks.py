@@ -8,7 +8,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 from fi_cache.doctor.findings import Finding
-from fi_cache.doctor.inputs import Check, Inputs
+from fi_cache.doctor.inputs import Check, CheckId, Inputs
 from fi_cache.engines.sglang.layout import rank_layout
 from fi_cache.engines.vllm import layout as vllm_layout
 from fi_cache.ranks.agreement import (
@@ -258,5 +258,20 @@ CHECKS: tuple[Check, ...] = (
         "ranks-divergent-tactics",
         "Ranks of one deployment with different tactics for one rank-free key",
         ranks_divergent_tactics,
+    ),
+)
+
+# Ids these checks emit beside their own (doctor/check_ids.py lists them with the checks').
+EMITS: tuple[CheckId, ...] = (
+    CheckId(
+        "vllm-ranks-partial-hit",
+        ("warning",),
+        "vLLM 0.32+ rank files that pass its gate (equal _metadata and entry counts) but hold "
+        "different keys: some ranks miss where others hit",
+    ),
+    CheckId(
+        "ranks-not-given",
+        ("info",),
+        "rank files of a deployment that other nodes write and that were not given (info)",
     ),
 )

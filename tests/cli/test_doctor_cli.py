@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import threading
@@ -505,7 +506,9 @@ def test_fix_texts_promise_only_what_fix_does(run, tmp_path: Path) -> None:  # t
     doc = r.json()
     moved = {a["path"] for a in doc["actions"] if a["action"] == "quarantine"}
     assert moved == {str(vllm_named)}
-    promised = {f["path"] for f in doc["findings"] if "doctor --fix quarantines" in f["fix"]}
+    promised = {
+        f["path"] for f in doc["findings"] if "doctor --fix quarantines" in (f["fix"] or "")
+    }
     assert promised == moved
     by_path = {f["path"]: f for f in doc["findings"]}
     assert "by hand" in by_path[str(stray)]["fix"]
@@ -613,3 +616,32 @@ def test_real_vllm_0_26_on_the_h200_its_crash_and_its_files(run) -> None:  # typ
     unfused = run("--format", "json", "doctor", here / "vllm-0.26-unfused-autotune_configs.json",
                   *target)  # fmt: skip
     assert unfused.code == 0  # every id fits: a warning at most (nothing records the mode)
+
+
+def test_gpu_named_as_ls_prints_it_is_the_caches_gpu(run, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+    """`ls` prints "H200" in its GPU column; `doctor --gpu H200` means that GPU, not a foreign
+    one (it was read as the name "H200", which no cache records)."""
+    from fi_cache.cli.render import short_gpu
+
+    cache = tmp_path / "autotune_configs.json"
+    shutil.copy(GEMM_618, cache)
+    shown = short_gpu("NVIDIA H200")
+    r = run("--format", "json", "doctor", cache, "--flashinfer-version", "0.6.18", "--gpu", shown)
+    assert (r.code, _findings(r)) == (0, [])
+    assert r.json()["target"]["gpu"] == "NVIDIA H200"
+    other = run("--format", "json", "doctor", cache, "--flashinfer-version", "0.6.18", "--gpu",
+                "B200")  # fmt: skip
+    assert other.code == 1 and other.json()["target"]["gpu"] == "NVIDIA B200"
+
+
+def test_a_gpu_short_name_of_several_caches_gpus_is_refused(run, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+    for name in ("NVIDIA H100 80GB HBM3", "NVIDIA H100 PCIe"):
+        data = json.loads(GEMM_618.read_text())
+        data["_metadata"]["gpu"] = name
+        where = tmp_path / name.replace(" ", "-")
+        where.mkdir()
+        (where / "autotune_configs.json").write_text(json.dumps(data))
+    r = run("doctor", tmp_path, "--flashinfer-version", "0.6.18", "--gpu", "H100")
+    assert r.code == 2 and len(r.err.strip().splitlines()) == 1
+    assert "NVIDIA H100 80GB HBM3, NVIDIA H100 PCIe" in r.err
+
