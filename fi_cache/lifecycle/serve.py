@@ -4,6 +4,7 @@ directly, its exit code is serve's)."""
 
 from __future__ import annotations
 
+import functools
 import os
 import time
 from dataclasses import dataclass
@@ -23,7 +24,8 @@ if TYPE_CHECKING:  # a warm namespace is served without loading the warm (server
     from fi_cache.doctor.inputs import Target
     from fi_cache.lifecycle.warm import WarmResult
 
-    TierCheck = Callable[[str, Path, Target], tuple[list[Finding], str | None]]
+    # (the config hash, asked for only when needed; the engine's dir; the target)
+    TierCheck = Callable[[Callable[[], str | None], Path, Target], tuple[list[Finding], str | None]]
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -139,13 +141,13 @@ def _check_tier(
     report: Report,
 ) -> None:
     """The tier's tables for the config hash fi-cache knows this start uses (its saved
-    prediction; unknown: nothing checked): errors (a crash) stop the start unless --force."""
+    prediction, looked up only when a daemon uses a tier; unknown: nothing checked): errors (a
+    crash) stop the start unless --force."""
     from fi_cache.doctor.inputs import Target
 
-    if (config_hash := _config_hash(engine, run, ns_dir, store)) is None:
-        return
     v = engine.checked_against(run)
     target = Target(run.ns.fingerprint, v.vllm, v.supports_finalize, run.ns.finalize, v.sglang)
+    config_hash = functools.partial(_config_hash, engine, run, ns_dir, store)
     findings, note = tier_check(config_hash, engine.cache_dir(ns_dir), target)
     if note:
         report.warn(note)

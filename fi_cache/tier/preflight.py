@@ -14,7 +14,7 @@ other finding is a warning (the fleet's daemons tune for themselves instead).
 from __future__ import annotations
 
 import os
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import replace
 from pathlib import Path
 
@@ -43,14 +43,18 @@ def tier_environ(cache_dir: Path, environ: Mapping[str, str]) -> dict[str, str] 
 
 
 def check(
-    config_hash: str, cache_dir: Path, target: Target, environ: Mapping[str, str] | None = None
+    config_hash: Callable[[], str | None],
+    cache_dir: Path,
+    target: Target,
+    environ: Mapping[str, str] | None = None,
 ) -> tuple[list[Finding], str | None]:
-    """The findings on the tier's tables of `config_hash`, and a note when the tier could not be
-    read (a start never waits on it: one line, and the engine starts as it would)."""
+    """The findings on the tier's tables of the config hash (asked for once a daemon on
+    `cache_dir` uses a tier: the prediction's lookup costs more than /proc's), and a note when
+    the tier could not be read (a start never waits on it: one line, and it starts as it would)."""
     env = tier_environ(cache_dir, os.environ if environ is None else environ)
-    if env is None:
+    if env is None or (known := config_hash()) is None:
         return [], None
-    url = f"{SCHEME}{HASH_DIR_PREFIX}{config_hash}/"
+    url = f"{SCHEME}{HASH_DIR_PREFIX}{known}/"
     try:
         limit = max_value_bytes(env)
         with TierClient.connect(env, limit) as client:

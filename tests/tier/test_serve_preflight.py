@@ -51,7 +51,7 @@ def test_a_foreign_table_under_the_deployments_key_is_a_warning(tier: Tier, tmp_
     env = {"VLLM_FLASHINFER_AUTOTUNE_CACHE_DIR": str(tmp_path), **tier.env}
     target = Target(H200_618, "0.34.0", True, "fused")
     with preload_daemon(tmp_path, env, options=STORES):
-        findings, note = preflight.check(h, tmp_path / "ns", target, _without_config(tier))
+        findings, note = preflight.check(lambda: h, tmp_path / "ns", target, _without_config(tier))
     assert note is None
     assert {f.severity for f in findings} == {"warning"}  # in the tier: errors (judge.py)
     [f] = [f for f in findings if f.check == "foreign-environment"]
@@ -66,7 +66,7 @@ def test_the_other_finalize_modes_gemm2_table_is_an_error(tier: Tier, tmp_path: 
     env = {"VLLM_FLASHINFER_AUTOTUNE_CACHE_DIR": str(tmp_path), **tier.env}
     target = Target(H200_617, "0.34.0", True, "unfused")
     with preload_daemon(tmp_path, env, options=STORES):
-        findings, _ = preflight.check(h, tmp_path, target, _without_config(tier))
+        findings, _ = preflight.check(lambda: h, tmp_path, target, _without_config(tier))
     errors = [f for f in findings if f.severity == "error"]
     assert [f.check for f in errors] == ["stale-gemm2-profile"]
     assert "`Invalid gemm2 profile id` crashes start-up" in errors[0].message
@@ -76,12 +76,19 @@ def test_no_tier_is_asked_without_a_daemon_sharing_through_mooncake(tmp_path: Pa
     target = Target(H200_618, "0.34.0", True, "fused")
     broken = {"MOONCAKE_CONFIG_PATH": str(tmp_path / "missing.json")}  # read: a note
     env = {"VLLM_FLASHINFER_AUTOTUNE_CACHE_DIR": str(tmp_path), **broken}
-    assert preflight.check("a3" * 32, tmp_path, target, broken) == ([], None)  # no daemon
+    asked: list[str] = []
+
+    def config_hash() -> str:  # the prediction's lookup: only when a daemon uses a tier
+        asked.append("a3" * 32)
+        return asked[-1]
+
+    assert preflight.check(config_hash, tmp_path, target, broken) == ([], None)  # no daemon
     with preload_daemon(tmp_path, env):  # a daemon with its disk store only
-        assert preflight.check("a3" * 32, tmp_path, target, broken) == ([], None)
+        assert preflight.check(config_hash, tmp_path, target, broken) == ([], None)
+    assert asked == []
     with preload_daemon(tmp_path, env, options=STORES):  # the tier is used: it is asked
-        findings, note = preflight.check("a3" * 32, tmp_path, target, broken)
-    assert findings == [] and note is not None
+        findings, note = preflight.check(config_hash, tmp_path, target, broken)
+    assert findings == [] and note is not None and len(asked) == 1
     hash_dir = f"mooncake://vllm-warmup-cache/flashinfer_autotune/{'a3' * 32}/"
     assert note.startswith(f"tier not checked ({hash_dir}): ")
     assert note.endswith(
