@@ -51,16 +51,24 @@ _ORDER = {"error": 0, "warning": 1, "info": 2}
 
 
 def run(inputs: Inputs, only: Iterable[str] | None = None) -> list[Finding]:
-    """Every finding of the selected checks (all by default), errors first."""
+    """Every finding of the selected ids (all by default), errors first: a check's id selects
+    all that check finds, any other id (check_ids.py) the findings that carry it."""
     wanted = set(only) if only else None
     other = _engine_checks()["vllm" if inputs.target.sglang_version else "sglang"]
     # A vLLM check says nothing about an SGLang target, and back.
-    selected = [c for c in checks() if c.id not in other and (wanted is None or c.id in wanted)]
-    return run_checks(inputs, selected)
+    selected = [c for c in checks() if c.id not in other]
+    if wanted is None:
+        return run_checks(inputs, selected)
+    return _errors_first(
+        f for c in selected for f in c.run(inputs) if c.id in wanted or f.check in wanted
+    )
 
 
 def run_checks(inputs: Inputs, selected: Iterable[Check]) -> list[Finding]:
     """The findings of these checks, errors first (serve's pre-flight names its few checks and
     imports only their modules)."""
-    out = [f for check in selected for f in check.run(inputs)]
-    return sorted(out, key=lambda f: (_ORDER[f.severity], f.check, f.path or ""))
+    return _errors_first(f for check in selected for f in check.run(inputs))
+
+
+def _errors_first(findings: Iterable[Finding]) -> list[Finding]:
+    return sorted(findings, key=lambda f: (_ORDER[f.severity], f.check, f.path or ""))

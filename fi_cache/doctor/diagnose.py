@@ -128,7 +128,7 @@ def _diagnose(request: Request) -> Diagnosis:
         if (gpu := resolve_gpu(request.gpu, known)) != target.fingerprint.gpu:
             target = Target(target.fingerprint.replace(gpu=gpu), *_rest(target))
     inputs = gather.settle(_with(inputs, why), scanned, request.paths, target)
-    findings = _findings(doctor.checks(), inputs, request.only)
+    findings = doctor.run(inputs, request.only)
     wanted = not request.only or "vllm-preload" in request.only
     if request.wrapper is not None and wanted:
         findings += request.wrapper(location.hash if location else None)
@@ -173,18 +173,3 @@ def _with(inputs: Inputs, location_from: str) -> Inputs:
     from dataclasses import replace
 
     return replace(inputs, location_from=location_from)
-
-
-def _findings(checks: tuple[Check, ...], inputs: Inputs, only: tuple[str, ...]) -> list[Finding]:
-    """Every finding of the checks wanted (all by default, errors first): a check's id selects
-    all it finds, any other id the findings that carry it, whichever check emits them."""
-    from fi_cache import doctor
-
-    if not only:
-        return doctor.run(inputs)
-    by_check = doctor.run(inputs, only)
-    rest = [f for f in doctor.run(inputs) if f.check in only and f not in by_check]
-    return sorted([*by_check, *rest], key=lambda f: (_ORDER[f.severity], f.check, f.path or ""))
-
-
-_ORDER = {"error": 0, "warning": 1, "info": 2}  # as doctor.run sorts
