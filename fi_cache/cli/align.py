@@ -8,16 +8,12 @@ from typing import TYPE_CHECKING, Any
 
 import click
 
-from fi_cache.cli import render
+from fi_cache.cli import options, render
 
 if TYPE_CHECKING:
     from fi_cache.maintenance.align import GroupPlan
 
 _SHOWN = 20  # choices printed per group; --format json has them all
-
-
-def _ctx() -> Any:
-    return click.get_current_context().obj
 
 
 def _engine(gp: GroupPlan) -> str:
@@ -93,7 +89,7 @@ def _lines(gp: GroupPlan, dry_run: bool) -> list[str]:
     "paths", metavar="PATH...", nargs=-1, required=True,
     type=click.Path(path_type=Path, readable=False),
 )  # fmt: skip
-@click.option("--dry-run", is_flag=True, help="Show what would be written; write nothing.")
+@options.dry_run()
 def align_command(paths: tuple[Path, ...], dry_run: bool) -> int:
     """Give every rank of a deployment the same file: the union of its ranks' entries.
 
@@ -104,7 +100,7 @@ def align_command(paths: tuple[Path, ...], dry_run: bool) -> int:
     cannot be read or that `fi-cache verify` rejects are refused (exit 1) and left as they are.
     Every file is staged before any is replaced: a full disk replaces none.
     """
-    ctx = _ctx()
+    ctx = options.context()
     from fi_cache.maintenance.align import apply, plan
 
     if not dry_run:

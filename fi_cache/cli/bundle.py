@@ -7,12 +7,18 @@ from typing import Any
 
 import click
 
-from fi_cache.cli import render
+from fi_cache.cli import options, render
 from fi_cache.errors import Refused
 
-
-def _ctx() -> Any:
-    return click.get_current_context().obj
+# --force on import and pull: past the one refusal they name (another environment's bundle);
+# --allow-foreign says which.
+FORCE_FOREIGN = click.option(
+    "--force",
+    "--allow-foreign",
+    "force",
+    is_flag=True,
+    help="Import a bundle made for another environment (--allow-foreign: the same).",
+)
 
 
 def store_namespaces(store: Path) -> list[Path]:
@@ -91,6 +97,7 @@ def echo_node(node: Any) -> None:
     ),
 )
 @click.argument("namespace", required=False)
+@options.namespace_option()
 @click.option(
     "-o",
     "--output",
@@ -98,14 +105,17 @@ def echo_node(node: Any) -> None:
     required=True,
     help="The bundle to write (tar.gz).",
 )
-def export_command(namespace: str | None, output: Path) -> int:
-    """Bundle NAMESPACE (a dir, or fused/unfused/here for this machine's; default: all)."""
+def export_command(namespace: str | None, namespace_opt: str | None, output: Path) -> int:
+    """Bundle NAMESPACE (a dir, or fused/unfused/here for this machine's; default: all).
+
+    NAMESPACE may be given as --namespace too, as for push, pin and unpin."""
     from fi_cache.fleet import bundle
     from fi_cache.store import files
 
-    ctx = _ctx()
+    ctx = options.context()
+    which = options.one_namespace(namespace, namespace_opt)
     files.refuse_destination(output, "bundle file", parent_must_exist=True)  # as the user named it
-    dirs = resolve_namespaces(ctx.store, namespace)
+    dirs = resolve_namespaces(ctx.store, which)
     bm = bundle.export(ctx.store, dirs, files.through_links(output))
     if ctx.json:
         render.emit_json({"bundle": str(output), **_summary(bm)})
@@ -122,25 +132,50 @@ def export_command(namespace: str | None, output: Path) -> int:
     ),
 )
 @click.argument("bundle_path", metavar="BUNDLE", type=click.Path(path_type=Path, readable=False))
-@click.option("--force", is_flag=True, help="Import a bundle made for another environment.")
-def import_command(bundle_path: Path, force: bool) -> int:
-    """Verify BUNDLE completely, then install its namespaces into the store."""
+@FORCE_FOREIGN
+@options.dry_run()
+def import_command(bundle_path: Path, force: bool, dry_run: bool) -> int:
+    """Verify BUNDLE completely, then install its namespaces into the store.
+
+    --dry-run checks the bundle as the import would (in a temp dir outside the store) and says
+    which namespaces it would install or replace; the store is not touched, no lock taken."""
     from fi_cache import environment
     from fi_cache.fleet import bundle
     from fi_cache.store.paths import state_dir
 
-    ctx = _ctx()
+    ctx = options.context()
     with bundle.open_bundle(bundle_path) as opened:  # bad input is refused before any probing
         here = environment.detect(state_dir(ctx.store)).fingerprint
+        if dry_run:
+            planned = bundle.plan_install(ctx.store, opened, here, force)
+            echo_planned(
+                opened.manifest, planned, f"from {bundle_path}", {"bundle": str(bundle_path)}
+            )
+            return 0
         installed = bundle.install_bundle(ctx.store, opened, here, force)
     bm = installed.manifest
     if ctx.json:
         node = node_summary(installed.node)
-        render.emit_json({"bundle": str(bundle_path), **_summary(bm), "node_ranks": node})
+        render.emit_json(
+            {"bundle": str(bundle_path), **_summary(bm), "node_ranks": node, "dry_run": False}
+        )
     else:
         echo_bundle("imported", bm, f"from {bundle_path}", list_namespaces=True)
         echo_node(installed.node)
     return 0
+
+
+def echo_planned(bm: Any, planned: Any, where: str, head: dict[str, Any]) -> None:
+    """What import/pull --dry-run would install (one line each namespace), or its JSON."""
+    if options.context().json:
+        rows = [{"path": n.path, "replaces": n.replaces} for n in planned]
+        render.emit_json({**head, **_summary(bm), "node_ranks": None, "dry_run": True,
+                          "planned": rows})  # fmt: skip
+        return
+    echo_bundle("would import", bm, where)
+    for n in planned:
+        how = "replacing the one there (it would go to .trash/)" if n.replaces else "new"
+        click.echo(f"  {n.path}: {how}")
 
 
 COMMANDS = [export_command, import_command]

@@ -2,15 +2,9 @@
 
 from __future__ import annotations
 
-from typing import Any
-
 import click
 
-from fi_cache.cli import render
-
-
-def _ctx() -> Any:
-    return click.get_current_context().obj
+from fi_cache.cli import options, render
 
 
 @click.command(
@@ -33,7 +27,7 @@ def env_command(exact: bool | None, refresh: bool) -> int:
     from fi_cache.store import locks
     from fi_cache.store.paths import state_dir
 
-    ctx = _ctx()
+    ctx = options.context()
     from fi_cache.engines.vllm.launch import vllm_python
 
     env = environment.detect(

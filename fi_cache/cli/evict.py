@@ -4,15 +4,10 @@ re-tunes only those."""
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
 
 import click
 
-from fi_cache.cli import render
-
-
-def _ctx() -> Any:
-    return click.get_current_context().obj
+from fi_cache.cli import options, render
 
 
 @click.command(
@@ -23,14 +18,12 @@ def _ctx() -> Any:
         "fi-cache --format json evict autotune_configs.json --runner MoERunner --bucket 1",
     ),
 )
-@click.argument(
-    "paths", nargs=-1, required=True, type=click.Path(path_type=Path, readable=False)
-)
+@click.argument("paths", nargs=-1, required=True, type=click.Path(path_type=Path, readable=False))
 @click.option("--op", default=None, help="Ops whose name contains this (gemm2, fused_moe, ...).")
 @click.option("--bucket", type=int, default=None, help="The tuned token count (first dimension).")
 @click.option("--runner", default=None, help="Entries of this runner (the key's runner name).")
 @click.option("--tactic", type=int, default=None, help="Entries that chose this tactic id.")
-@click.option("--dry-run", is_flag=True, help="Show what would go; write nothing.")
+@options.dry_run()
 def evict_command(
     paths: tuple[Path, ...],
     op: str | None,
@@ -52,10 +45,10 @@ def evict_command(
 
         given = (op, bucket, runner, tactic) != (None, None, None, None)
         return tier.evict(tier_args, dry_run, given)
-    store = _ctx().store
+    store = options.context().store
     selector = Selector(op, bucket, runner, tactic)
     plans = plan(paths, selector, store) if dry_run else apply(paths, selector, store)
-    if _ctx().json:
+    if options.context().json:
         render.emit_json({
             "dry_run": dry_run,
             "files": [{"path": str(p.path), "evicted": list(p.evicted), "kept": p.kept,

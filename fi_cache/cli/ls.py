@@ -8,17 +8,14 @@ from typing import TYPE_CHECKING, Any
 
 import click
 
-from fi_cache.cli import render
+from fi_cache.cli import options, render
+from fi_cache.errors import Refused
 
 if TYPE_CHECKING:  # `fi-cache --help` loads every command module: keep them light
     from fi_cache.caches.discover import ScanProblem
     from fi_cache.caches.inventory import Cache, Inventory
 
 _PATHS = click.argument("paths", nargs=-1, type=click.Path(path_type=Path, readable=False))
-
-
-def _ctx() -> Any:
-    return click.get_current_context().obj
 
 
 def _store_roots(store: Path) -> list[Path]:
@@ -44,7 +41,7 @@ def _store_roots(store: Path) -> list[Path]:
 def _scan(paths: tuple[Path, ...], include_store: bool) -> Inventory:
     from fi_cache.caches.inventory import Inventory, scan
 
-    store = _ctx().store
+    store = options.context().store
     inv = scan(_store_roots(store), explicit=False) if include_store else Inventory()
     extra = scan(paths)
     seen = {c.path.resolve() for c in inv.caches}  # a PATH inside the store: list it once
@@ -121,11 +118,16 @@ def ls_command(paths: tuple[Path, ...], no_store: bool, long_: bool, paths_only:
     ($VLLM_CACHE_ROOT/flashinfer_autotune_cache) and PATHS (files, vLLM roots, v2 stores)."""
     from fi_cache.tier.keys import split_args
 
+    if paths_only:  # one path a line has no room for -l's columns, and JSON has every field
+        if long_:
+            raise Refused("--paths and -l/--long exclude each other: --paths prints only paths")
+        if options.context().json:
+            raise Refused("--paths does not apply with --format json: caches[].path are the paths")
     if tier_args := split_args(paths)[0]:  # mooncake://KEY: vLLM 0.34's fleet tier
         from fi_cache.cli import tier
 
         return tier.ls(tier_args, long_, paths_only)
-    ctx = _ctx()
+    ctx = options.context()
     inv = _scan(paths, include_store=not no_store)
     rows = [summary(c, ctx.store) for c in inv.caches]
     pinned = _pinned({r["namespace"] for r in rows if r["namespace"]})

@@ -8,17 +8,13 @@ from typing import TYPE_CHECKING, Any, cast
 
 import click
 
-from fi_cache.cli import render
+from fi_cache.cli import options, render
 
 if TYPE_CHECKING:  # the merge module loads only when merge runs: --help stays fast
     from fi_cache.maintenance.merge import Conflict, MergeReport, Prefer
 
 # = fi_cache.maintenance.merge.PREFER_CHOICES (a test keeps them equal)
 PREFER_CHOICES = ("first", "last")
-
-
-def _ctx() -> Any:
-    return click.get_current_context().obj
 
 
 def _conflict_json(c: Conflict) -> dict[str, Any]:
@@ -133,7 +129,7 @@ def _summary(report: MergeReport, prefer: str) -> str:
     help="Merge MoE GEMM2 entries that disagree in FlashInfer <= 0.6.17 keys (no finalize "
     "mode in them) anyway: only for files tuned in one finalize mode.",
 )
-@click.option("--dry-run", is_flag=True, help="Show what would be written; write nothing.")
+@options.dry_run()
 def merge_command(
     sources: tuple[Path, ...],
     output: Path,
@@ -147,7 +143,7 @@ def merge_command(
     are refused (exit 1): their keys cannot say the mode, and the union crashes or runs other
     kernels; --allow-mixed-finalize merges them anyway.
     """
-    ctx = _ctx()
+    ctx = options.context()
     from fi_cache.maintenance.merge import merge_into
     from fi_cache.store.files import refuse_destination, through_links
 

@@ -7,21 +7,19 @@ from typing import Any
 
 import click
 
-from fi_cache.cli import render
+from fi_cache.cli import options, render
 from fi_cache.errors import Refused
 
-
-def _ctx() -> Any:
-    return click.get_current_context().obj
+_NAMESPACE = click.argument("namespace", required=False)
 
 
-_NAMESPACE = click.argument("namespace")
-
-
-def _namespaces(which: str) -> list[Path]:
+def _namespaces(positional: str | None, option: str | None) -> list[Path]:
     from fi_cache.cli.bundle import resolve_namespaces
 
-    store = _ctx().store
+    which = options.one_namespace(positional, option)
+    if which is None:
+        raise Refused("give NAMESPACE (here, fused, unfused or a namespace dir; or --namespace)")
+    store = options.context().store
     found = resolve_namespaces(store, which)
     if not found:
         raise Refused(f"no namespace {which!r} of this machine in the store (see `fi-cache ls`)")
@@ -39,6 +37,11 @@ def _row(ns: Path, m: Any, changed: bool) -> dict[str, Any]:
     }
 
 
+def _emit(rows: list[dict[str, Any]], dry_run: bool) -> None:
+    if options.context().json:
+        render.emit_json({"namespaces": rows, "dry_run": dry_run})
+
+
 @click.command(
     "pin",
     epilog=render.examples(
@@ -48,7 +51,9 @@ def _row(ns: Path, m: Any, changed: bool) -> dict[str, Any]:
     ),
 )
 @_NAMESPACE
-def pin_command(namespace: str) -> int:
+@options.namespace_option()
+@options.dry_run()
+def pin_command(namespace: str | None, namespace_opt: str | None, dry_run: bool) -> int:
     """Pin NAMESPACE (a namespace dir, or fused/unfused/here for this machine's): no start may
     change it.
 
@@ -60,18 +65,23 @@ def pin_command(namespace: str) -> int:
     from fi_cache.store import pin
 
     rows = []
-    for ns in _namespaces(namespace):
-        m, done = pin.pin(ns)
-        row = _row(ns, m, done)
+    for ns in _namespaces(namespace, namespace_opt):
+        if dry_run:  # no lock, nothing written: the plan only
+            m, paths = pin.plan_pin(ns)
+            row = {**_row(ns, m, not m.pin), "files": sum((ns / r).is_file() for r in paths)}
+        else:
+            m, done = pin.pin(ns)
+            row = _row(ns, m, done)
         rows.append(row)
-        if not _ctx().json:
+        if not options.context().json:
             shown = render.display_path(ns)
-            if done:
-                click.echo(f"pinned {shown}: {row['files']} file(s) made read-only")
+            if row["changed"]:
+                did = "would pin" if dry_run else "pinned"
+                made = "be made" if dry_run else "made"
+                click.echo(f"{did} {shown}: {row['files']} file(s) {made} read-only")
             else:
                 click.echo(f"{shown}: pinned already, since {row['since']}")
-    if _ctx().json:
-        render.emit_json({"namespaces": rows})
+    _emit(rows, dry_run)
     return 0
 
 
@@ -80,21 +90,27 @@ def pin_command(namespace: str) -> int:
     epilog=render.examples("fi-cache unpin here", "fi-cache --format json unpin fused"),
 )
 @_NAMESPACE
-def unpin_command(namespace: str) -> int:
+@options.namespace_option()
+@options.dry_run()
+def unpin_command(namespace: str | None, namespace_opt: str | None, dry_run: bool) -> int:
     """Unpin NAMESPACE: its files and dirs get their modes back; starts may change it again."""
     from fi_cache.store import pin
 
     rows = []
-    for ns in _namespaces(namespace):
-        m, done, skipped = pin.unpin(ns)
+    for ns in _namespaces(namespace, namespace_opt):
+        if dry_run:  # no lock, nothing written: the plan only
+            m, _paths, skipped = pin.plan_unpin(ns)
+            done = m.pin is not None
+        else:
+            m, done, skipped = pin.unpin(ns)
         for line in skipped:  # a tampered record: the path is never touched
             render.warn(line)
         rows.append(_row(ns, m, done))
-        if not _ctx().json:
+        if not options.context().json:
             shown = render.display_path(ns)
-            click.echo(f"unpinned {shown}" if done else f"{shown}: not pinned")
-    if _ctx().json:
-        render.emit_json({"namespaces": rows})
+            did = "would unpin" if dry_run else "unpinned"
+            click.echo(f"{did} {shown}" if done else f"{shown}: not pinned")
+    _emit(rows, dry_run)
     return 0
 
 

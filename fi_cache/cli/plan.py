@@ -8,16 +8,12 @@ from typing import Any
 
 import click
 
-from fi_cache.cli import render
+from fi_cache.cli import options, render
 from fi_cache.errors import Refused
 
 _TOKENS_HELP = (
     "Token counts each op is run at, comma-separated (FlashInfer tunes every bucket up to each)."
 )
-
-
-def _ctx() -> Any:
-    return click.get_current_context().obj
 
 
 def _tokens(text: str) -> tuple[int, ...]:
@@ -34,7 +30,7 @@ def _tokens(text: str) -> tuple[int, ...]:
     "plan",
     epilog=render.examples(
         "fi-cache plan --from-hf-config ~/models/Qwen3-30B-A3B -o plan.toml",
-        "fi-cache plan --check plan.toml",
+        "fi-cache plan --verify plan.toml",
         "fi-cache plan --from-hf-config config.json --finalize unfused --tp-size 2 -o plan.toml",
     ),
 )
@@ -46,11 +42,14 @@ def _tokens(text: str) -> tuple[int, ...]:
     help="A Hugging Face config.json (or model dir): write the cutlass_fused_moe part from it.",
 )
 @click.option(
+    "--verify",
     "--check",
     "check_path",
+    metavar="PLAN",
     type=click.Path(path_type=Path),
     default=None,
-    help="Read a plan and list what `warm --engine flashinfer` would run (exit 2 if invalid).",
+    help="Read a plan and list what `warm --engine flashinfer` would run (exit 2 if invalid); "
+    "--check is its old name.",
 )
 @click.option("--tokens", default="1,16,128,1024", show_default=True, help=_TOKENS_HELP)
 @click.option(
@@ -86,14 +85,21 @@ def plan_command(
     ep_size: int,
     output: Path | None,
 ) -> int:
-    """Write a tuning plan from a model's config.json, or check one."""
+    """Write a tuning plan from a model's config.json, or check one.
+
+    --verify PLAN (old name: --check) reads a plan and lists what it runs; the options that shape
+    a new plan are refused with it."""
     from fi_cache.engines.flashinfer import hf_config as hf
     from fi_cache.engines.flashinfer import plan as plans
 
-    ctx = _ctx()
+    ctx = options.context()
     if (hf_config is None) == (check_path is None):
-        raise Refused("give one of --from-hf-config CONFIG or --check PLAN")
-    if check_path is not None:
+        raise Refused("give one of --from-hf-config CONFIG or --verify PLAN")
+    if check_path is not None:  # the options that shape a new plan would be ignored
+        options.refuse_ignored(
+            "to --verify PLAN (they shape a plan --from-hf-config writes)",
+            "tokens", "finalize", "dtype", "tp_size", "ep_size", "output",
+        )  # fmt: skip
         from fi_cache.engines import get
 
         _show_plan(get("flashinfer").read_args([str(check_path)]).plan, ctx.json)

@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING, Any
 
 import click
 
-from fi_cache.cli import render
+from fi_cache.cli import options, render
 from fi_cache.errors import EXIT_PROBLEM, Refused
 
 if TYPE_CHECKING:
@@ -47,7 +47,7 @@ def _interactive() -> bool:
     is_flag=True,
     help="Namespaces of a FlashInfer version not installed here or of a GPU not present here.",
 )
-@click.option("--dry-run", is_flag=True, help="Print the plan (what would be deleted) only.")
+@options.dry_run()
 @click.option("--yes", "-y", is_flag=True, help="Do not ask before deleting.")
 def prune_command(
     older_than: str | None, max_size: str | None, foreign: bool, dry_run: bool, yes: bool

@@ -8,15 +8,12 @@ from typing import IO, Any
 
 import click
 
-from fi_cache.cli import render
+from fi_cache.cli import options, render
+from fi_cache.cli.bundle import FORCE_FOREIGN
 from fi_cache.errors import Refused
 
 _SHOW_FROM = 1024 * 1024  # smaller transfers finish before a progress line could help
 _REDRAW_S = 0.1
-
-
-def _ctx() -> Any:
-    return click.get_current_context().obj
 
 
 class LiveProgress:
@@ -72,25 +69,21 @@ def _summary(moved: Any) -> dict[str, Any]:
     ),
 )
 @click.argument("url")
-@click.option(
-    "--namespace",
-    "which",
-    default="here",
-    show_default=True,
-    help="What to push: here (this machine's namespaces), fused, unfused, or one namespace dir.",
-)
+@options.namespace_option()
 @click.option(
     "--allow-unknown",
+    "--force",
+    "allow_unknown",
     is_flag=True,
     help="Push an environment whose FlashInfer version, arch or GPU was not detected (its "
-    "key reads unknown: every machine whose detection fails alike pulls it).",
+    "key reads unknown: every machine whose detection fails alike pulls it); --force: the same.",
 )
 @click.option(
     "--replace",
     is_flag=True,
     help="mooncake:// only: publish over a key that holds another table (vLLM never would).",
 )
-def push_command(url: str, which: str, allow_unknown: bool, replace: bool) -> int:
+def push_command(url: str, namespace_opt: str | None, allow_unknown: bool, replace: bool) -> int:
     """Upload this machine's namespaces as a bundle to URL (s3://, gs://, file://, a path, ...).
 
     The bundle lands at URL/<flashinfer>/<arch>/<gpu>/<fingerprint>.tar.gz with a .json sidecar
@@ -100,13 +93,14 @@ def push_command(url: str, which: str, allow_unknown: bool, replace: bool) -> in
     from fi_cache.fleet import transfer
     from fi_cache.tier.keys import is_tier_arg
 
+    which = namespace_opt or "here"
     if is_tier_arg(url):  # mooncake://KEY: vLLM 0.34's fleet tier, under vLLM's own keys
         from fi_cache.cli import tier
 
         return tier.push(url, which, replace)
     if replace:
         raise Refused("--replace is for mooncake:// keys (a bundle URL is never overwritten)")
-    ctx = _ctx()
+    ctx = options.context()
     dirs = resolve_namespaces(ctx.store, which)
     progress = LiveProgress("push", ctx.quiet)
     try:
@@ -128,46 +122,53 @@ def push_command(url: str, which: str, allow_unknown: bool, replace: bool) -> in
     ),
 )
 @click.argument("url")
-@click.option("--force", is_flag=True, help="Import a bundle made for another environment.")
+@FORCE_FOREIGN
 @click.option(
     "--key",
     default=None,
     metavar="KEY",
     help="Pull this bundle (<flashinfer>/<arch>/<gpu>/<hash>.tar.gz) instead of this machine's.",
 )
-@click.option(
-    "--finalize",
-    type=click.Choice(["fused", "unfused"]),
-    default=None,
-    help="mooncake:// only: the namespace (finalize mode) to adopt the tables into "
-    "(default: the tables' own mode, else fused).",
-)
-def pull_command(url: str, force: bool, key: str | None, finalize: str | None) -> int:
+@options.finalize(show_default="mooncake:// only: the tables' own mode, else fused")
+@options.dry_run()
+def pull_command(
+    url: str, force: bool, key: str | None, finalize: str | None, dry_run: bool
+) -> int:
     """Download this machine's bundle from URL, check its sha256, verify and import it.
 
     Refuses (exit 2) when URL holds no bundle for this machine's environment, naming the key
-    it looked for and the bundles that are there.
+    it looked for and the bundles that are there. --dry-run downloads it to a temp dir outside
+    the store and checks it as the import would; nothing is imported, no lock taken.
     """
-    from fi_cache.cli.bundle import echo_bundle, echo_node, node_summary
+    from fi_cache.cli.bundle import echo_bundle, echo_node, echo_planned, node_summary
     from fi_cache.fleet import transfer
     from fi_cache.tier.keys import is_tier_arg
 
     if is_tier_arg(url):  # mooncake://KEY: adopt the tier's tables where they fit this machine
         if force or key:
             raise Refused("--force and --key are for bundles; the tier's tables must fit")
+        if dry_run:
+            raise Refused("--dry-run is for bundle URLs (mooncake:// pull has none yet)")
         from fi_cache.cli import tier
 
         return tier.pull(url, finalize)
     if finalize:
         raise Refused("--finalize is for mooncake:// keys (a bundle holds both namespaces)")
-    ctx = _ctx()
+    ctx = options.context()
     progress = LiveProgress("pull", ctx.quiet)
     try:
-        moved = transfer.pull(ctx.store, url, force=force, progress=progress, key=key)
+        moved = transfer.pull(
+            ctx.store, url, force=force, progress=progress, key=key, dry_run=dry_run
+        )
     finally:
         progress.finish()
+    if moved.planned is not None:
+        echo_planned(moved.manifest, moved.planned, f"from {moved.url}", _summary(moved))
+        return 0
     if ctx.json:
-        render.emit_json({**_summary(moved), "node_ranks": node_summary(moved.node)})
+        render.emit_json(
+            {**_summary(moved), "node_ranks": node_summary(moved.node), "dry_run": False}
+        )
     else:
         echo_bundle("pulled", moved.manifest, f"from {moved.url}", list_namespaces=True)
         echo_node(moved.node)

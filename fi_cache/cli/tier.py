@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING, Any
 
 import click
 
-from fi_cache.cli import render
+from fi_cache.cli import options, render
 from fi_cache.errors import EXIT_PROBLEM, EXIT_REFUSED, Refused
 
 if TYPE_CHECKING:
@@ -21,10 +21,6 @@ if TYPE_CHECKING:
     from fi_cache.tier.keys import TierArg
     from fi_cache.tier.mooncake import TierClient
     from fi_cache.tier.read import TierInventory
-
-
-def _ctx() -> Any:
-    return click.get_current_context().obj
 
 
 @contextmanager
@@ -86,7 +82,7 @@ def _row(cache: Cache) -> dict[str, Any]:
 
 
 def ls(args: list[TierArg], long_: bool, paths_only: bool) -> int:
-    ctx = _ctx()
+    ctx = options.context()
     inv = _read(args)
     rows = [_row(cache) for cache in inv.caches]
     code = _report(inv)
@@ -123,7 +119,7 @@ def show(
     """One table, decoded and shown by show's own functions (passed in: show imports this)."""
     from fi_cache.tier.keys import parse_arg
 
-    ctx = _ctx()
+    ctx = options.context()
     tier_arg = parse_arg(arg)
     if tier_arg.one is None:
         raise Refused("show takes one table's key; `fi-cache ls` lists a hash dir", tier_arg.text)
@@ -145,7 +141,7 @@ def show(
 
 
 def verify(args: list[TierArg]) -> int:
-    ctx = _ctx()
+    ctx = options.context()
     inv = _read(args)
     code = _report(inv)
     results: list[dict[str, Any]] = []
@@ -184,7 +180,7 @@ def doctor(
     """The tables under the keys, judged against the target; --fix removes the keys in error."""
     from fi_cache.tier.judge import bad_keys, judge
 
-    ctx = _ctx()
+    ctx = options.context()
     inv = _read(args)
     findings = judge(inv, target, only or None)
     keys = bad_keys(findings, inv) if fix else []
@@ -242,7 +238,7 @@ def evict(args: list[TierArg], dry_run: bool, selector_given: bool) -> int:
     """Remove whole tables from the tier (plan, then apply): the next daemon that tunes
     publishes under the key again. Entries cannot be evicted from a table in the tier: a
     rewritten table would be one vLLM never tuned."""
-    ctx = _ctx()
+    ctx = options.context()
     if selector_given:
         raise Refused(
             "--op/--bucket/--runner/--tactic select entries in files; in the tier evict removes "
@@ -278,7 +274,7 @@ def push(url_arg: str, which: str, replace: bool) -> int:
     from fi_cache.tier.keys import parse_arg
     from fi_cache.tier.publish import apply_push, plan_push, push_sources
 
-    ctx = _ctx()
+    ctx = options.context()
     arg = parse_arg(url_arg)
     sources = push_sources(resolve_namespaces(ctx.store, which), arg)
     with _client() as client:
@@ -316,7 +312,7 @@ def pull(url_arg: str, finalize: str | None) -> int:
     from fi_cache.tier.keys import parse_arg
     from fi_cache.tier.publish import apply_pull, plan_pull
 
-    ctx = _ctx()
+    ctx = options.context()
     arg = parse_arg(url_arg)
     inv = _read([arg])
     if inv.empty:

@@ -7,16 +7,12 @@ from typing import TYPE_CHECKING, Any
 
 import click
 
-from fi_cache.cli import render
+from fi_cache.cli import options, render
 from fi_cache.errors import EXIT_PROBLEM
 
 if TYPE_CHECKING:  # `fi-cache --help` loads every command module: keep them light
     from fi_cache.caches.inventory import Cache
     from fi_cache.model import v1
-
-
-def _ctx() -> Any:
-    return click.get_current_context().obj
 
 
 @click.command(
@@ -39,7 +35,7 @@ def verify_command(paths: tuple[Path, ...]) -> int:
         from fi_cache.cli import tier
 
         return tier.verify(tier_args)
-    ctx = _ctx()
+    ctx = options.context()
     if paths:
         inv = scan(paths)
     else:
@@ -79,7 +75,7 @@ def verify_command(paths: tuple[Path, ...]) -> int:
         )
     if ctx.json:
         render.emit_json({"results": results, "ok": code == 0})
-    elif not ctx.quiet:
+    else:  # -q silences notes and warnings; these are the results
         for r in results:
             if r["ok"]:
                 gen = {"ok": ", _generation ok", "absent": ""}.get(r["generation"], "")

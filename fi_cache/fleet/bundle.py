@@ -503,27 +503,10 @@ def install_bundle(store: Path, opened: OpenBundle, here: Fingerprint, force: bo
     Rank files of this node's that the bundle (another node's) lacks are written anew beside
     the bundle's (node.py), so the engine does not re-tune every rank for them."""
     bm, bundle = opened.manifest, opened.path
-    if (diff := foreign_fields(bm, here)) and not force:
-        raise Refused(
-            f"bundle is for another environment ({'; '.join(diff)}); --force to import anyway",
-            bundle,
-        )
-    for n in bm.namespaces:  # refused before anything is unpacked
-        if pins.pinned(store / n.path) is not None:
-            raise pins.refusal(store / n.path, "an import")
-    declared = {f.path: f for f in bm.files}
+    _refuse_before_unpacking(store, bm, bundle, here, force)
     staging = install.make_staging_dir(store)
     try:
-        opened.file.seek(0)
-        with tarfile.open(fileobj=opened.file, mode="r:gz", tarinfo=_Header) as tar:
-            for m in opened.members:
-                src = tar.extractfile(m)
-                if src is None:
-                    raise Refused(f"cannot read bundle member {m.name!r}", bundle)
-                digest = install.write_member(staging / m.name, src, m.size)
-                if digest != declared[m.name].sha256:
-                    raise Refused(f"checksum mismatch for {m.name!r}", bundle)
-        _check_contents(staging, bm, bundle, None if force else here)
+        _unpack_checked(opened, staging, here, force)
         for n in bm.namespaces:  # a pin is the store's own decision: it does not travel
             pins.drop_staged(staging / n.path)
         mine = {n.path: node.own_rank_files(store / n.path) for n in bm.namespaces}
@@ -535,6 +518,65 @@ def install_bundle(store: Path, opened: OpenBundle, here: Fingerprint, force: bo
         if staging.exists():
             install.discard_staging_dir(staging)
     return Installed(bm, node.keep(store, mine))
+
+
+def _refuse_before_unpacking(
+    store: Path, bm: BundleManifest, bundle: Path, here: Fingerprint, force: bool
+) -> None:
+    if (diff := foreign_fields(bm, here)) and not force:
+        raise Refused(
+            f"bundle is for another environment ({'; '.join(diff)}); --force to import anyway",
+            bundle,
+        )
+    for n in bm.namespaces:  # refused before anything is unpacked
+        if pins.pinned(store / n.path) is not None:
+            raise pins.refusal(store / n.path, "an import")
+
+
+def _unpack_checked(opened: OpenBundle, staging: Path, here: Fingerprint, force: bool) -> None:
+    """Unpack every member into `staging`, checking its sha256, then the namespaces' contents."""
+    bm, bundle = opened.manifest, opened.path
+    declared = {f.path: f for f in bm.files}
+    opened.file.seek(0)
+    with tarfile.open(fileobj=opened.file, mode="r:gz", tarinfo=_Header) as tar:
+        for m in opened.members:
+            src = tar.extractfile(m)
+            if src is None:
+                raise Refused(f"cannot read bundle member {m.name!r}", bundle)
+            digest = install.write_member(staging / m.name, src, m.size)
+            if digest != declared[m.name].sha256:
+                raise Refused(f"checksum mismatch for {m.name!r}", bundle)
+    _check_contents(staging, bm, bundle, None if force else here)
+
+
+@dataclass(frozen=True)
+class PlannedNamespace:
+    """What an import would do with one bundled namespace (`import --dry-run`)."""
+
+    path: str  # relative to the store
+    replaces: bool  # a namespace of that path is there now (it would go to .trash/)
+
+
+def plan_install(
+    store: Path, opened: OpenBundle, here: Fingerprint, force: bool
+) -> list[PlannedNamespace]:
+    """What install_bundle would do, refused where it would refuse, with nothing written to the
+    store and no lock taken: the members are unpacked and checked in a private temp dir."""
+    import tempfile
+
+    bm, bundle = opened.manifest, opened.path
+    _refuse_before_unpacking(store, bm, bundle, here, force)
+    try:
+        with tempfile.TemporaryDirectory(prefix="fi-cache-dry-run-") as tmp:
+            _unpack_checked(opened, Path(tmp), here, force)
+    except (tarfile.TarError, EOFError, OSError) as exc:
+        raise Refused(f"bundle could not be read to the end ({exc})", bundle) from None
+    for n in bm.namespaces:  # as install.install_dir says it, under the lock the real run takes
+        if locks.in_use(store / n.path):
+            raise FiCacheError(
+                "in use by a running `fi-cache serve`: import after it stops", store / n.path
+            )
+    return [PlannedNamespace(n.path, (store / n.path).is_dir()) for n in bm.namespaces]
 
 
 def _check_contents(

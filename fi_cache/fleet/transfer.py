@@ -60,6 +60,8 @@ class Transferred:
     manifest: BundleManifest
     # This node's rank files an import kept (pull; a push moves none).
     node: NodeRanks = field(default_factory=NodeRanks)
+    # pull --dry-run: what the import would do (nothing was imported); None otherwise.
+    planned: list[bundle.PlannedNamespace] | None = None
 
 
 @dataclass(frozen=True)
@@ -502,8 +504,11 @@ def pull(
     force: bool = False,
     progress: Progress | None = None,
     key: str | None = None,
+    dry_run: bool = False,
 ) -> Transferred:
-    """Download this machine's bundle (or `key`'s), check it against its sidecar, import it."""
+    """Download this machine's bundle (or `key`'s), check it against its sidecar, import it.
+    `dry_run`: the download goes to a private temp dir outside the store and is checked as
+    import checks it; nothing is imported, no lock taken."""
     from fi_cache import environment
     from fi_cache.store.paths import state_dir
 
@@ -512,7 +517,7 @@ def pull(
     key = _checked_key(key) if key else bundle.remote_key(here)
     for attempt in (1, 2):
         try:
-            return _pull_once(store, remote, key, here, force, progress)
+            return _pull_once(store, remote, key, here, force, progress, dry_run)
         except _Mismatch as exc:
             if attempt == 1 and _read_sidecar(remote, key) != exc.sidecar:
                 continue  # a push replaced the bundle while we read it: once more
@@ -522,7 +527,13 @@ def pull(
 
 
 def _pull_once(
-    store: Path, remote: Remote, key: str, here: Fingerprint, force: bool, pr: Progress | None
+    store: Path,
+    remote: Remote,
+    key: str,
+    here: Fingerprint,
+    force: bool,
+    pr: Progress | None,
+    dry_run: bool = False,
 ) -> Transferred:
     sidecar = _read_sidecar(remote, key)
     if sidecar is None:
@@ -537,6 +548,8 @@ def _pull_once(
             f"{bundle.max_bundle_bytes() // MB} MB limit (FI_CACHE_MAX_BUNDLE_MB)",
             where,
         )
+    if dry_run:
+        return _dry_pull(store, remote, key, here, force, pr, sidecar)
     local = _temp_in_store(store, "pull")
     try:
         _download(remote, key, sidecar, local, pr)
@@ -544,6 +557,32 @@ def _pull_once(
     finally:
         files.remove_file(local)
     return Transferred(where, key, sidecar.size, sidecar.sha256, installed.manifest, installed.node)
+
+
+def _dry_pull(
+    store: Path,
+    remote: Remote,
+    key: str,
+    here: Fingerprint,
+    force: bool,
+    pr: Progress | None,
+    sidecar: Sidecar,
+) -> Transferred:
+    import tempfile
+
+    where = remote.display(key)
+    with tempfile.TemporaryDirectory(prefix="fi-cache-dry-run-") as tmp:
+        local = Path(tmp) / "bundle.tar.gz"
+        _download(remote, key, sidecar, local, pr)
+        try:
+            with bundle.open_bundle(local) as opened:
+                planned = bundle.plan_install(store, opened, here, force)
+        except FiCacheError as exc:
+            if exc.path != str(local):
+                raise
+            cls = Refused if exc.exit_code == EXIT_REFUSED else FiCacheError
+            raise cls(exc.message, where) from None
+    return Transferred(where, key, sidecar.size, sidecar.sha256, opened.manifest, planned=planned)
 
 
 def _import(store: Path, local: Path, here: Fingerprint, force: bool, where: str) -> Installed:

@@ -113,6 +113,30 @@ def unpin(ns_dir: Path, timeout: float = DEFAULT_LOCK_TIMEOUT) -> tuple[Manifest
     return unpinned, True, skipped
 
 
+def plan_pin(ns_dir: Path) -> tuple[Manifest, list[str]]:
+    """What `pin` would do, without the lock and changing nothing (`pin --dry-run`): (the
+    manifest, the paths that would lose their write bits; none when pinned already). Refused
+    where pin would refuse: no manifest, a path it could not read to take its sha256."""
+    m = _manifest(ns_dir)
+    if m.pin is not None:
+        return m, []
+    paths = engine_paths(ns_dir)
+    for p in paths:
+        if p.is_file() and not os.access(p, os.R_OK):
+            raise Refused("cannot read it to pin it: Permission denied", p)
+    return m, [_rel(p, ns_dir) for p in paths]
+
+
+def plan_unpin(ns_dir: Path) -> tuple[Manifest, list[str], list[str]]:
+    """What `unpin` would do, without the lock and changing nothing (`unpin --dry-run`): (the
+    manifest, the paths that would get their modes back, a note for each record skipped)."""
+    m = _manifest(ns_dir)
+    if m.pin is None:
+        return m, [], []
+    present, skipped = _recorded(ns_dir, m.pin)
+    return m, sorted(present), skipped
+
+
 def _recorded(ns_dir: Path, record: PinRecord) -> tuple[dict[str, int], list[str]]:
     """The pin's modes for the paths still there that may be changed: the recorded permission
     bits, the setuid/setgid/sticky bits each has now (never one added); and a note for each

@@ -162,3 +162,45 @@ def test_align_checks_the_pin_under_the_namespace_lock(  # type: ignore[no-untyp
     r = run("align", hdir)
     assert r.code == 2 and _one_line(r) and f"fi-cache unpin {ns}" in r.err, r.err
     assert {p.name: p.read_bytes() for p in hdir.iterdir()} == before
+
+
+def _files(ns: Path) -> dict[str, tuple[int, bytes]]:
+    return {
+        p.relative_to(ns).as_posix(): (p.stat().st_mode, p.read_bytes())
+        for p in sorted(ns.rglob("*"))
+        if p.is_file()
+    }
+
+
+def test_pin_and_unpin_dry_run_say_what_they_would_do_and_change_nothing(run, store: Path) -> None:  # type: ignore[no-untyped-def]
+    ns = _namespace(store)
+    before = _files(ns)
+    dry = run("pin", "--dry-run", ns)
+    assert (
+        dry.code == 0
+        and dry.out.startswith("would pin ")
+        and "1 file(s) be made read-only" in dry.out
+    )
+    assert _files(ns) == before  # no mode changed, no pin recorded, no lock file made
+    doc = run("--format", "json", "pin", "--dry-run", ns).json()
+    assert doc["dry_run"] is True and doc["namespaces"][0]["changed"] is True
+    assert run("pin", ns).code == 0
+    pinned = _files(ns)
+    dry = run("unpin", "--dry-run", "--namespace", str(ns))
+    assert dry.code == 0 and dry.out.startswith("would unpin ")
+    assert _files(ns) == pinned and manifests.load(ns).pin is not None  # type: ignore[union-attr]
+    assert run("unpin", ns).code == 0
+    assert "not pinned" in run("unpin", "--dry-run", ns).out
+
+
+def test_pin_dry_run_refuses_what_pin_refuses(run, store: Path, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+    _namespace(store)
+    r = run("pin", "--dry-run", tmp_path / "nowhere")
+    assert r.code == 2 and _one_line(r) and "no namespace" in r.err
+
+
+def test_pin_takes_namespace_as_an_option_and_refuses_none(run, store: Path) -> None:  # type: ignore[no-untyped-def]
+    ns = _namespace(store)
+    assert run("pin", "--namespace", str(ns)).code == 0 and manifests.load(ns).pin is not None  # type: ignore[union-attr]
+    none = run("unpin")
+    assert none.code == 2 and _one_line(none) and "NAMESPACE" in none.err

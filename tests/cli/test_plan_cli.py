@@ -54,7 +54,7 @@ def test_plan_needs_exactly_one_of_from_hf_config_and_check(tmp_path: Path, both
     args = ["--from-hf-config", str(HF / "qwen3-30b-a3b.json"), "--check", str(rig.plan())]
     p = rig.run("plan", *(args if both else []))
     assert p.returncode == 2
-    assert "give one of --from-hf-config CONFIG or --check PLAN" in one_line(p)
+    assert "give one of --from-hf-config CONFIG or --verify PLAN" in one_line(p)
 
 
 @pytest.mark.parametrize("kind", SPECIAL_KINDS)

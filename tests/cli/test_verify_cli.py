@@ -203,3 +203,11 @@ def test_v2_json_flashinfer_cannot_decode_is_corrupt(  # type: ignore[no-untyped
         target = env_dir / target.name
     r = run("verify", env_dir)
     assert r.code == 1 and target.name in r.err and "Traceback" not in r.err, r.err
+
+
+def test_quiet_keeps_the_results_on_stdout(run) -> None:  # type: ignore[no-untyped-def]
+    """-q silences notes and warnings (docs/cli.md); what verify found is its result."""
+    loud, quiet = run("verify", GEMM_618), run("-q", "verify", GEMM_618)
+    assert quiet.code == loud.code == 0
+    assert quiet.out == loud.out and "ok    " in quiet.out and "1 ok, 0 with problems" in quiet.out
+    assert quiet.err == ""
