@@ -36,13 +36,14 @@ def _warm_of(m: Manifest, rel: str) -> tuple[WarmRecord, CacheFileRecord] | None
     return None
 
 
-def _one_line(view: CacheView) -> bool:
-    """Is the file exactly `json.dumps` of its table (vLLM's install), not FlashInfer's indent?"""
+def _sizes(view: CacheView) -> tuple[int, int]:
+    """The file's table as vLLM's install writes it (`json.dumps`: one line) and as FlashInfer
+    saves it (`indent=2`), in bytes."""
     cf = view.cache.file
     table = json.loads(v1.dumps(cf, with_generation=False))
     if cf.generation is not None:
         table[GENERATION_KEY] = cf.generation  # as found: the peer's own
-    return view.cache.size == len(json.dumps(table).encode())
+    return len(json.dumps(table).encode()), len(json.dumps(table, indent=2).encode())
 
 
 def _replaced(inp: Inputs) -> Iterator[Finding]:
@@ -62,7 +63,10 @@ def _replaced(inp: Inputs) -> Iterator[Finding]:
         if cache.modified <= end or (cache.size, entries) == (rec.size, rec.entries):
             continue  # the file the warm left
         evicted = any(e.at >= end for e, _ in m.evictions_of(rel))
-        if _one_line(view):
+        one_line, indented = _sizes(view)
+        if (entries, indented) == (rec.entries, rec.size):
+            continue  # the warm's table written again (an install of an equal peer's)
+        if cache.size == one_line:
             trace = (
                 "it is now one line of JSON, as vLLM's preload daemon writes a table it "
                 "installs from a peer (D2D) or the shared tier; FlashInfer and fi-cache write "

@@ -103,3 +103,15 @@ def test_a_file_the_engine_added_to_after_the_warm_is_not_replaced(tmp_path: Pat
     more = {**cf.entries, "('extra_op', 'Runner', ((1,),), ())": ["Runner", 0]}
     path.write_text(v1.dumps(v1.CacheFile(cf.metadata, more, None, cf.generation)))
     assert _findings(ns_dir, path, m) == []  # FlashInfer's save after a start: indented, more
+
+
+def test_an_equal_peers_table_installed_over_the_warms_is_not_replaced(tmp_path: Path) -> None:
+    """D2D from a peer holding the same table (both nodes fed by fi-cache) rewrites the file on
+    one line, and nothing the engine loads changed: not named."""
+    ns_dir, path, m = _warmed(tmp_path / "store")
+    daemon = Daemon(ns_dir / "vllm")
+    cache = type(daemon.cache)([])
+    payload = cache.validate_payload({NAME: json.loads(GEMM_618.read_bytes())})
+    cache.install(daemon.runner(HASH), payload)
+    assert b"\n" not in path.read_bytes()
+    assert _findings(ns_dir, path, m) == []
