@@ -6,11 +6,11 @@ from __future__ import annotations
 import os
 import sys
 from dataclasses import replace
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, cast
 
 import click
 
-from fi_cache.cli import render
+from fi_cache.cli import options, render
 from fi_cache.cli.argv import VllmCommand
 from fi_cache.cli.warm import SEED_OPT, SGLANG_OPT, VLLM_ARGS, VLLM_OPT
 from fi_cache.errors import Refused
@@ -20,16 +20,12 @@ if TYPE_CHECKING:
     from fi_cache.store.namespace import FinalizeMode
 
 
-def _ctx() -> Any:
-    return click.get_current_context().obj
-
-
 @click.command(
     "serve",
     cls=VllmCommand,
     epilog=render.examples(
         "fi-cache serve Qwen/Qwen3-30B-A3B --port 8000",
-        "fi-cache serve --deterministic Qwen/Qwen3-30B-A3B -tp 2",
+        "fi-cache serve --finalize unfused Qwen/Qwen3-30B-A3B -tp 2",
         "fi-cache serve --engine sglang --model-path Qwen/Qwen3-30B-A3B --tp-size 2",
     ),
 )
@@ -40,10 +36,11 @@ def _ctx() -> Any:
     show_default=True,
     help="The server to run: `vllm serve` or `sglang serve` (SGLang 0.5.12+ keeps a cache).",
 )
+@options.finalize(show_default="vllm: fused; sglang: the release's default")
 @click.option(
     "--deterministic",
     is_flag=True,
-    help="Unfused (bit-stable) MoE finalize: its own namespace and "
+    help="Alias of --finalize unfused: its own namespace and "
     "VLLM_FLASHINFER_MOE_FUSED_FINALIZE=0, or on vLLM releases with FlashInfer >= 0.7.4 "
     "fi-cache's vLLM plugin (torch deterministic algorithms in vLLM's processes) "
     "(SGLang: SGLANG_FLASHINFER_MOE_FUSED_FINALIZE=0).",
@@ -58,13 +55,8 @@ def _ctx() -> Any:
 @click.option(
     "--force", is_flag=True, help="Serve despite pre-flight errors or an unsupported mode."
 )
-@click.option(
-    "--timeout",
-    type=click.FloatRange(min=0, min_open=True),
-    default=1800.0,
-    show_default=True,
-    help="Seconds to wait for the engine's /health while warming.",
-)
+@options.timeout(1800.0)
+@options.lock_timeout()
 @click.option(
     "--pull",
     "pull_url",
@@ -81,10 +73,12 @@ def _ctx() -> Any:
 @VLLM_ARGS
 def serve_command(
     engine: str,
+    finalize: str | None,
     deterministic: bool,
     do_warm: bool,
     force: bool,
     timeout: float,
+    lock_timeout: float,
     pull_url: str | None,
     seed: bool,
     vllm_path: str | None,
@@ -97,30 +91,40 @@ def serve_command(
     fi-cache's options come first; from the first word that is not one of them (or `--`) on,
     everything is vLLM's, as on a `vllm serve` line (a pasted `vllm serve ...` or `python -m
     vllm.entrypoints.openai.api_server ...` line runs that vLLM). With
-    VLLM_FLASHINFER_MOE_FUSED_FINALIZE=0 set, serve runs as with --deterministic.
+    VLLM_FLASHINFER_MOE_FUSED_FINALIZE=0 set, serve runs as with --finalize unfused
+    (--deterministic).
     """
     from fi_cache.cli.process import reporter, say_failed_warm
     from fi_cache.engines import serving
     from fi_cache.engines.api import Request, WarmFailed
     from fi_cache.lifecycle.serve import ServeOptions, hand_over, serve
 
-    ctx = _ctx()
+    ctx = options.context()
+    if not do_warm:  # nothing is warmed: a warm's options would be ignored
+        options.refuse_ignored("with --no-warm", "timeout", "lock_timeout", "seed")
+    if deterministic and finalize == "fused":
+        raise Refused("--deterministic means --finalize unfused: give one of them")
     if engine == "sglang" and vllm_path is not None:
         raise Refused("--vllm applies to --engine vllm only (SGLang's is --sglang)")
     if engine == "vllm" and sglang_path is not None:
         raise Refused("--sglang applies to --engine sglang only")
     adapter = serving(engine)
-    asked: FinalizeMode | None = "unfused" if deterministic else None
+    asked = cast("FinalizeMode | None", "unfused" if deterministic else finalize)
+    given = "--deterministic" if deterministic or finalize is None else f"--finalize {finalize}"
     path = sglang_path if engine == "sglang" else vllm_path
-    request = Request(path, vllm_args, asked, "--deterministic", "--deterministic", force)
+    request = Request(
+        path=path, argv=vllm_args, asked=asked, given=given, implied="--deterministic", force=force
+    )
     report, status = reporter(ctx.quiet)
     try:
-        options = ServeOptions(do_warm, timeout, seed, pull=pull_url)
+        how = ServeOptions(
+            warm=do_warm, timeout=timeout, seed=seed, pull=pull_url, lock_timeout=lock_timeout
+        )
         if engine == "vllm":  # only vLLM's preload daemon adopts from a tier
             from fi_cache.tier import preflight as tier_preflight
 
-            options = replace(options, tier_check=tier_preflight.check)
-        handover = serve(adapter, request, options, ctx.store, report)
+            how = replace(how, tier_check=tier_preflight.check)
+        handover = serve(adapter, request, how, ctx.store, report)
     except WarmFailed as exc:
         say_failed_warm(exc, adapter.display, status)
         raise

@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING, Any, cast
 
 import click
 
-from fi_cache.cli import render
+from fi_cache.cli import options, render
 from fi_cache.cli.argv import VllmCommand
 from fi_cache.engines import NAMES as ENGINE_NAMES
 from fi_cache.errors import Refused
@@ -21,22 +21,18 @@ if TYPE_CHECKING:  # the engines and the lifecycle load only when a command runs
     from fi_cache.store.namespace import FinalizeMode
 
 
-def _ctx() -> Any:
-    return click.get_current_context().obj
-
-
-def run_warm(engine: str, request: Request, options: WarmOptions) -> tuple[Run, WarmResult]:
+def run_warm(engine: str, request: Request, how: WarmOptions) -> tuple[Run[Any, Any], WarmResult]:
     """A warm of a serving engine, its progress and failure on stderr."""
     from fi_cache.cli.process import reporter, say_failed_warm
     from fi_cache.engines import serving
     from fi_cache.engines.api import WarmFailed
     from fi_cache.lifecycle.warm import warm
 
-    ctx = _ctx()
+    ctx = options.context()
     adapter = serving(engine)
     report, status = reporter(ctx.quiet)
     try:
-        return warm(adapter, request, options, ctx.store, report)
+        return warm(adapter, request, how, ctx.store, report)
     except WarmFailed as exc:
         say_failed_warm(exc, adapter.display, status)
         raise
@@ -102,19 +98,10 @@ SEED_OPT = click.option(
     default=None,
     help="Python with FlashInfer, for --engine flashinfer [default: $FI_CACHE_PYTHON, else ours].",
 )
-@click.option(
-    "--finalize",
-    type=click.Choice(["fused", "unfused"]),
-    default=None,
-    help="MoE finalize mode, hence the namespace [vllm: fused; sglang: the release's default; "
-    "flashinfer: the plan's modes].",
+@options.finalize(
+    show_default="vllm: fused; sglang: the release's default; flashinfer: the plan's modes"
 )
-@click.option(
-    "--timeout",
-    type=click.FloatRange(min=0, min_open=True),
-    default=None,
-    help="Seconds to wait for vLLM's or SGLang's /health [1800], or for one mode's tuning [7200].",
-)
+@options.timeout(None, show_default="vllm, sglang: 1800; flashinfer: 7200")
 @click.option(
     "--port",
     type=click.IntRange(1, 65535),
@@ -124,13 +111,7 @@ SEED_OPT = click.option(
 @click.option(
     "--force", is_flag=True, help="Warm unfused even on a vLLM (or SGLang) that ignores the mode."
 )
-@click.option(
-    "--lock-timeout",
-    type=click.FloatRange(min=0),
-    default=3600.0,
-    show_default=True,
-    help="Seconds to wait for another warm of the same namespace.",
-)
+@options.lock_timeout()
 @click.option(
     "--repeat",
     type=click.IntRange(1, 50),
@@ -174,7 +155,7 @@ def warm_command(
     vllm.entrypoints.openai.api_server ...` line runs that vLLM). With
     VLLM_FLASHINFER_MOE_FUSED_FINALIZE=0 set, --engine vllm warms unfused.
     """
-    ctx = _ctx()
+    ctx = options.context()
     if sglang_path is not None and engine != "sglang":
         raise Refused("--sglang applies to --engine sglang only")
     if engine == "sglang" and (plan_path, python, vllm_path) != (None, None, None):
@@ -188,6 +169,8 @@ def warm_command(
         ]  # fmt: skip
         if plan_path is None:
             raise Refused("--engine flashinfer needs --plan PLAN (write one with `fi-cache plan`)")
+        # a recorded warm is never skipped and nothing is seeded: those would be ignored
+        options.refuse_ignored("to --engine flashinfer", "again", "seed")
         if misplaced:
             got = f" (got {' '.join(vllm_args)})" if misplaced[0] == "VLLM_SERVE_ARGS" else ""
             raise Refused(f"{misplaced[0]} applies to --engine vllm only{got}")
@@ -205,10 +188,22 @@ def warm_command(
     asked = cast("FinalizeMode | None", finalize)  # click.Choice: fused, unfused or not given
     path = sglang_path if engine == "sglang" else vllm_path
     request = Request(
-        path, vllm_args, asked, f"--finalize {finalize}", "--finalize unfused", force, warm=True
+        path=path,
+        argv=vllm_args,
+        asked=asked,
+        given=f"--finalize {finalize}",
+        implied="--finalize unfused",
+        force=force,
+        warm=True,
     )
-    options = WarmOptions(1800.0 if timeout is None else timeout, port, lock_timeout, seed, again)
-    run, result = run_warm(engine, request, options)
+    warm_options = WarmOptions(
+        timeout=1800.0 if timeout is None else timeout,
+        port=port,
+        lock_timeout=lock_timeout,
+        seed=seed,
+        again=again,
+    )
+    run, result = run_warm(engine, request, warm_options)
     if ctx.json:
         render.emit_json(_doc(engine, run, result))
         return 0
@@ -238,7 +233,7 @@ def warm_command(
     return 0
 
 
-def _doc(engine: str, run: Run, result: WarmResult) -> dict[str, Any]:
+def _doc(engine: str, run: Run[Any, Any], result: WarmResult) -> dict[str, Any]:
     """What `warm --format json` prints (docs/cli.md)."""
     ns_dir = result.namespace_dir
     files = [

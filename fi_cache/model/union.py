@@ -13,7 +13,7 @@ from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
 
-from fi_cache.errors import CorruptCache, FiCacheError
+from fi_cache.errors import CorruptCache, Refused
 from fi_cache.model import v1
 from fi_cache.model.moe import gemm_stage
 from fi_cache.versions import RECORDS_KEY, flashinfer_writes_generation
@@ -46,7 +46,7 @@ class MergeResult:
 
 
 def merge(files: Sequence[tuple[str, v1.CacheFile]], prefer: Prefer = "first") -> MergeResult:
-    """Union of `(name, file)` pairs with equal `_metadata`; raises FiCacheError otherwise.
+    """Union of `(name, file)` pairs with equal `_metadata`; raises Refused otherwise.
 
     Entries conflict when runner or tactic (value[:2]) differ. Values that agree on both but
     differ in extra elements (0.7.4 provenance, selection timings) are not conflicts: those
@@ -120,14 +120,15 @@ def unloadable(cf: v1.CacheFile) -> str | None:
 
 
 def check_metadata(files: Sequence[tuple[str, v1.CacheFile]]) -> None:
-    """Raise FiCacheError naming the first differing field when `_metadata` is not equal."""
+    """Raise Refused (exit 2: input refused, neither file is wrong) naming the first differing
+    field when `_metadata` is not equal."""
     if not files:
         return
     base_name, base = files[0]
     for name, cf in files[1:]:
         if cf.metadata != base.metadata:
             why = _first_difference(base_name, base.metadata, name, cf.metadata)
-            raise FiCacheError(
+            raise Refused(
                 f"cannot merge {base_name} and {name}: {why} (merge only joins files "
                 "from one environment; FlashInfer would skip one of them)"
             )

@@ -92,14 +92,14 @@ def test_merged_file_verifies_clean_with_generation(run, tmp_path: Path) -> None
     assert again.code == 0 and "38 entries (0 new), 0 conflicts kept from first" in again.out
 
 
-def test_metadata_mismatch_exits_1_and_writes_nothing(run, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+def test_metadata_mismatch_exits_2_and_writes_nothing(run, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
     out = tmp_path / "out.json"
     r = run("merge", GEMM_617, GEMM_618, "-o", out)
-    assert r.code == 1 and not out.exists()
+    assert r.code == 2 and not out.exists()
     assert len(r.err.strip().splitlines()) == 1 and "flashinfer_version" in r.err
     assert str(GEMM_617) in r.err and str(GEMM_618) in r.err
     j = run("--format", "json", "merge", GEMM_617, GEMM_618, "-o", out)
-    assert j.code == 1 and j.json()["error"]["exit_code"] == 1
+    assert j.code == 2 and j.json()["error"]["exit_code"] == 2
 
 
 def test_corrupt_out_is_refused_and_untouched(run, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
@@ -235,3 +235,15 @@ def test_dry_run_into_a_pinned_namespace_says_it_would_be_refused(run, store: Pa
     assert run("pin", ns).code == 0
     r = run("merge", VLLM_026_FUSED, "-o", ns / VLLM_026_REL, "--dry-run")
     assert r.code == 2 and "pinned" in r.err and r.err.count("\n") == 1, r.err
+
+
+def test_files_of_two_environments_are_refused_input_not_a_problem_found(
+    run, tmp_path: Path
+) -> None:  # type: ignore[no-untyped-def]
+    """Neither file is wrong: the user asked to join two environments' caches (docs/cli.md: 2 is
+    refused input, 1 a problem found in the caches, as a corrupt source is)."""
+    out = tmp_path / "out.json"
+    for dry in ([], ["--dry-run"]):
+        r = run("merge", GEMM_617, GEMM_618, "-o", out, *dry)
+        assert r.code == 2 and len(r.err.splitlines()) == 1 and "one environment" in r.err
+        assert not out.exists() and not list(tmp_path.iterdir())

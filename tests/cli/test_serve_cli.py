@@ -21,7 +21,13 @@ def _env_with(supports: bool | None) -> Environment:
 
 
 @pytest.mark.parametrize(
-    "command", [["serve", "--deterministic"], ["warm", "--finalize", "unfused"]]
+    "command",
+    [
+        ["serve", "--deterministic"],
+        ["serve", "--finalize", "unfused"],
+        ["serve", "--finalize", "unfused", "--deterministic"],
+        ["warm", "--finalize", "unfused"],
+    ],
 )
 def test_unfused_on_a_vllm_without_the_variable_is_refused(
     command: list[str], tmp_path: Path, monkeypatch, capsys
@@ -87,6 +93,7 @@ def test_a_cache_dir_of_the_users_is_replaced_with_a_line_saying_so(
         ["warm", "--timeout", "0"],
         ["warm", "--lock-timeout", "-1"],
         ["serve", "--timeout", "-1"],
+        ["serve", "--lock-timeout", "-1"],
     ],
 )
 def test_a_timeout_that_cannot_be_waited_for_is_refused(
@@ -113,3 +120,14 @@ def test_quiet_silences_the_uninspectable_vllm_warning(
     assert err.count("\n") == 1  # -q: only the error
     cli_main_exit(["--store", str(tmp_path), *command, "--", "m"])
     assert capsys.readouterr().err.count("cannot inspect the vLLM package") == 1
+
+
+def test_serve_finalize_fused_against_the_users_unfused_variable_is_refused(
+    tmp_path: Path, monkeypatch, capsys
+) -> None:  # type: ignore[no-untyped-def]
+    """serve --finalize fused reads as warm's: the user's =0 is never overridden."""
+    monkeypatch.setattr(environment, "detect", lambda *a, **k: _env_with(True))
+    monkeypatch.setenv("VLLM_FLASHINFER_MOE_FUSED_FINALIZE", "0")
+    code = cli_main_exit(["--store", str(tmp_path), "serve", "--finalize", "fused", "m"])
+    err = capsys.readouterr().err
+    assert code == 2 and err.count("\n") == 1 and "--finalize fused" in err, err

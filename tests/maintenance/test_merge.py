@@ -188,7 +188,7 @@ def test_metadata_mismatch_names_the_field_and_both_files() -> None:
     b = dataclasses.replace(a, metadata={**(a.metadata or {}), "gpu": "NVIDIA H100 80GB HBM3"})
     with pytest.raises(FiCacheError) as info:
         merge([("h200.json", a), ("h100.json", b)], "first")
-    assert info.value.exit_code == 1
+    assert info.value.exit_code == 2  # refused input: neither file is wrong
     message = str(info.value)
     assert "h200.json" in message and "h100.json" in message
     assert "gpu is 'NVIDIA H200' vs 'NVIDIA H100 80GB HBM3'" in message
@@ -234,7 +234,7 @@ def test_metadata_mismatch_writes_nothing(tmp_path: Path) -> None:
     before = existing.stat()
     with pytest.raises(FiCacheError) as info:
         merge_into([GEMM_618], existing)
-    assert info.value.exit_code == 1
+    assert info.value.exit_code == 2  # refused input: neither file is wrong
     assert existing.read_bytes() == GEMM_617.read_bytes()
     assert existing.stat().st_mtime_ns == before.st_mtime_ns
 
