@@ -56,7 +56,10 @@ FINALIZE_HELP = (
     "MoE finalize mode, hence the namespace: fused, or unfused (bit-stable, deterministic)."
 )
 DRY_RUN_HELP = "Print what would be done; change nothing."
-TIMEOUT_HELP = "Seconds the work may take (the engine's /health, a mode's tuning) before it fails."
+TIMEOUT_HELP = (
+    "Seconds the work may take before it fails: the engine's /health (warm, serve), one mode's "
+    "tuning (warm --engine flashinfer)."
+)
 LOCK_TIMEOUT_HELP = "Seconds to wait for another warm of the same namespace (or GPU) to finish."
 NAMESPACE_HELP = (
     "here (default), fused, unfused (this machine's namespaces) or a namespace dir "

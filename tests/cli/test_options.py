@@ -55,11 +55,19 @@ def test_a_shared_option_has_one_spelling_one_help_and_one_type(flag: str) -> No
     assert len(faces) == 1, faces
 
 
-def test_serve_finalize_is_spelled_as_everywhere_else() -> None:
+def _spellings(command: click.Command) -> dict[str, set[str]]:
+    """Each parameter's names: the spellings that reach one value."""
+    return {p.name or "": set(getattr(p, "opts", [])) for p in command.params}
+
+
+def test_old_spellings_stay_as_aliases_of_the_shared_ones() -> None:
     commands = load_all()
-    serve = {o for p in commands["serve"].params for o in getattr(p, "opts", [])}
+    serve = set().union(*_spellings(commands["serve"]).values())
     assert {"--finalize", "--deterministic", "--lock-timeout"} <= serve
-    assert "--verify" in {o for p in commands["plan"].params for o in getattr(p, "opts", [])}
+    assert {"--verify", "--check"} <= _spellings(commands["plan"])["check_path"]
+    assert {"--allow-unknown", "--force"} <= _spellings(commands["push"])["allow_unknown"]
+    for name in ("import", "pull"):
+        assert {"--force", "--allow-foreign"} <= _spellings(commands[name])["force"]
 
 
 @pytest.fixture
