@@ -13,6 +13,7 @@ from fi_cache.cli import options, render
 from fi_cache.errors import EXIT_PROBLEM, Refused
 
 if TYPE_CHECKING:
+    from fi_cache.cli import Context
     from fi_cache.maintenance.prune import Here, Outcome, Plan
 
 
@@ -58,7 +59,7 @@ def prune_command(
     """
     from fi_cache.maintenance import prune
 
-    obj = click.get_current_context().obj
+    obj = options.context()
     criteria = prune.Selection(
         older_than=prune.parse_duration(older_than) if older_than is not None else None,
         max_size=prune.parse_size(max_size) if max_size is not None else None,
@@ -122,7 +123,7 @@ def _count(n: int, one: str, many: str | None = None) -> str:
 # --- output ---------------------------------------------------------------------------------------
 
 
-def _report(plan: Plan, outcome: Outcome | None, obj: Any, shown: bool = False) -> None:
+def _report(plan: Plan, outcome: Outcome | None, obj: Context, shown: bool = False) -> None:
     if obj.json:
         render.emit_json(_document(plan, outcome))
         return

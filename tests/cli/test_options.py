@@ -113,3 +113,20 @@ def test_an_option_that_would_be_ignored_is_refused(
     assert not out.exists() and not (tmp_path / "store" / "namespaces").exists()
     if "json" not in argv:
         assert captured.out == ""
+
+
+# Modules other engineers are rewriting now: their `_ctx` goes when they are done.
+UNTYPED_YET = {"coverage.py", "diff.py", "show.py", "bench.py", "warm_flashinfer.py"}
+
+
+def test_commands_read_the_global_options_through_one_typed_accessor() -> None:
+    """options.context() -> Context, not a copy of `_ctx() -> Any` in every module."""
+    cli_dir = Path(__file__).parents[2] / "fi_cache" / "cli"
+    untyped = sorted(
+        p.name
+        for p in cli_dir.glob("*.py")
+        if p.name not in UNTYPED_YET
+        and ("def _ctx" in (text := p.read_text()) or "get_current_context().obj" in text)
+        and p.name != "options.py"
+    )
+    assert untyped == []
