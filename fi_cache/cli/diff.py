@@ -102,7 +102,7 @@ def diff_command(a: Path, b: Path, op_filter: str | None) -> int:
             "only_a": d.count("only-a"), "only_b": d.count("only-b"),
             "changed": d.count("changed"),
             "metadata": {f: {"a": x, "b": y} for f, (x, y) in d.metadata.items()},
-            "entries": [_entry_json(e) for e in entries],
+            "entries": render.Rows(entries, _entry_json),
         })  # fmt: skip
         return code
     click.echo(summary_line(d, render.display_path(ca.path), render.display_path(cb.path)))

@@ -6,7 +6,7 @@ import os
 import re
 import sys
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -147,7 +147,7 @@ def json_text(document: Any) -> str:
     import json
     import secrets
 
-    long: list[list[Any]] = []
+    long: list[Sequence[Any]] = []
     nonce = secrets.token_hex(8)  # a file's own strings cannot name a placeholder
     skeleton = _without_long_lists(document, long, nonce)
     text = json.dumps(skeleton, indent=2, sort_keys=False)
@@ -162,16 +162,35 @@ def json_text(document: Any) -> str:
     return text
 
 
+class Rows(Sequence[Any]):
+    """A list for --format json whose items are made as they are printed (`make(item)`): a
+    200,000-row diff never holds 200,000 dicts at once."""
+
+    def __init__(self, items: Sequence[Any], make: Callable[[Any], Any]) -> None:
+        self.items, self.make = items, make
+
+    def __len__(self) -> int:
+        return len(self.items)
+
+    def __getitem__(self, i: Any) -> Any:
+        if isinstance(i, slice):
+            return [self.make(item) for item in self.items[i]]
+        return self.make(self.items[i])
+
+    def __iter__(self) -> Iterator[Any]:
+        return map(self.make, self.items)
+
+
 def _mark(i: int, nonce: str) -> str:
     return f"\0fi-cache-long-list-{nonce}-{i}\0"
 
 
-def _without_long_lists(value: Any, long: list[list[Any]], nonce: str) -> Any:
+def _without_long_lists(value: Any, long: list[Sequence[Any]], nonce: str) -> Any:
     if isinstance(value, dict):
         return {k: _without_long_lists(v, long, nonce) for k, v in value.items()}
-    if isinstance(value, (list, tuple)):
+    if isinstance(value, (list, tuple, Rows)):
         if len(value) > LONG_LIST:
-            long.append(list(value))
+            long.append(value)  # printed item by item, by json's C encoder
             return _mark(len(long) - 1, nonce)
         return [_without_long_lists(v, long, nonce) for v in value]
     return value

@@ -15,7 +15,7 @@ from fi_cache.versions import MoeTacticLists, moe_tactic_lists, sm_of_gpu
 Change = Literal["only-a", "only-b", "changed"]
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)  # one or two per row: 288,753 rows in a big diff
 class Side:
     """One cache's answer for a key: the runner and tactic it stores, and for a CUTLASS MoE
     GEMM2 tactic the config family its id names (base, finalize, swap_base, ...)."""
@@ -25,7 +25,7 @@ class Side:
     family: str | None = None
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class EntryDiff:
     change: Change
     raw_key: str
@@ -89,6 +89,13 @@ def _side(key: keymod.CacheKey | None, value: Any, lists: MoeTacticLists | None)
     return Side(value[0] if value else None, tactic, _family(key, tactic, lists))
 
 
+def _plain_side(value: Any) -> Side:
+    """A non-MoE key's side: no config family to name."""
+    if type(value) is list and len(value) > 1:
+        return Side(value[0], value[1])
+    return _side(None, value, None)
+
+
 def _entry(
     change: Change, raw: str, key: keymod.CacheKey | None, a: Side | None, b: Side | None
 ) -> EntryDiff:
@@ -122,8 +129,8 @@ class _Differ:
             if (is_moe := self.moe_ops.get(op)) is None:
                 is_moe = self.moe_ops[op] = moe.is_moe(op)
             if not is_moe:  # no tactic family to name: the key itself is not needed
-                a = None if va is _ABSENT else _side(None, va, self.la)
-                b = None if vb is _ABSENT else _side(None, vb, self.lb)
+                a = None if va is _ABSENT else _plain_side(va)
+                b = None if vb is _ABSENT else _plain_side(vb)
                 return EntryDiff(change, raw, op, found[1], found[2], a, b, (0, found[3]))
         key = _parsed(raw)
         a = None if va is _ABSENT else _side(key, va, self.la)

@@ -80,3 +80,20 @@ def test_a_long_list_is_one_item_a_line_and_the_same_json() -> None:
     assert '\n        {"op": "op7", "a": {"tactic": [7, []]}},\n' in text  # nested: deeper
     small = {"path": "x", "entries": entries[:3]}
     assert json_text(small) == json.dumps(small, indent=2)  # short lists: as before
+
+
+def test_rows_are_made_as_they_are_printed_and_print_as_a_list() -> None:
+    from fi_cache.cli.render import Rows, json_text
+
+    made: list[int] = []
+
+    def make(i: int) -> dict[str, int]:
+        made.append(i)
+        return {"i": i}
+
+    rows = Rows(range(1500), make)
+    assert len(rows) == 1500 and made == []  # nothing made before it is printed
+    assert json.loads(json_text({"entries": rows})) == {"entries": [{"i": i} for i in range(1500)]}
+    assert json.loads(json_text({"entries": Rows([1, 2], make)})) == {
+        "entries": [{"i": 1}, {"i": 2}]
+    }
