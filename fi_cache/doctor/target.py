@@ -41,7 +41,7 @@ def short_gpu(name: str) -> str:
 def resolve_gpu(name: str, known: Iterable[str]) -> str:
     """The full GPU name `name` stands for: itself when it is one, else the one known name (of
     the caches examined, of this machine's GPUs) it is the short or vendor-less form of, else
-    "NVIDIA " + name. Raises Refused when it names several."""
+    "NVIDIA " + a one-word name. Raises Refused when it names several."""
     names = {n for n in known if n}
     if name in names or name.startswith(_VENDOR):
         return name
@@ -53,7 +53,9 @@ def resolve_gpu(name: str, known: Iterable[str]) -> str:
         raise Refused(
             f"--gpu {name!r} names several GPUs: {', '.join(matches)}; give the full name"
         )
-    return matches[0] if matches else _VENDOR + name
+    if matches:
+        return matches[0]
+    return name if " " in name else _VENDOR + name  # a short name is one word, as `ls` prints it
 
 
 def _valid_version(flag: str, text: str | None) -> None:
