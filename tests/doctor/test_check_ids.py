@@ -82,6 +82,9 @@ def test_every_finding_in_the_package_carries_a_declared_id_and_severity() -> No
 
 
 def test_each_id_is_declared_once_with_a_summary() -> None:
+    from fi_cache.doctor.check_ids import SEVERITIES
+
+    assert {c.id for c in doctor.checks()} == set(SEVERITIES)  # every check's severities, no more
     ids = [c.id for c in declared(doctor.checks())]
     assert len(ids) == len(set(ids))
     assert all(c.summary and c.severities for c in declared(doctor.checks()))
