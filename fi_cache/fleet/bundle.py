@@ -21,17 +21,26 @@ import stat
 import tarfile
 import time
 from collections.abc import Iterable, Iterator
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
-from typing import IO, Any
+from typing import IO
 
 from fi_cache import __version__
 from fi_cache.caches.discover import TMP_PATTERN, Found
 from fi_cache.caches.inventory import MAX_FILE_ENV, MB, env_megabytes, max_file_bytes, scan
 from fi_cache.errors import CorruptCache, FiCacheError, Refused, read_refusal
 from fi_cache.fleet import node
+
+# The manifest's types and parser (bundle_manifest.py), re-exported: callers know them here.
+from fi_cache.fleet.bundle_manifest import FORMAT as FORMAT
+from fi_cache.fleet.bundle_manifest import MAX_FILES as MAX_FILES
+from fi_cache.fleet.bundle_manifest import SCHEMA as SCHEMA
+from fi_cache.fleet.bundle_manifest import BundledNamespace as BundledNamespace
+from fi_cache.fleet.bundle_manifest import BundleFile as BundleFile
+from fi_cache.fleet.bundle_manifest import BundleManifest as BundleManifest
+from fi_cache.fleet.bundle_manifest import parse_manifest as parse_manifest
 from fi_cache.fleet.node import NodeRanks
-from fi_cache.model import jsoncheck, v2
+from fi_cache.model import v2
 from fi_cache.model.fingerprint import (
     FINGERPRINT_FIELDS,
     Fingerprint,
@@ -45,11 +54,6 @@ from fi_cache.store.files import TMP_PREFIX, atomic_write
 from fi_cache.store.namespace import Namespace
 
 BUNDLE_MANIFEST = "fi-cache-bundle.json"
-FORMAT = "fi-cache-bundle"
-SCHEMA = 1
-# A namespace holds a few v1 files, or one v2 store with a file per tuned key shared by every
-# model served in that environment: thousands at most. A manifest lists each file in ~260 bytes.
-MAX_FILES = 50_000
 _MAX_MANIFEST_BYTES = 16 * 1024 * 1024
 # A namespace's own manifest is a few kB (a store keeps its newest 1000 warm and evict records,
 # store/manifest.py MAX_RECORDS); every ls, doctor and serve reads it, so a bundle's is bounded.
@@ -75,89 +79,6 @@ def max_member_bytes() -> int:
 
 def max_bundle_bytes() -> int:
     return env_megabytes("FI_CACHE_MAX_BUNDLE_MB", 4096) * MB
-
-
-@dataclass(frozen=True)
-class BundledNamespace:
-    path: str  # posix, relative to the store: namespaces/<fi>/<arch>/<gpu>/<mode>-<hash>
-    fingerprint: Fingerprint
-    finalize: str
-
-
-@dataclass(frozen=True)
-class BundleFile:
-    path: str
-    size: int
-    sha256: str
-
-
-@dataclass(frozen=True)
-class BundleManifest:
-    namespaces: tuple[BundledNamespace, ...]
-    files: tuple[BundleFile, ...]
-    created: float
-    fi_cache_version: str
-
-    @property
-    def size(self) -> int:
-        return sum(f.size for f in self.files)
-
-    def to_json(self) -> dict[str, Any]:
-        return {
-            "format": FORMAT,
-            "schema": SCHEMA,
-            "fi_cache_version": self.fi_cache_version,
-            "created": self.created,
-            "namespaces": [
-                {"path": n.path, "fingerprint": asdict(n.fingerprint), "finalize": n.finalize}
-                for n in self.namespaces
-            ],
-            "files": [asdict(f) for f in self.files],
-        }
-
-
-def parse_manifest(data: Any) -> BundleManifest:
-    """Raises Refused with the reason for anything that is not a bundle manifest."""
-    if (why := jsoncheck.problem(data)) is not None:
-        raise Refused(f"malformed bundle manifest ({why})")
-    try:
-        if data["format"] != FORMAT or int(data["schema"]) != SCHEMA:
-            raise Refused(f"not a schema-{SCHEMA} fi-cache bundle")
-        if not isinstance(data["files"], list) or not isinstance(data["namespaces"], list):
-            raise TypeError("files and namespaces must be lists")
-        count = max(len(data["files"]), len(data["namespaces"]))
-        if count > MAX_FILES:  # before building an object per entry
-            raise Refused(f"bundle manifest lists {count} entries, over the limit of {MAX_FILES}")
-        namespaces = tuple(
-            BundledNamespace(
-                str(n["path"]),
-                _fingerprint(n["fingerprint"]),
-                str(n["finalize"]),
-            )
-            for n in data["namespaces"]
-        )
-        files = tuple(
-            BundleFile(str(f["path"]), _size(f["size"]), str(f["sha256"])) for f in data["files"]
-        )
-        return BundleManifest(
-            namespaces, files, float(data["created"]), str(data["fi_cache_version"])
-        )
-    except (KeyError, TypeError, ValueError, AttributeError, OverflowError) as exc:
-        raise Refused(f"malformed bundle manifest ({exc})") from None
-
-
-def _size(value: Any) -> int:
-    size = int(value)
-    if size < 0:
-        raise ValueError(f"negative size {size}")
-    return size
-
-
-def _fingerprint(data: Any) -> Fingerprint:
-    values = {k: v for k, v in dict(data).items() if k in FINGERPRINT_FIELDS}
-    if not all(v is None or isinstance(v, str) for v in values.values()):
-        raise ValueError("fingerprint values must be strings")
-    return Fingerprint(**values)
 
 
 # --- what a bundle carries: export and import both go by these two ------------------------------
