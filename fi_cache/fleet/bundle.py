@@ -487,6 +487,7 @@ def plan_install(
 
     bm, bundle = opened.manifest, opened.path
     _refuse_before_unpacking(store, bm, bundle, here, force)
+    _refuse_unwritable(store)
     try:
         with tempfile.TemporaryDirectory(prefix="fi-cache-dry-run-") as tmp:
             _unpack_checked(opened, Path(tmp), here, force)
@@ -498,6 +499,18 @@ def plan_install(
                 "in use by a running `fi-cache serve`: import after it stops", store / n.path
             )
     return [PlannedNamespace(n.path, (store / n.path).is_dir()) for n in bm.namespaces]
+
+
+def _refuse_unwritable(store: Path) -> None:
+    """What install.make_staging_dir would refuse, asked without writing: the store (or the dir
+    that would hold it) on a read-only mount or without write permission."""
+    where = store
+    while not where.exists() and where.parent != where:
+        where = where.parent
+    if not os.access(where, os.W_OK):
+        read_only = os.statvfs(where).f_flag & os.ST_RDONLY
+        why = "Read-only file system" if read_only else "Permission denied"
+        raise Refused(f"store is not writable: {why}", store)
 
 
 def _check_contents(

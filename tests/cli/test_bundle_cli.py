@@ -98,3 +98,14 @@ def test_export_takes_namespace_as_an_option_too(run: Run, bundle: Path, tmp_pat
     both = run("export", "fused", "--namespace", "unfused", "-o", tmp_path / "x.tar.gz")
     assert both.code == 2 and len(both.err.splitlines()) == 1 and "give one" in both.err
     assert not (tmp_path / "x.tar.gz").exists()
+
+
+def test_import_dry_run_refuses_a_store_that_cannot_be_written(
+    run: Run, bundle: Path, tmp_path: Path, read_only
+) -> None:  # type: ignore[no-untyped-def]
+    other = tmp_path / "other-store"
+    other.mkdir()
+    read_only(other)
+    real = run("--store", other, "import", bundle)
+    dry = run("--store", other, "import", "--dry-run", bundle)
+    assert real.code == dry.code == 2 and dry.err == real.err and "not writable" in dry.err
