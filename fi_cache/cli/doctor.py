@@ -4,13 +4,20 @@ from __future__ import annotations
 
 import functools
 import sys
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING
 
 import click
 
 from fi_cache.cli import render
 from fi_cache.errors import EXIT_PROBLEM, EXIT_REFUSED, Refused
+
+if TYPE_CHECKING:
+    from fi_cache.doctor.diagnose import Diagnosis
+    from fi_cache.doctor.findings import Finding
+    from fi_cache.doctor.fix import Action
+    from fi_cache.doctor.inputs import CheckId
 
 _COLOURS = {"error": "red", "warning": "yellow", "info": "cyan"}
 
@@ -126,7 +133,7 @@ def doctor_command(
     if obj.json:
         _emit_json(d, actions, done, dry_run)
     else:
-        _render(list(d.findings), d.errors, d.warnings, obj.quiet)
+        _render(d.findings, d.errors, d.warnings, obj.quiet)
         _render_actions(actions, done, dry_run)
     for path in d.inputs.empty:
         render.error(f"{path}: no FlashInfer autotune caches found here")
@@ -140,7 +147,9 @@ def doctor_command(
     return EXIT_PROBLEM if d.errors or (strict and d.warnings) else 0
 
 
-def _emit_json(d: Any, actions: list[Any], done: list[Any], dry_run: bool) -> None:
+def _emit_json(
+    d: Diagnosis, actions: list[Action], done: list[tuple[Action, Path | None]], dry_run: bool
+) -> None:
     target = d.target
     render.emit_json(
         {
@@ -168,7 +177,7 @@ def _emit_json(d: Any, actions: list[Any], done: list[Any], dry_run: bool) -> No
     )
 
 
-def _list_checks(ids: Any, as_json: bool) -> int:
+def _list_checks(ids: Sequence[CheckId], as_json: bool) -> int:
     if as_json:
         render.emit_json(
             {
@@ -185,7 +194,7 @@ def _list_checks(ids: Any, as_json: bool) -> int:
     return 0
 
 
-def _render(findings: list[Any], errors: int, warnings: int, quiet: bool) -> None:
+def _render(findings: Sequence[Finding], errors: int, warnings: int, quiet: bool) -> None:
     colour = sys.stdout.isatty()
     for f in findings:
         if quiet and f.severity == "info":
@@ -201,7 +210,9 @@ def _render(findings: list[Any], errors: int, warnings: int, quiet: bool) -> Non
     click.echo(f"{errors} error(s), {warnings} warning(s), {infos} info")
 
 
-def _render_actions(actions: list[Any], done: list[Any], dry_run: bool) -> None:
+def _render_actions(
+    actions: list[Action], done: list[tuple[Action, Path | None]], dry_run: bool
+) -> None:
     if dry_run:
         for a in actions:
             click.echo(f"would {a.kind} {a.path}  ({a.why.split(':')[0]})")

@@ -127,7 +127,7 @@ def _diagnose(request: Request) -> Diagnosis:
         known = {*scanned.gpu_names(), *(g.name for g in res.env.gpus)}
         if (gpu := resolve_gpu(request.gpu, known)) != target.fingerprint.gpu:
             target = Target(target.fingerprint.replace(gpu=gpu), *_rest(target))
-    inputs = gather.settle(_with(inputs, why), scanned, request.paths, target)
+    inputs = gather.settle(_with(inputs, why), scanned, request.store, request.paths, target)
     findings = doctor.run(inputs, request.only)
     wanted = not request.only or "vllm-preload" in request.only
     if request.wrapper is not None and wanted:

@@ -62,10 +62,11 @@ def scan(
     return inputs, scanned
 
 
-def settle(inputs: Inputs, scanned: files.Scanned, paths: Sequence[Path], target: Target) -> Inputs:
+def settle(
+    inputs: Inputs, scanned: files.Scanned, store: Path, paths: Sequence[Path], target: Target
+) -> Inputs:
     """The inputs with the caches judged against `target`."""
-    assert inputs.store is not None
-    found = files.judged(scanned, inputs.store, paths, target)
+    found = files.judged(scanned, store, paths, target)
     return dataclass_replace(
         inputs,
         target=target,
@@ -91,4 +92,4 @@ def gather(
     """Everything the checks look at. Raises Refused for bad paths, logs and argv."""
     inputs, scanned = scan(store, paths, logs, serve_argv, target, environ, location)
     inputs = dataclass_replace(inputs, location_from=location_from)
-    return settle(inputs, scanned, paths, target)
+    return settle(inputs, scanned, store, paths, target)
