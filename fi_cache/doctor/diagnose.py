@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -77,18 +77,14 @@ class Diagnosis:
         return bool(self.inputs.empty or self.inputs.logs_as_paths)
 
 
-@dataclass(frozen=True)
-class _Resolved:
-    env: Environment
-    target: Target
-    argv: tuple[str, ...] | None  # the engine's arguments, a pasted launcher taken out
-    environ: dict[str, str] = field(default_factory=dict)
+# (the environment, the target, the engine's arguments with a pasted launcher taken out, environ)
+_Resolved = tuple["Environment", Target, "tuple[str, ...] | None", dict[str, str]]
 
 
 def target_of(request: Request) -> Target:
     """The environment the request is judged against (a GPU short name resolved against this
     machine's GPUs)."""
-    return _resolve(request).target
+    return _resolve(request)[1]
 
 
 def diagnose(request: Request | NamespaceRequest) -> Diagnosis:
@@ -113,18 +109,17 @@ def _diagnose(request: Request) -> Diagnosis:
     from fi_cache.doctor.target import resolve_gpu
     from fi_cache.store.paths import state_dir
 
-    res = _resolve(request)
-    target, environ = res.target, res.environ
+    env, target, argv, environ = _resolve(request)
     if request.sglang_version is not None:
         location, why = None, ""  # SGLang is never asked: no CPU build to ask
     else:
         state = state_dir(request.store)
-        location, why = vllm_source.location(res.env, target, res.argv, environ, state)
+        location, why = vllm_source.location(env, target, argv, environ, state)
     inputs, scanned = gather.scan(
-        request.store, request.paths, request.logs, res.argv, target, environ, location
+        request.store, request.paths, request.logs, argv, target, environ, location
     )
     if request.gpu:  # the short name `ls` prints, resolved against the caches' names too
-        known = {*scanned.gpu_names(), *(g.name for g in res.env.gpus)}
+        known = {*scanned.gpu_names(), *(g.name for g in env.gpus)}
         if (gpu := resolve_gpu(request.gpu, known)) != target.fingerprint.gpu:
             target = Target(target.fingerprint.replace(gpu=gpu), *_rest(target))
     inputs = gather.settle(_with(inputs, why), scanned, request.store, request.paths, target)
@@ -162,7 +157,7 @@ def _resolve(request: Request) -> _Resolved:
         request.sglang_version, sglang_argv,
     )  # fmt: skip
     target = make_target(env, overrides, environ)
-    return _Resolved(env, target, tuple(argv) if argv is not None else None, environ)
+    return env, target, tuple(argv) if argv is not None else None, environ
 
 
 def _rest(t: Target) -> tuple[str | None, bool | None, str, str | None]:
