@@ -97,7 +97,7 @@ def echo_node(node: Any) -> None:
     ),
 )
 @click.argument("namespace", required=False)
-@options.namespace_option()
+@options.namespace_option(show_default="every namespace of the store")
 @click.option(
     "-o",
     "--output",

@@ -62,7 +62,7 @@ TIMEOUT_HELP = (
 )
 LOCK_TIMEOUT_HELP = "Seconds to wait for another warm of the same namespace (or GPU) to finish."
 NAMESPACE_HELP = (
-    "here (default), fused, unfused (this machine's namespaces) or a namespace dir "
+    "here, fused, unfused (this machine's namespaces) or a namespace dir "
     "(absolute, or relative to the store or its namespaces/)."
 )
 FINALIZE_CHOICE = click.Choice(["fused", "unfused"])
@@ -100,12 +100,13 @@ def lock_timeout() -> Callable[[F], F]:
     )  # fmt: skip
 
 
-def namespace_option() -> Callable[[F], F]:
+def namespace_option(show_default: str | bool = False) -> Callable[[F], F]:
     """`--namespace NS`: the spelling every command accepts (export, pin and unpin also take it
     as their first argument, as before)."""
     return click.option(
-        "--namespace", "namespace_opt", metavar="NAMESPACE", default=None, help=NAMESPACE_HELP
-    )
+        "--namespace", "namespace_opt", metavar="NAMESPACE", default=None,
+        show_default=show_default, help=NAMESPACE_HELP,
+    )  # fmt: skip
 
 
 def one_namespace(positional: str | None, option: str | None) -> str | None:

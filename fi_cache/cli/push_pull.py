@@ -69,7 +69,7 @@ def _summary(moved: Any) -> dict[str, Any]:
     ),
 )
 @click.argument("url")
-@options.namespace_option()
+@options.namespace_option(show_default="here")
 @click.option(
     "--allow-unknown",
     "--force",
