@@ -53,6 +53,9 @@ def test_a_shared_option_has_one_spelling_one_help_and_one_type(flag: str) -> No
     assert SHARED[flag] <= having, f"{flag} missing on {sorted(SHARED[flag] - having)}"
     faces = {_face(param) for name, param in uses[flag] if (name, flag) not in VARIANTS | NOT_YET}
     assert len(faces) == 1, faces
+    # one text for every command: what each command defaults to is its show_default, not help
+    [(help_text, *_)] = faces
+    assert "default" not in (help_text or ""), help_text
 
 
 def _spellings(command: click.Command) -> dict[str, set[str]]:
