@@ -61,7 +61,8 @@ one_version() {
     done; done
   done
   for kind in plain repeat; do
-    for i in $(seq $RUNS); do
+    local n=$RUNS; [ $kind = repeat ] && n=${BENCH_REPEAT:-$RUNS}  # fewer where time is short
+    for i in $(seq $n); do
       step "$ver: bench $kind-$i"
       timed bench-$kind-$i --store $V/$kind-$ver-$i --format json bench \
         "$(file_of $D/$kind-$i.json)" --rounds 5
