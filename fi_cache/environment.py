@@ -17,6 +17,7 @@ import re
 import shutil
 import subprocess
 import sys
+import time
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
@@ -34,6 +35,8 @@ _CUDNN_DISTS = ("nvidia-cudnn-cu13", "nvidia-cudnn-cu12", "nvidia-cudnn")
 _FRONTEND_DISTS = ("nvidia-cudnn-frontend",)
 _PROBE_TIMEOUT_S = 120
 _MAX_PROBE_RECORD = 1 << 20  # FlashInfer's _metadata is under 1 KB of JSON
+_MAX_DISTS_RECORD = 16 << 20  # versions and two files' text (vLLM 0.34's envs.py: ~80 KB)
+_SETTLED_NS = 2_000_000_000  # a dir changed this recently may change again within its mtime tick
 
 
 @dataclass(frozen=True)
@@ -158,6 +161,7 @@ for dist, rel in files:
             out["files"][dist + ":" + rel] = [path, f.read()]
     except (md.PackageNotFoundError, OSError):
         pass
+out["path"] = sys.path
 print(json.dumps(out))
 """
 
@@ -238,12 +242,91 @@ def dists_here(wanted: Wanted = _WANTED_FILES) -> Dists:
     return Dists(sys.executable, versions, files, requires)
 
 
-def dists_of(python: str, timeout: float = 30.0, wanted: Wanted = _WANTED_FILES) -> Dists:
+def dists_of(
+    python: str,
+    timeout: float = 30.0,
+    wanted: Wanted = _WANTED_FILES,
+    state_dir: Path | None = None,
+) -> Dists:
     """What `python` (another interpreter, e.g. a vLLM venv's) has installed, with the text of
-    the `wanted` files. Raises RuntimeError with one line when it cannot be asked."""
+    the `wanted` files. Raises RuntimeError with one line when it cannot be asked. With
+    `state_dir`, its answer is kept there and given again while nothing it read from changed
+    (every serve asked a child: ~50 ms)."""
     # Not realpath: a venv's python is a symlink to the base interpreter, yet another environment.
     if os.path.abspath(python) == os.path.abspath(sys.executable):
         return dists_here(wanted)
+    record = state_dir / f"dists-{_dists_key(python, wanted)}.json" if state_dir else None
+    if record is not None and (known := _saved_dists(record, python)) is not None:
+        return known
+    asked = time.time_ns()
+    dists, read_from = _ask_dists(python, timeout, wanted)
+    if record is not None:
+        _save_dists(record, dists, read_from, asked)
+    return dists
+
+
+def _dists_key(python: str, wanted: Wanted) -> str:
+    """Which interpreter, however it is named: the dir it is started from (a venv's `bin/`,
+    whose pyvenv.cfg makes it that venv) and the program that runs, both resolved, so that
+    `bin/python` and `bin/python3` share one answer and two venvs of one Python do not."""
+    where = os.path.realpath(os.path.dirname(os.path.abspath(python)))
+    parts = [where, os.path.realpath(python), json.dumps([_WANTED_DISTS, wanted])]
+    return hashlib.sha256("\0".join(parts).encode()).hexdigest()[:20]
+
+
+def _stamp(path: str) -> list[int] | None:
+    """What changes when a dir gains or loses an entry (pip adds and removes dist-info dirs), or
+    a file is rewritten: (mtime_ns, ctime_ns, size, inode); None when it is not there."""
+    try:
+        st = os.stat(path)
+    except OSError:
+        return None
+    return [st.st_mtime_ns, st.st_ctime_ns, st.st_size, st.st_ino]
+
+
+def _saved_dists(record: Path, python: str) -> Dists | None:
+    """The saved answer, when every dir and file it was read from is as it was then."""
+    from fi_cache.errors import Refused, read_regular
+
+    try:
+        data = json.loads(read_regular(record, "packages record", _MAX_DISTS_RECORD))
+        if any(_stamp(path) != stamp for path, stamp in data["stamps"]):
+            return None
+        return Dists(
+            python,  # as given this time: messages name the path the user gave
+            {str(k): str(v) for k, v in data["versions"].items()},
+            {str(k): (str(v[0]), str(v[1])) for k, v in data["files"].items()},
+            {str(k): tuple(map(str, v)) for k, v in data["requires"].items()},
+        )
+    except (Refused, ValueError, RecursionError, KeyError, TypeError, AttributeError):
+        return None  # none, or not ours: ask the interpreter
+
+
+def _save_dists(record: Path, dists: Dists, read_from: list[str], asked: int) -> None:
+    """Keep `dists` with the stamps of what it was read from (the interpreter, its sys.path
+    dirs, the files read); not when one of them changed just before it was asked, since a
+    change within the same mtime tick would go unseen. A read-only store only costs the child
+    again next time."""
+    from fi_cache.errors import FiCacheError
+    from fi_cache.store import files
+
+    paths = [os.path.realpath(dists.python), *read_from, *(p for p, _ in dists.files.values())]
+    stamps = [(p, _stamp(p)) for p in dict.fromkeys(paths)]
+    if any(s is not None and s[0] > asked - _SETTLED_NS for _, s in stamps):
+        return
+    doc = {
+        "stamps": stamps,
+        "versions": dists.versions,
+        "files": dists.files,
+        "requires": dists.requires,
+    }
+    with contextlib.suppress(FiCacheError, OSError):
+        files.ensure_dir(record.parent)
+        files.atomic_write(record, json.dumps(doc).encode())
+
+
+def _ask_dists(python: str, timeout: float, wanted: Wanted) -> tuple[Dists, list[str]]:
+    """`python`'s answer from a child, and the sys.path it read its packages from."""
     request = json.dumps([list(_WANTED_DISTS), [list(f) for f in wanted]])
     try:
         out = subprocess.run(
@@ -256,12 +339,13 @@ def dists_of(python: str, timeout: float = 30.0, wanted: Wanted = _WANTED_FILES)
         raise RuntimeError(f"cannot run {python}: {exc.strerror}") from None
     try:
         data = json.loads(out.stdout.strip().splitlines()[-1])
-        return Dists(
+        dists = Dists(
             python,  # the path fi-cache was given (a wrapper's target reports itself)
             {str(k): str(v) for k, v in data["versions"].items()},
             {str(k): (str(v[0]), str(v[1])) for k, v in data["files"].items()},
             {str(k): tuple(map(str, v)) for k, v in data.get("requires", {}).items() if v},
         )
+        return dists, [os.path.abspath(str(p)) for p in data["path"] if p]
     except (IndexError, ValueError, KeyError, TypeError):
         last = (out.stderr.strip().splitlines() or ["no output"])[-1]
         raise RuntimeError(f"{python} could not list its packages: {last}") from None
@@ -473,7 +557,7 @@ def detect(
     dists = None
     if python is not None:
         try:
-            dists = dists_of(python)
+            dists = dists_of(python, state_dir=state_dir)
         except RuntimeError as exc:
             notes = (f"{exc}; using fi-cache's own packages",)
     env = probe(dists)
