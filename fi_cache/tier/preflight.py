@@ -17,16 +17,15 @@ import os
 from collections.abc import Callable, Mapping
 from dataclasses import replace
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from fi_cache.caches import daemon
-from fi_cache.doctor.findings import Finding, Severity
-from fi_cache.doctor.inputs import Target
 from fi_cache.errors import FiCacheError
-from fi_cache.tier.judge import judge
-from fi_cache.tier.keys import HASH_DIR_PREFIX, SCHEME, parse_arg
-from fi_cache.tier.mooncake import TierClient
-from fi_cache.tier.read import max_value_bytes, read
 from fi_cache.versions import MOONCAKE_CONFIG_ENV
+
+if TYPE_CHECKING:  # every vLLM serve imports this: the tier's reader only where a daemon uses one
+    from fi_cache.doctor.findings import Finding, Severity
+    from fi_cache.doctor.inputs import Target
 
 CRASHES = frozenset({"stale-gemm2-profile"})
 MOONCAKE = "mooncake"  # the store name (artifact_store.py 0.34:111-113)
@@ -54,6 +53,11 @@ def check(
     env = tier_environ(cache_dir, os.environ if environ is None else environ)
     if env is None or (known := config_hash()) is None:
         return [], None
+    from fi_cache.tier.judge import judge
+    from fi_cache.tier.keys import HASH_DIR_PREFIX, SCHEME, parse_arg
+    from fi_cache.tier.mooncake import TierClient
+    from fi_cache.tier.read import max_value_bytes, read
+
     url = f"{SCHEME}{HASH_DIR_PREFIX}{known}/"
     try:
         limit = max_value_bytes(env)
