@@ -121,8 +121,7 @@ def ls_command(paths: tuple[Path, ...], no_store: bool, long_: bool, paths_only:
     if paths_only:  # one path a line has no room for -l's columns, and JSON has every field
         if long_:
             raise Refused("--paths and -l/--long exclude each other: --paths prints only paths")
-        if options.context().json:
-            raise Refused("--paths does not apply with --format json: caches[].path are the paths")
+        options.refuse_under_json("paths_only", "caches[].path are the paths")
     if tier_args := split_args(paths)[0]:  # mooncake://KEY: vLLM 0.34's fleet tier
         from fi_cache.cli import tier
 

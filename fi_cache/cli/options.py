@@ -50,6 +50,13 @@ def refuse_ignored(where: str, *names: str) -> None:
         raise Refused(f"{', '.join(found)} {'does' if len(found) == 1 else 'do'} not apply {where}")
 
 
+def refuse_under_json(name: str, why: str) -> None:
+    """Refuse (exit 2, one line) an option that only shapes human output when --format json is
+    asked: the JSON document is the same with or without it."""
+    if context().json and (found := given(name)):
+        raise Refused(f"{found[0]} does not apply with --format json: {why}")
+
+
 # What each shared option means. A command's own default goes in its show_default, never in the
 # help text, so that the text is the same on every command.
 FINALIZE_HELP = (
