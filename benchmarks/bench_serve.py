@@ -10,12 +10,19 @@ another, `FI_CACHE_VLLM` naming that venv's Python. fi-cache then reads vLLM's p
 of that interpreter and runs `PYTHON -m vllm.entrypoints.openai.api_server --model M`. The other
 venv holds a stand-in `vllm` package (a dist-info and an api_server module that runs the same
 stand-in), so only fi-cache's side is measured.
+
+`--bytecode compiled` (default) runs a copy of the tree's fi_cache with its bytecode compiled first,
+as an installed fi-cache has it; `--bytecode none` runs a copy without any (PYTHONDONTWRITEBYTECODE:
+every serve compiles every module it imports, as an editable install on such a machine does).
+`--tree DIR` measures another checkout (e.g. a `git worktree` of the commit before a change).
 """
 
 from __future__ import annotations
 
 import argparse
+import compileall
 import os
+import shutil
 import statistics
 import subprocess
 import sys
@@ -31,9 +38,9 @@ MODEL = "Qwen/Qwen3-30B-A3B"
 GOAL_MS = 50.0
 
 
-def timed(cmd: list[str], env: dict[str, str]) -> float:
+def timed(cmd: list[str], env: dict[str, str], cwd: str) -> float:
     start = time.perf_counter()
-    subprocess.run(cmd, env=env, check=True, capture_output=True)
+    subprocess.run(cmd, env=env, check=True, capture_output=True, cwd=cwd)
     return time.perf_counter() - start
 
 
@@ -59,16 +66,33 @@ def vllm_venv(tmp: str) -> Path:
         (d / "__init__.py").write_text("")
     (site / "vllm" / "envs.py").write_text("environment_variables = {}\n")
     (pkg / "api_server.py").write_text(_API_SERVER.format(fake=str(FAKE)))
+    then = time.time() - 60  # installed a minute ago: fi-cache keeps no answer about a fresh change
+    for path in (site, *site.rglob("*")):
+        os.utime(path, (then, then))
     return venv / "bin" / "python"
+
+
+def package_copy(tree: Path, tmp: str, bytecode: str) -> Path:
+    """A copy of `tree`'s fi_cache, with its bytecode compiled or with none: the dir to put on
+    PYTHONPATH."""
+    src = Path(tmp, "src")
+    ignore = shutil.ignore_patterns("__pycache__", "*.pyc")
+    shutil.copytree(tree / "fi_cache", src / "fi_cache", ignore=ignore)
+    if bytecode == "compiled":
+        compileall.compile_dir(str(src / "fi_cache"), quiet=1)
+    return src
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--runs", type=int, default=15)
     parser.add_argument("--launcher", choices=["script", "python"], default="script")
+    parser.add_argument("--bytecode", choices=["compiled", "none"], default="compiled")
+    parser.add_argument("--tree", type=Path, default=ROOT, help="the checkout to measure")
     opts = parser.parse_args()
     runs = opts.runs
     with tempfile.TemporaryDirectory(prefix="fi-cache-bench-serve-") as tmp:
+        src = package_copy(opts.tree.resolve(), tmp, opts.bytecode)
         wrapper = Path(tmp, "vllm")
         wrapper.write_text(f'#!/bin/sh\nexec "{sys.executable}" "{FAKE}" "$@"\n')
         wrapper.chmod(0o755)
@@ -77,22 +101,35 @@ def main() -> None:
             **os.environ,
             "FI_CACHE_VLLM": str(python or wrapper),
             "FAKE_VLLM_CACHE_SOURCE": str(FIXTURE),
-            "PYTHONPATH": str(ROOT),
+            "PYTHONPATH": str(src),
+            "PYTHONDONTWRITEBYTECODE": "1",  # the copy stays as --bytecode says
         }
         fi = [sys.executable, "-m", "fi_cache", "--store", str(Path(tmp, "store"))]
-        subprocess.run([*fi, "warm", "--", MODEL], env=env, check=True, capture_output=True)
+        where = subprocess.run(
+            [sys.executable, "-c", "import fi_cache; print(fi_cache.__file__)"],
+            env=env,
+            check=True,
+            capture_output=True,
+            text=True,
+            cwd=tmp,
+        ).stdout
+        assert where.startswith(str(src)), f"measuring {where.strip()}, not the copy"
+        # cwd: not a checkout, whose fi_cache `python -m` would import before PYTHONPATH's
+        subprocess.run(
+            [*fi, "warm", "--", MODEL], env=env, check=True, capture_output=True, cwd=tmp
+        )
         now = {**env, "FAKE_VLLM_MODE": "exit-now"}
         direct_cmd = [str(wrapper), "serve", MODEL]
         if python is not None:
             direct_cmd = [str(python), "-m", "vllm.entrypoints.openai.api_server", "--model", MODEL]
         serve_cmd = [*fi, "serve", "--", MODEL]
-        timed(direct_cmd, now), timed(serve_cmd, now)  # warm-up
+        timed(direct_cmd, now, tmp), timed(serve_cmd, now, tmp)  # warm-up
         direct, served = [], []
         for _ in range(runs):  # interleaved, so machine noise hits both alike
-            direct.append(timed(direct_cmd, now))
-            served.append(timed(serve_cmd, now))
+            direct.append(timed(direct_cmd, now, tmp))
+            served.append(timed(serve_cmd, now, tmp))
     d, s = statistics.median(direct), statistics.median(served)
-    print(f"launcher: {opts.launcher}")
+    print(f"launcher: {opts.launcher}, bytecode: {opts.bytecode}, tree: {opts.tree}")
     print(
         f"stand-in vLLM directly     median {d * 1000:7.1f} ms  (min {min(direct) * 1000:.1f}, "
         f"max {max(direct) * 1000:.1f}, n={runs})"
