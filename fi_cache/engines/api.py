@@ -92,7 +92,7 @@ class Engine(ABC, Generic[ArgsT]):
         return last is not None and all(_present(ns_dir / f.path) for f in last.files)
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class Request:
     """What a warm or serve command line asks of a serving engine."""
 

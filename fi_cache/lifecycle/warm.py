@@ -26,7 +26,7 @@ from fi_cache.store.files import prune_empty, share_like_store
 from fi_cache.store.manifest import CacheFileRecord, Manifest, WarmRecord
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class WarmOptions:
     timeout: float = 1800.0  # big MoE models tune for minutes
     port: int | None = None
