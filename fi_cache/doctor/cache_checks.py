@@ -9,7 +9,6 @@ from typing import Any
 
 from fi_cache.caches.discover import STAGING_PREFIX, TMP_MAX_AGE_S
 from fi_cache.doctor.findings import Finding
-from fi_cache.doctor.fix import quarantine_text
 from fi_cache.doctor.inputs import Check, Inputs
 from fi_cache.doctor.vllm_checks import runs_finalize, selects_unfused
 from fi_cache.engines.vllm.launch import ALTERNATIVES
@@ -34,8 +33,16 @@ def _problems(inp: Inputs, check: str, fix: Callable[[str], str]) -> Iterator[Fi
             yield Finding(check, "error", str(p.path), p.message, fix(str(p.path)))
 
 
+def _quarantine_text(inp: Inputs, path: str, other: str) -> str:
+    """fix.py's way to move `path` aside: loaded only once a finding needs it (serve's pre-flight
+    on a healthy namespace writes no fix)."""
+    from fi_cache.doctor.fix import quarantine_text
+
+    return quarantine_text(inp, path, other)
+
+
 def _move_aside(inp: Inputs, path: str) -> str:
-    how = quarantine_text(inp, path, "")
+    how = _quarantine_text(inp, path, "")
     if how:
         return f"move it aside ({how}) and let vLLM re-tune (or warm again)"
     if path in {str(v.cache.path) for v in inp.caches if v.cache.found.format == "v2"}:
@@ -79,7 +86,7 @@ def foreign_environment(inp: Inputs) -> Iterator[Finding]:
             continue
         fields = "; ".join(f"{m.field}: saved {m.saved!r}, target {m.target!r}" for m in mismatches)
         if any(m.hard for m in mismatches):
-            how = quarantine_text(inp, str(cache.path), "or move the file aside")
+            how = _quarantine_text(inp, str(cache.path), "or move the file aside")
             yield Finding(
                 "foreign-environment",
                 "error",
@@ -327,7 +334,7 @@ def stale_gemm2_profile(inp: Inputs) -> Iterator[Finding]:
 
 
 def _stale_fix(inp: Inputs, view: Any, tuned: _Tuned, runs: str) -> str:
-    move = quarantine_text(inp, str(view.cache.path), "move this file aside")
+    move = _quarantine_text(inp, str(view.cache.path), "move this file aside")
     if tuned.ignored_by_warm:
         # `warm --finalize unfused` wrote it: running that warm again tunes fused again.
         return (
