@@ -75,12 +75,31 @@ one_version() {
   fi
 }
 
+# short: what fits a few minutes of device time, most telling first (n = 2 per kind, not medians).
+short_version() {
+  local ver=$1
+  D=$R/$ver; mkdir -p $D/files; venv $ver
+  for step_ in plain-1 plain-2 bench:plain-1 repeat-1 repeat-2 bench:repeat-1; do
+    local kind=${step_#bench:} extra=""
+    [ "${kind%-*}" = repeat ] && extra="--repeat 3"
+    step "$ver: $step_"
+    if [ "$step_" != "$kind" ]; then
+      timed bench-$kind --store $V/$kind-$ver --format json bench "$(file_of $D/$kind.json)" --rounds 5
+    else
+      timed $kind --store $V/$kind-$ver --format json warm --engine flashinfer --plan $V/plan.toml $extra
+      cp "$(file_of $D/$kind.json)" $D/files/$kind.json
+      case $kind in plain-2|repeat-2) k=${kind%-*}
+        fic --format json diff $D/files/$k-1.json $D/files/$k-2.json > $D/diff-$k-1-2.json ;; esac
+    fi
+  done
+}
+
 pipeline() {
   step host
   { nvidia-smi --query-gpu=name,compute_cap,driver_version,memory.total --format=csv,noheader
     $PY -V; $PY -c "import torch; print('torch', torch.__version__, torch.version.cuda)"; } > $R/host.txt 2>&1
   cat $R/host.txt
-  for ver in $VERSIONS; do one_version $ver; done
+  for ver in $VERSIONS; do if [ -n "${SHORT:-}" ]; then short_version $ver; else one_version $ver; fi; done
   step summary
   PYTHONPATH=$V/src $PY "$HERE/summary.py" $R > $R/summary.md 2>&1
   step done; touch $R/DONE
