@@ -11,7 +11,6 @@ import contextlib
 import errno
 import json
 import os
-import socket
 import stat
 import time
 from abc import ABC, abstractmethod
@@ -163,8 +162,9 @@ class LockStrategy(ABC):
 
 def this_holder(purpose: str) -> Holder:
     pid = os.getpid()
+    # uname's nodename is what gethostname() answers, without loading socket on every command
     return Holder(
-        pid, socket.gethostname(), time.time(), purpose,
+        pid, os.uname().nodename, time.time(), purpose,
         boot=process.boot_id(), start=process.start_ticks(pid),
     )  # fmt: skip
 

@@ -13,7 +13,6 @@ import contextlib
 import errno
 import os
 import secrets
-import socket
 import stat
 import time
 from collections.abc import Iterator
@@ -105,7 +104,7 @@ class LockFile(LockStrategy):
     def probe(self, site: Site) -> tuple[bool, Holder | None]:
         if non_lock_kind(site.lock_file) is not None:
             return False, None  # no lock: what acquire clears away (a dry run says what apply does)
-        seen = _look(site, socket.gethostname())
+        seen = _look(site, os.uname().nodename)
         if seen is None:
             return False, None
         return seen.live, seen.holder
