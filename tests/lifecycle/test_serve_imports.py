@@ -38,6 +38,7 @@ NOT_LOADED = (
     "fi_cache.doctor.fix",  # fix texts: only where a finding needs one
     "fi_cache.store.pin",  # only for a pinned namespace
     "socket",  # the lock holder's host is uname's nodename
+    "secrets",  # a lock file's temp name takes os.urandom's bytes
 )
 
 

@@ -12,7 +12,6 @@ from __future__ import annotations
 import contextlib
 import errno
 import os
-import secrets
 import stat
 import time
 from collections.abc import Iterator
@@ -147,7 +146,7 @@ def _look(site: Site, host: str) -> _Seen | None:
 def _create(lock_file: Path, me: Holder) -> os.stat_result | None:
     """Make `lock_file` holding `me`, whole in one step (a temp file hard-linked into place, as
     NFS's own lock recipe does); None when a lock file is there already."""
-    tmp = lock_file.with_name(f"{TMP_PREFIX}lock-{me.pid}-{secrets.token_hex(4)}.tmp")
+    tmp = lock_file.with_name(f"{TMP_PREFIX}lock-{me.pid}-{os.urandom(4).hex()}.tmp")
     fd = os.open(tmp, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644)
     try:
         with os.fdopen(fd, "wb") as f:
