@@ -21,11 +21,13 @@ ALLOWED: dict[str, set[str]] = {
     "model": {"errors", "versions"},
     "store": _BOTTOM,
     "caches": _BOTTOM,
+    # issue 44's pure rules over timings (verdicts, robust winners): the tuning child's and bench's
+    "tuning": _BOTTOM,
     "environment": _BOTTOM | {"store"},
     "ranks": _BOTTOM | {"caches"},
-    "engines": _BOTTOM | {"store", "caches", "environment", "ranks"},
+    "engines": _BOTTOM | {"store", "caches", "environment", "ranks", "tuning"},
     "doctor": _BOTTOM | {"store", "caches", "environment", "engines", "ranks"},
-    "maintenance": _BOTTOM | {"store", "caches", "environment", "ranks"},
+    "maintenance": _BOTTOM | {"store", "caches", "environment", "ranks", "tuning"},
     # An import keeps this node's rank files with maintenance's align.
     "fleet": _BOTTOM | {"store", "caches", "environment", "ranks", "maintenance"},
     # serve --pull imports the fleet's bundle before the checks.
@@ -35,7 +37,7 @@ ALLOWED: dict[str, set[str]] = {
     "tier": _BOTTOM | {"store", "caches", "doctor"},
     "cli": _BOTTOM
     | {"store", "caches", "environment", "engines", "doctor", "maintenance", "fleet", "lifecycle"}
-    | {"ranks", "tier"},
+    | {"ranks", "tier", "tuning"},
     "__init__": set(),
     "__main__": {"cli"},
 }

@@ -12,7 +12,8 @@ from fi_cache.cli import render
 from fi_cache.errors import EXIT_PROBLEM, EXIT_REFUSED, Refused
 
 if TYPE_CHECKING:
-    from fi_cache.engines.flashinfer.bench_run import BenchRun, Eviction
+    from fi_cache.engines.flashinfer.bench_run import BenchRun
+    from fi_cache.maintenance.slower import Eviction
     from fi_cache.tuning.report import EntryResult
 
 
@@ -94,6 +95,7 @@ def bench_command(
     from fi_cache.engines.flashinfer import bench_run
     from fi_cache.engines.flashinfer.warm import TuneOptions, TuneProgress
     from fi_cache.lifecycle import signals
+    from fi_cache.maintenance import slower
     from fi_cache.store.paths import state_dir
 
     ctx = _ctx()
@@ -112,9 +114,9 @@ def bench_command(
     progress = TuneProgress(status.waiting, status.call, status.note)
     run = bench_run.run_bench(ctx.store, cache, plan, mode, ops, env, options, progress)  # type: ignore[arg-type]
     status.note("timed")
-    planned = bench_run.plan_evictions(cache, run.results)
+    planned = slower.plan_evictions(bench_run.read_cache(cache), run.results)
     if apply_:
-        bench_run.apply_evictions(cache, planned, ctx.store)
+        slower.apply_evictions(cache, planned, ctx.store)
     stays = [e for e in planned if not (apply_ and e.keys and not e.why_not)]
     if ctx.json:
         render.emit_json(_doc(run, planned, apply_))

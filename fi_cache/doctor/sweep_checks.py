@@ -1,6 +1,6 @@
 """vLLM 0.33+ skips its tuning sweep when every rank's file passes its gate: a file it will load
 that lacks buckets the sweep tunes for the config (`-- ARGS`, vLLM's own answer) keeps
-FlashInfer's fallback tactic there for as long as it lives (maintenance/sweep.py)."""
+FlashInfer's fallback tactic there for as long as it lives (model/sweep.py)."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ from pathlib import Path
 
 from fi_cache.doctor.findings import Finding
 from fi_cache.doctor.inputs import CacheView, Check, Inputs
-from fi_cache.maintenance.sweep import missing, needed_buckets
+from fi_cache.model.sweep import missing, needed_buckets
 from fi_cache.versions import VLLM_SWEEP_SKIPPED_ON_HIT, parse_version
 
 

@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Literal
 
 from fi_cache.caches.inventory import Cache
-from fi_cache.engines.flashinfer.hf_config import MAX_RANKS
+from fi_cache.ranks import MAX_RANKS
 from fi_cache.ranks.agreement import RankFile
 
 EngineName = Literal["vllm", "sglang"]

@@ -1,5 +1,5 @@
 """Seeding never freezes an incomplete table on vLLM 0.33+ (lifecycle/seeding.py, the engine's
-seed_gap, maintenance/sweep.py): such a vLLM tunes nothing when every rank's file passes its
+seed_gap, model/sweep.py): such a vLLM tunes nothing when every rank's file passes its
 gate, so a seed that lacks a bucket its sweep tunes for the new config is not placed, and the
 warm says why in one line; a seed that holds it is placed, and before 0.33 (the sweep fills the
 gaps over a loaded file) seeding stays as it was.
@@ -23,8 +23,8 @@ from fi_cache.engines.vllm.engine import ENGINE
 from fi_cache.engines.vllm.predict import cache_key
 from fi_cache.lifecycle.report import Report
 from fi_cache.lifecycle.warm import WarmOptions, warm
-from fi_cache.maintenance.sweep import Sweep, refusal
 from fi_cache.model import v1
+from fi_cache.model.sweep import Sweep, refusal
 from fi_cache.store.paths import state_dir
 from tests.conftest import GEMM_618
 from tests.third_engine import Heard, Third, request

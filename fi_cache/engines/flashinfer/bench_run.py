@@ -1,7 +1,6 @@
 """`fi-cache bench CACHE`: re-time a cache's entries on this GPU in a tuning child (bench.py runs
-there), judge each against FlashInfer's default (fi_cache/tuning/), and, asked to, evict the
-entries slower than the default through evict's own plan/apply (the store's one writer), so that
-FlashInfer runs its default for them. Nothing here imports torch or FlashInfer."""
+there) and judge each against FlashInfer's default (fi_cache/tuning/); evicting the entries
+slower than the default is maintenance/slower.py's. Nothing here imports torch or FlashInfer."""
 
 from __future__ import annotations
 
@@ -20,7 +19,6 @@ from fi_cache.engines.flashinfer.plan import Plan
 from fi_cache.engines.flashinfer.warm import TuneOptions, TuneProgress, _gpu_lock
 from fi_cache.environment import Environment, with_flashinfer_metadata
 from fi_cache.errors import Refused
-from fi_cache.maintenance import evict
 from fi_cache.model import v1
 from fi_cache.model.fingerprint import compare_metadata
 from fi_cache.store import manifest as manifests
@@ -123,45 +121,3 @@ def _notes(events: Sequence[dict[str, object]]) -> list[str]:
         elif e["event"] == "call_failed":
             out.append(f"{e['op']} at {e['tokens']} tokens failed: {e['message']}")
     return out
-
-
-@dataclass(frozen=True)
-class Eviction:
-    result: EntryResult
-    keys: tuple[str, ...]  # what evict takes for it (this entry; never another)
-    why_not: str = ""  # set when it cannot be taken alone
-
-
-def plan_evictions(cache_path: Path, results: Sequence[EntryResult]) -> list[Eviction]:
-    """For each entry slower than the default, evict's selector for it, kept only when it takes
-    that entry and nothing else (another key of the same op, bucket, runner and tactic)."""
-    cf = read_cache(cache_path)
-    out = []
-    for r in results:
-        if r.kind != "slower":
-            continue
-        if not isinstance(r.tactic, int) or r.bucket is None:
-            out.append(Eviction(r, (), "evict cannot name this entry alone (its tactic or bucket)"))
-            continue
-        taken = evict.select(cf, _selector(r))
-        if taken != (r.key,):
-            out.append(Eviction(r, taken, f"evict's selector would take {len(taken)} entries"))
-        else:
-            out.append(Eviction(r, taken))
-    return out
-
-
-def _selector(r: EntryResult) -> evict.Selector:
-    assert isinstance(r.tactic, int)
-    return evict.Selector(op=r.op, bucket=r.bucket, runner=r.runner, tactic=r.tactic)
-
-
-def apply_evictions(
-    cache_path: Path, planned: Sequence[Eviction], store: Path
-) -> list[evict.FilePlan]:
-    """Evict each planned entry through evict.apply (locks, atomic write, manifest record)."""
-    done = []
-    for e in planned:
-        if e.keys and not e.why_not:
-            done += evict.apply([cache_path], _selector(e.result), store)
-    return done

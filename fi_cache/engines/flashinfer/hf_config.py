@@ -25,6 +25,7 @@ from typing import Any
 
 from fi_cache.engines.flashinfer.plan import DEFAULT_TOKENS, MOE_OP, Plan, PlanError, from_mapping
 from fi_cache.errors import Refused, read_regular
+from fi_cache.ranks import MAX_RANKS  # one op per (tp_rank, ep_rank): a ~1 MB plan at most
 from fi_cache.versions import MOE_DTYPES
 
 CONFIG_FILE = "config.json"
@@ -38,8 +39,6 @@ DTYPE_FIELDS = ("dtype", "torch_dtype")  # transformers >= 4.56 writes `dtype`
 HF_DTYPES = {"bfloat16": "bf16", "float16": "fp16"}
 GATED_ACT = "silu"  # SwiGLU experts: the activation cutlass_fused_moe's Swiglu runs
 DEFAULT_FINALIZE: tuple[str, ...] = ("fused", "unfused")
-# One op per (tp_rank, ep_rank): 4096 of them are a plan of ~1 MB, what `plan --check` reads back.
-MAX_RANKS = 4096
 
 
 def load_config(path: Path) -> dict[str, Any]:

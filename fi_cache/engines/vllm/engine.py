@@ -34,7 +34,7 @@ from fi_cache.versions import (
 if TYPE_CHECKING:
     from threading import Event
 
-    from fi_cache.maintenance.sweep import Sweep
+    from fi_cache.model.sweep import Sweep
     from fi_cache.model.v1 import CacheFile as V1File
     from fi_cache.ranks.deployment import Expected
     from fi_cache.store.manifest import WarmRecord
@@ -290,15 +290,15 @@ class Vllm(ServerEngine[args.ServeArgs, launch.Launcher]):
         if where.store == "v2":
             return [], "nothing to seed: vLLM keeps FlashInfer's v2 store here (no per-config file)"
         if where.dir:  # seed_gap's answer: what vLLM's sweep tunes for this config
-            from fi_cache.maintenance.sweep import Sweep
+            from fi_cache.model.sweep import Sweep
 
             _SWEEPS[str(Path(where.dir))] = Sweep(where.sweep_tokens, where.sweep_unknown)
         return where.paths, None
 
     def seed_gap(self, run: VllmRun, tables: Sequence[tuple[Path, V1File]]) -> str | None:
         """vLLM 0.33+ tunes nothing when every rank's file passes its gate: a seed must hold
-        every bucket its sweep tunes for this config (maintenance/sweep.py)."""
-        from fi_cache.maintenance.sweep import refusal
+        every bucket its sweep tunes for this config (model/sweep.py)."""
+        from fi_cache.model.sweep import refusal
 
         known = {_SWEEPS.get(str(target.parent)) for target, _ in tables}
         sweep = known.pop() if len(known) == 1 else None

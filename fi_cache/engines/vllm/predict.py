@@ -52,7 +52,7 @@ class CacheLocation:
     # --max-model-len): the answer holds only if it keeps them as the arguments set them.
     depends_on: tuple[str, ...] = ()
     # The largest token count of each pass of vLLM's tuning sweep for this config (None: not
-    # known, `sweep_unknown` says why): what a seed must hold on 0.33+ (maintenance/sweep.py).
+    # known, `sweep_unknown` says why): what a seed must hold on 0.33+ (model/sweep.py).
     sweep_tokens: tuple[int, ...] | None = None
     sweep_unknown: str = SWEEP_NOT_REPORTED
 

@@ -1,5 +1,5 @@
 """What in `vllm serve` arguments changes the ops and shapes FlashInfer tunes (beyond the token
-buckets, which maintenance/sweep.py judges): the sharding (tensor, pipeline, data and expert
+buckets, which model/sweep.py judges): the sharding (tensor, pipeline, data and expert
 parallel sizes split the GEMMs' and the MoE's dims), the dtypes and quantisation (other ops, other
 key extras), the MoE and all2all backends, and a drafter (its own model's ops). Two starts of one
 model that differ here tune tables no seed from one gives the other in full. Pure."""

@@ -1,5 +1,5 @@
 """vLLM 0.33+'s full hit skips its tuning sweep, so a seed must hold what the sweep tunes
-(maintenance/sweep.py). The premise and the sizes are checked against the wheels' own code, run
+(model/sweep.py). The premise and the sizes are checked against the wheels' own code, run
 on CPU: vLLM's `flashinfer_autotune`, its sweep's token counts and dummy-run loop (kernel_warmup.py
 of the 0.33.0/0.34.0 wheels and the 0.32.0 CPU build), and FlashInfer 0.7.4's
 `get_hybrid_num_tokens_buckets`, each function's source taken from the wheel with `ast` and run
@@ -20,9 +20,9 @@ from typing import Any
 
 import pytest
 
-from fi_cache.maintenance.sweep import Sweep, missing, needed_buckets, pass_tokens, refusal
 from fi_cache.model import v1
 from fi_cache.model.buckets import tuned_buckets
+from fi_cache.model.sweep import Sweep, missing, needed_buckets, pass_tokens, refusal
 from tests.conftest import FIXTURES, GEMM_618
 from tests.vllm_wheels import RELEASES, flashinfer_text, module_text, need
 
