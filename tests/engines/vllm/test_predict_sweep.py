@@ -1,7 +1,7 @@
 """vLLM's prediction child reports its tuning sweep's pass token counts from vLLM's own
 `_flashinfer_autotune_token_counts` over the model it builds on the meta device (what seeding
 must cover on 0.33+: model/sweep.py). Real vLLM 0.32 CPU build (scripts/test.sh); the
-0.33/0.34 code is run from the wheels in tests/maintenance/test_sweep.py."""
+0.33/0.34 code is run from the wheels in tests/model/test_sweep.py."""
 
 from __future__ import annotations
 
