@@ -71,6 +71,7 @@ class Environment:
     notes: tuple[str, ...] = ()
     python: str = sys.executable  # the interpreter whose packages these are
     sglang_version: str | None = None  # the sglang dist of that interpreter
+    probe_failed: str | None = None  # FlashInfer's metadata probe failed (now or remembered)
 
 
 # --- pure parsers -------------------------------------------------------------------------------
@@ -265,12 +266,16 @@ def dists_of(
     return dists
 
 
-def _dists_key(python: str, wanted: Wanted) -> str:
+def interpreter_id(python: str) -> str:
     """Which interpreter, however it is named: the dir it is started from (a venv's `bin/`,
     whose pyvenv.cfg makes it that venv) and the program that runs, both resolved, so that
-    `bin/python` and `bin/python3` share one answer and two venvs of one Python do not."""
+    `bin/python` and `bin/python3` are one and two venvs of one Python are two."""
     where = os.path.realpath(os.path.dirname(os.path.abspath(python)))
-    parts = [where, os.path.realpath(python), json.dumps([_WANTED_DISTS, wanted])]
+    return f"{where}\0{os.path.realpath(python)}"
+
+
+def _dists_key(python: str, wanted: Wanted) -> str:
+    parts = [interpreter_id(python), json.dumps([_WANTED_DISTS, wanted])]
     return hashlib.sha256("\0".join(parts).encode()).hexdigest()[:20]
 
 
@@ -485,7 +490,7 @@ else:
 def probe_key(env: Environment) -> str:
     """Everything that can change FlashInfer's answer; a new key means probe again."""
     parts = [
-        env.python,
+        interpreter_id(env.python),  # `python -m fi_cache` and the console script: one answer
         json.dumps(env.fingerprint.metadata(), sort_keys=True),
         env.torch_version or "",
         os.environ.get("LD_LIBRARY_PATH", ""),
@@ -580,10 +585,17 @@ def detect(
                 env = replace(env, notes=(*env.notes, note))
         except (ValueError, RecursionError):
             pass  # not ours: ask FlashInfer again
+    failed = cache.with_name(cache.stem + ".failed") if cache is not None else None
+    if failed is not None and not refresh and (said := _remembered_failure(failed)) is not None:
+        return replace(env, probe_failed=said)  # said once, when it failed: not on every command
     try:
         meta = run_flashinfer_probe(python=env.python)
     except RuntimeError as exc:
-        return replace(env, notes=(*env.notes, f"{exc}; using the cheap probe's values"))
+        if failed is not None:
+            _remember_failure(failed, str(exc))
+        return replace(
+            env, notes=(*env.notes, f"{exc}; using the cheap probe's values"), probe_failed=str(exc)
+        )
     if cache is not None:
         from fi_cache.errors import FiCacheError
         from fi_cache.store import files
@@ -592,3 +604,32 @@ def detect(
         with contextlib.suppress(FiCacheError, OSError):
             files.atomic_write(cache, json.dumps(meta, indent=2).encode())
     return with_flashinfer_metadata(env, meta)
+
+
+# A failed probe (no driver, a GPU in use, a broken FlashInfer) is asked again after this long,
+# or at once with `fi-cache env --refresh`; until then commands use the cheap probe quietly.
+_FAILURE_KEPT_S = 3600
+
+
+def _remembered_failure(record: Path) -> str | None:
+    """The failure kept at `record` while it is recent, else None (ask FlashInfer again)."""
+    from fi_cache.errors import Refused, read_regular
+
+    try:
+        data = json.loads(read_regular(record, "probe record", _MAX_PROBE_RECORD))
+    except (Refused, ValueError, RecursionError):
+        return None
+    if not isinstance(data, dict) or not isinstance(data.get("error"), str):
+        return None
+    at = data.get("at")
+    if not isinstance(at, (int, float)) or not 0 <= time.time() - at < _FAILURE_KEPT_S:
+        return None
+    return str(data["error"])
+
+
+def _remember_failure(record: Path, error: str) -> None:
+    from fi_cache.errors import FiCacheError
+    from fi_cache.store import files
+
+    with contextlib.suppress(FiCacheError, OSError):  # a read-only store: asked again next time
+        files.atomic_write(record, json.dumps({"error": error, "at": time.time()}).encode())

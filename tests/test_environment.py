@@ -8,6 +8,7 @@ import stat
 import subprocess
 import sys
 from collections.abc import Callable
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -296,3 +297,52 @@ def test_a_flashinfer_that_is_vllms_pin_draws_no_note(tmp_path: Path) -> None:
     vllm = envmod.VllmInfo("0.33.0", None, False, "0.7.2.post1")
     assert envmod.flashinfer_pin_note(vllm, "0.7.2.post1") is None
     assert "no FlashInfer (it tunes nothing)" in (envmod.flashinfer_pin_note(vllm, None) or "")
+
+
+def test_a_failed_probe_is_remembered_and_not_rerun_or_repeated_on_every_command(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    base = envmod.Environment(
+        envmod.Fingerprint(flashinfer_version="0.6.17"),
+        (Gpu(0, "NVIDIA H200", "9.0"),),
+        envmod.VllmInfo(None, None, None),
+        None,
+    )
+    calls: list[int] = []
+
+    def boom(**k: object) -> dict[str, str]:
+        calls.append(1)
+        raise RuntimeError("FlashInfer's metadata probe failed: CUDA error")
+
+    monkeypatch.setattr(envmod, "probe", lambda dists=None: base)
+    monkeypatch.setattr(envmod, "run_flashinfer_probe", boom)
+    first = envmod.detect(tmp_path)
+    assert "CUDA error" in first.notes[0] and first.probe_failed
+    again = envmod.detect(tmp_path)
+    assert len(calls) == 1  # remembered: the next command does not start FlashInfer again
+    assert again.notes == () and again.probe_failed == first.probe_failed  # nor warns again
+    envmod.detect(tmp_path, refresh=True)
+    assert len(calls) == 2  # `fi-cache env --refresh` asks again
+
+
+def test_the_probe_key_does_not_depend_on_how_the_interpreter_is_named(tmp_path: Path) -> None:
+    bin_dir = tmp_path / "venv" / "bin"
+    bin_dir.mkdir(parents=True)
+    (bin_dir / "python3").symlink_to(sys.executable)
+    (bin_dir / "python").symlink_to("python3")
+    other = tmp_path / "other" / "bin"
+    other.mkdir(parents=True)
+    (other / "python").symlink_to(sys.executable)
+    env = envmod.Environment(
+        envmod.Fingerprint(flashinfer_version="0.6.17"), (), envmod.VllmInfo(None, None, None), None
+    )
+    key = {
+        name: envmod.probe_key(replace(env, python=str(path)))
+        for name, path in [
+            ("python", bin_dir / "python"),
+            ("python3", bin_dir / "python3"),
+            ("other venv", other / "python"),
+        ]
+    }
+    assert key["python"] == key["python3"]  # one venv: one saved answer, one namespace
+    assert key["other venv"] != key["python"]  # another venv of the same Python: its own

@@ -58,6 +58,7 @@ def env_command(exact: bool | None, refresh: bool) -> int:
         "lock": {"strategy": lock[0], "why": lock[1]},
         "namespaces": namespaces,
         "notes": list(env.notes),
+        "flashinfer_probe_failed": env.probe_failed,  # null when FlashInfer answered
     }
     if ctx.json:
         render.emit_json(doc)
@@ -86,6 +87,11 @@ def env_command(exact: bool | None, refresh: bool) -> int:
         click.echo(f"  {mode:<8}{path}")
     for note in env.notes:
         render.warn(note)
+    if env.probe_failed and not any(env.probe_failed in n for n in env.notes):
+        render.warn(
+            f"{env.probe_failed} (remembered for an hour; --refresh asks FlashInfer again); "
+            "using the cheap probe's values"
+        )
     return 0
 
 
