@@ -9,16 +9,13 @@ from typing import TYPE_CHECKING, Any
 import click
 
 from fi_cache.cli import render
+from fi_cache.cli.options import context
 from fi_cache.errors import EXIT_PROBLEM, EXIT_REFUSED, Refused
 
 if TYPE_CHECKING:
     from fi_cache.engines.flashinfer.bench_run import BenchRun
     from fi_cache.maintenance.slower import Eviction
     from fi_cache.tuning.report import EntryResult
-
-
-def _ctx() -> Any:
-    return click.get_current_context().obj
 
 
 @click.command(
@@ -98,7 +95,7 @@ def bench_command(
     from fi_cache.maintenance import slower
     from fi_cache.store.paths import state_dir
 
-    ctx = _ctx()
+    ctx = context()
     bench_run.read_cache(cache)  # refused before anything starts
     recorded, ns_mode = bench_run.recorded_plan(cache, ctx.store)
     plan_path = plan_path or recorded

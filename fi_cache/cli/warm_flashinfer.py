@@ -11,12 +11,8 @@ from typing import Any
 
 import click
 
-from fi_cache.cli import render
+from fi_cache.cli import options, render
 from fi_cache.cli.process import show_tail
-
-
-def _ctx() -> Any:
-    return click.get_current_context().obj
 
 
 class _TuneStatus:
@@ -116,7 +112,7 @@ def warm_flashinfer(
     from fi_cache.engines.flashinfer import warm as tune_warm
     from fi_cache.lifecycle import tune
 
-    ctx = _ctx()
+    ctx = options.context()
     status = _TuneStatus(ctx.quiet)
     progress = tune_warm.TuneProgress(status.waiting, status.call, status.note)
     try:
