@@ -13,7 +13,7 @@ from __future__ import annotations
 import functools
 import hashlib
 import json
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -216,7 +216,35 @@ def dumps(cf: CacheFile, *, with_generation: bool | None = None) -> str:
         with_generation = cf.generation is not None
     generation = compute_generation(cf) if with_generation else None
     out = _ordered(CacheFile(cf.metadata, cf.entries, cf.records, generation, cf.unknown), True)
-    return json.dumps(out, indent=2)
+    return _indent2(out)
+
+
+# What json.dumps writes for a str and an int item (the C string encoder, int.__repr__).
+_ITEM: dict[type, Callable[[Any], str]] = {
+    str: json.encoder.encode_basestring_ascii,
+    int: int.__repr__,
+}
+
+
+def _indent2(out: dict[str, Any]) -> str:
+    """`json.dumps(out, indent=2)`, byte for byte, ~5x faster on 200,000 entries (indent=2 runs
+    the pure-Python encoder): a flat list of strs and ints (every entry's value) is joined here,
+    anything else is dumped with indent=2 and shifted one level (JSON strings hold no newline)."""
+    if not out:
+        return "{}"
+    quote = _ITEM[str]
+    parts = []
+    for k, v in out.items():
+        if type(k) is not str:
+            return json.dumps(out, indent=2)
+        try:
+            if type(v) is not list or not v:
+                raise KeyError
+            text = "[\n    " + ",\n    ".join([_ITEM[type(x)](x) for x in v]) + "\n  ]"
+        except KeyError:  # another value: as json.dumps writes it, one level in
+            text = json.dumps(v, indent=2).replace("\n", "\n  ")
+        parts.append(f"{quote(k)}: {text}")
+    return "{\n  " + ",\n  ".join(parts) + "\n}"
 
 
 # --- Integrity --------------------------------------------------------------------------------

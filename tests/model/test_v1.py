@@ -151,3 +151,21 @@ def test_finalize_of_a_key_with_an_unusual_head() -> None:
     cf = v1.CacheFile(None, {raw: ["MoERunner", 1]})
     assert cf.finalize() is None  # not a MoE op, parsed the slow way without crashing
     assert cf.ops() == ["it's"]
+
+
+def test_dumps_is_json_dumps_indent_2_byte_for_byte() -> None:
+    """v1.dumps joins flat entry values itself (the C encoder; indent=2 runs the pure-Python
+    one): the text is still what json.dumps(indent=2) writes, for every value shape."""
+    entries = {
+        "('op', 'R', ((1, 2),), ())": ["R", 3],
+        "k\u00e9y \x1b[31m": ["R\u00e9", -1, 2, "x"],
+        "nested": ["R", [1, [2, "a"]]],
+        "empty": [],
+        "flt": ["R", 1.5, True, None],
+        "obj": {"a": [1, {"b": "c\nd"}]},
+        "scalar": 7,
+    }
+    cf = v1.CacheFile({"gpu": "NVIDIA H200", "n": [1, 2]}, entries, generation=None)
+    assert v1.dumps(cf) == json.dumps(v1._ordered(cf, True), indent=2)
+    empty = v1.CacheFile(None, {}, generation=None)
+    assert v1.dumps(empty) == json.dumps({}, indent=2)
