@@ -74,7 +74,7 @@ def _compact(value: Any) -> str:
 
 
 def _conflict_line(c: Conflict) -> str:
-    return (
+    return render.printable(  # a key's control characters go out as text, never to the terminal
         f"conflict {c.key}: kept {_compact(c.kept)} from {c.kept_from}, "
         f"dropped {_compact(c.dropped)} from {c.dropped_from}"
     )

@@ -250,3 +250,18 @@ def test_files_of_two_environments_are_refused_input_not_a_problem_found(
         r = run("merge", GEMM_617, GEMM_618, "-o", out, *dry)
         assert r.code == 2 and len(r.err.splitlines()) == 1 and "one environment" in r.err
         assert not out.exists() and not list(tmp_path.iterdir())
+
+
+def test_a_conflicts_key_reaches_the_terminal_escaped(run, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+    """A key holding a terminal escape (set title, clear screen) is printed as text in the
+    conflict line, as show/diff/evict print it (issue 42 F11; shared attack rerun)."""
+    meta = v1.loads(GEMM_618.read_bytes()).metadata
+    op = "bf16_gemm\x1b]0;PWNED\x07\x1b[2J"
+    key = f"('{op}', 'CublasltBf16GemmRunner', ((1, 4096), (4096, 2048)), ())"
+    a, b = tmp_path / "a.json", tmp_path / "b.json"
+    a.write_text(v1.dumps(v1.CacheFile(meta, {key: ["CublasltBf16GemmRunner", 1]})))
+    b.write_text(v1.dumps(v1.CacheFile(meta, {key: ["CublasltBf16GemmRunner", 2]})))
+    r = run("merge", a, b, "-o", tmp_path / "out.json")
+    assert r.code == 0
+    assert "\x1b" not in r.out and "\x07" not in r.out
+    assert "bf16_gemm\\x1b]0;PWNED\\x07\\x1b[2J" in r.out
