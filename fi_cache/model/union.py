@@ -108,13 +108,18 @@ def finalize_conflicts(conflicts: Sequence[Conflict]) -> FinalizeConflicts:
     return FinalizeConflicts(counts[2], counts[1])
 
 
+# What verify calls corrupt: a value or key the loader crashes on, and `_records` that the
+# FlashInfer <= 0.6.17 the file's _metadata names reads as an entry and crashes on.
+_UNLOADABLE = frozenset({"corrupt-file", "records-unreadable"})
+
+
 def unloadable(cf: v1.CacheFile) -> str | None:
     """The first defect `fi-cache verify` calls corrupt in `cf` (a value FlashInfer's loader
     crashes on, a key that does not parse, ...), or None. Every writer (merge, align, evict)
     refuses such a file: rewritten or joined, it would spread what the loader cannot read.
     A stale `_generation` is no defect here: the writers recompute it."""
     plain = dataclasses.replace(cf, generation=None)  # hashing is the costly part
-    found = (d for d in v1.defects(plain, limit=1) if d.check == "corrupt-file")
+    found = (d for d in v1.defects(plain, limit=1) if d.check in _UNLOADABLE)
     defect = next(found, None)
     return None if defect is None else defect.message
 

@@ -265,3 +265,17 @@ def test_a_conflicts_key_reaches_the_terminal_escaped(run, tmp_path: Path) -> No
     assert r.code == 0
     assert "\x1b" not in r.out and "\x07" not in r.out
     assert "bf16_gemm\\x1b]0;PWNED\\x07\\x1b[2J" in r.out
+
+
+def test_a_0617_file_whose_records_its_loader_crashes_on_is_not_merged(run, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+    """FlashInfer 0.6.17 reads `_records` as an entry: one it crashes on makes verify fail, so
+    merge refuses it (exit 1, nothing written) instead of copying it on (shared attack's
+    fuzz_new.py mutant 93: merge and align wrote a file verify rejects)."""
+    doc = json.loads(GEMM_617.read_text())
+    doc["_records"] = {"a": [1, {"b": None}]}
+    src, out = tmp_path / "a.json", tmp_path / "out.json"
+    src.write_text(json.dumps(doc))
+    assert run("verify", src).code == 1
+    r = run("merge", src, "-o", out)
+    assert r.code == 1 and not out.exists()
+    assert "_records" in r.err and "not merged (see `fi-cache verify`)" in r.err
