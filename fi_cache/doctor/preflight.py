@@ -1,14 +1,14 @@
 """What `serve` checks about the namespace it is about to hand to vLLM: doctor's cache checks,
-run on that namespace alone, against the namespace's own environment and finalize mode."""
+run on that namespace alone, against the namespace's own environment and finalize mode (a
+diagnosis like `fi-cache doctor`'s: diagnose.py reads the caches and runs the checks)."""
 
 from __future__ import annotations
 
 from pathlib import Path
 
-from fi_cache import doctor
-from fi_cache.caches.inventory import scan
+from fi_cache.doctor.diagnose import NamespaceRequest, diagnose
 from fi_cache.doctor.findings import Finding
-from fi_cache.doctor.inputs import CacheView, Inputs, Target
+from fi_cache.doctor.inputs import Target
 from fi_cache.store.manifest import Manifest
 from fi_cache.store.namespace import Namespace
 
@@ -35,8 +35,6 @@ def check_namespace(
     that will start read VLLM_FLASHINFER_MOE_FUSED_FINALIZE (its envs.py says)."""
     if not cache_dir.is_dir():
         return []
-    inv = scan([cache_dir], explicit=False)
-    views = tuple(CacheView(c, ns_dir, ns.finalize, m, c.defects()) for c in inv.caches)
     from fi_cache.doctor import cache_checks
 
     target = Target(ns.fingerprint, vllm_version, supports_finalize, ns.finalize, sglang_version)
@@ -45,4 +43,5 @@ def check_namespace(
         from fi_cache.doctor import rank_checks
 
         selected += [c for c in rank_checks.CHECKS if c.id in SGLANG_PREFLIGHT]
-    return doctor.run_checks(Inputs(target, views, tuple(inv.problems)), selected)
+    asked = NamespaceRequest(target, ns_dir, cache_dir, m, tuple(selected))
+    return list(diagnose(asked).findings)

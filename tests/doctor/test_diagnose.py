@@ -41,6 +41,16 @@ def test_the_cli_reaches_findings_only_through_diagnose() -> None:
     assert names - _NOT_FINDINGS <= {".", "doctor.checks"}, names  # checks(): to list the ids
 
 
+def test_serves_pre_flight_reaches_findings_only_through_diagnose() -> None:
+    names = _doctor_names(ROOT / "fi_cache" / "doctor" / "preflight.py")
+    assert "diagnose" in names
+    assert not {"doctor.run", "doctor.run_checks", "gather", "sources"} & names, names
+    text = (ROOT / "fi_cache" / "doctor" / "preflight.py").read_text()
+    assert "scan(" not in text  # the pre-flight's caches are read by diagnose's sources
+    serve = (ROOT / "fi_cache" / "lifecycle" / "checks.py").read_text()
+    assert "preflight.check_namespace" in serve  # serve -> pre-flight -> diagnose
+
+
 def test_a_script_diagnoses_as_the_cli_does(tmp_path: Path) -> None:
     cache = tmp_path / "autotune_configs.json"
     shutil.copy(GEMM_618, cache)
