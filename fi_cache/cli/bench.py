@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING, Any
 
 import click
 
-from fi_cache.cli import render
+from fi_cache.cli import options, render
 from fi_cache.cli.options import context
 from fi_cache.errors import EXIT_PROBLEM, EXIT_REFUSED, Refused
 
@@ -49,16 +49,10 @@ if TYPE_CHECKING:
               help="Samples per candidate (FlashInfer's profiler each time).")  # fmt: skip
 @click.option("--alternatives", type=click.IntRange(0, 64), default=3, show_default=True,
               help="Other tactics of the cached runner timed too, nearest ids first.")  # fmt: skip
-@click.option(
-    "--finalize",
-    type=click.Choice(["fused", "unfused"]),
-    default=None,
-    help="MoE finalize mode of the calls [default: CACHE's namespace, else fused].",
-)
+@options.finalize(show_default="CACHE's namespace, else fused")
 @click.option("--python", "python", default=None,
               help="Python with FlashInfer [default: $FI_CACHE_PYTHON, else ours].")  # fmt: skip
-@click.option("--timeout", type=click.FloatRange(min=0, min_open=True), default=3600.0,
-              show_default=True, help="Seconds for the whole re-timing.")  # fmt: skip
+@options.timeout(3600.0)
 @click.option(
     "--apply",
     "apply_",

@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING, Any
 
 import click
 
-from fi_cache.cli import render
+from fi_cache.cli import options, render
 from fi_cache.errors import EXIT_PROBLEM, Refused
 
 if TYPE_CHECKING:
@@ -16,10 +16,6 @@ if TYPE_CHECKING:
     from fi_cache.doctor.coverage import Coverage, Pair
 
 _SHOWN = 12  # missing pairs listed per op; --format json has them all
-
-
-def _ctx() -> Any:
-    return click.get_current_context().obj
 
 
 def _cache(path: Path) -> Cache:
@@ -87,8 +83,7 @@ def _pair_json(p: Pair) -> dict[str, Any]:
               help="A tuning plan: every (op, bucket) a warm of it fills.")  # fmt: skip
 @click.option("--log", "log_path", type=click.Path(path_type=Path, readable=False),
               help="A start's log: the calls that fell back to tactic -1.")  # fmt: skip
-@click.option("--finalize", type=click.Choice(["fused", "unfused"]), default=None,
-              help="The MoE finalize mode looked up (default: the cache's own).")  # fmt: skip
+@options.finalize(show_default="the cache's own")
 @click.option("--min-coverage", "min_coverage", default=None, metavar="P",
               help="With --plan: exit 1 when under P percent of the pairs are tuned.")  # fmt: skip
 def coverage_command(
@@ -112,7 +107,7 @@ def coverage_command(
     threshold = _percent(min_coverage)
     if threshold is not None and log_path is not None:
         raise Refused("--min-coverage needs --plan: a log shows only the calls that fell back")
-    ctx = _ctx()
+    ctx = options.context()
     fell_back = 0
     if plan_path is not None:
         from fi_cache.engines import get

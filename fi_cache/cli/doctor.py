@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING
 
 import click
 
-from fi_cache.cli import render
+from fi_cache.cli import options, render
 from fi_cache.errors import EXIT_PROBLEM, EXIT_REFUSED, Refused
 
 if TYPE_CHECKING:
@@ -59,20 +59,17 @@ class _SplitAtDoubleDash(click.Command):
     default=None,
     help="The target is SGLang this version; `-- ARGS` are then `sglang serve` arguments.",
 )
-@click.option(
-    "--finalize",
-    type=click.Choice(["fused", "unfused"]),
-    default=None,
-    help="Target MoE finalize mode (default: from VLLM_FLASHINFER_MOE_FUSED_FINALIZE, else fused).",
-)
+@options.finalize(show_default="from VLLM_FLASHINFER_MOE_FUSED_FINALIZE, else fused")
 @click.option("--gpu", default=None, help='Target GPU name, e.g. "NVIDIA H100 80GB HBM3".')
 @click.option("--strict", is_flag=True, help="Exit 1 on warnings too.")
 @click.option("--check", "only", multiple=True, help="Run only this check (repeatable).")
 @click.option("--list-checks", is_flag=True, help="List the check ids and exit.")
 @click.option(
-    "--fix", is_flag=True, help="Quarantine stale/foreign/corrupt caches, delete old temp files."
+    "--fix",
+    is_flag=True,
+    help="Quarantine stale/foreign/corrupt caches, delete old temp files (--dry-run: say which).",
 )
-@click.option("--dry-run", is_flag=True, help="With --fix: print the actions only.")
+@options.dry_run()
 def doctor_command(
     paths: tuple[Path, ...],
     logs: tuple[Path, ...],

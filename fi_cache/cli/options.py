@@ -65,7 +65,7 @@ FINALIZE_HELP = (
 DRY_RUN_HELP = "Print what would be done; change nothing."
 TIMEOUT_HELP = (
     "Seconds the work may take before it fails: the engine's /health (warm, serve), one mode's "
-    "tuning (warm --engine flashinfer)."
+    "tuning (warm --engine flashinfer), the whole re-timing (bench)."
 )
 LOCK_TIMEOUT_HELP = "Seconds to wait for another warm of the same namespace (or GPU) to finish."
 NAMESPACE_HELP = (

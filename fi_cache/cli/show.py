@@ -8,17 +8,13 @@ from typing import TYPE_CHECKING, Any
 
 import click
 
-from fi_cache.cli import render
+from fi_cache.cli import options, render
 from fi_cache.errors import FiCacheError, Refused
 
 if TYPE_CHECKING:  # `fi-cache --help` loads every command module: keep them light
     from fi_cache.caches.inventory import Cache
     from fi_cache.model import keys as keymod
     from fi_cache.store.manifest import Manifest
-
-
-def _ctx() -> Any:
-    return click.get_current_context().obj
 
 
 def _entry_json(raw: str, key: keymod.CacheKey | None, value: Any) -> dict[str, Any]:
@@ -107,7 +103,7 @@ def show_command(path: Path, op_filter: str | None) -> int:
         from fi_cache.cli import tier
 
         return tier.show(path, op_filter, _entries, _show_human)
-    ctx = _ctx()
+    ctx = options.context()
     caches = _load(path)
     if len(caches) > 1:
         return _show_ranks(caches, op_filter)
@@ -272,12 +268,12 @@ def _show_ranks(caches: list[Cache], op_filter: str | None) -> int:
             "rank": list(c.found.rank or ()),
             "path": str(c.path),
             "metadata": c.metadata,
-            "entries": _parsed(c, op_filter, rows=not _ctx().json),
+            "entries": _parsed(c, op_filter, rows=not options.context().json),
         }
         for c in caches
     ]
-    key = _sglang_key(caches, _ctx().store)
-    if _ctx().json:
+    key = _sglang_key(caches, options.context().store)
+    if options.context().json:
         for rank in ranks:
             rank["entries"] = _entries_json(rank["entries"])
         render.emit_json({"path": str(group), "format": "v1", "layout": "sglang", "ranks": ranks,
