@@ -8,6 +8,7 @@ root=$PWD
 py=${FI_CACHE_DEMO_PYTHON:-}
 if [ -z "$py" ]; then
   [ -x .venv/bin/python ] || "${PYTHON:-python3}" -m venv .venv
+  echo "demo.sh: installing fi-cache (click, platformdirs) into .venv" >&2
   .venv/bin/python -m pip install --quiet --disable-pip-version-check -e .
   py=$root/.venv/bin/python
 fi
@@ -98,5 +99,5 @@ echo "# Tuning without vLLM (warm --engine flashinfer needs a GPU; planning does
 echo "\$ fi-cache plan --from-hf-config tests/fixtures/hf/qwen3-30b-a3b.json -o <work>/qwen3.toml"
 fic plan --from-hf-config tests/fixtures/hf/qwen3-30b-a3b.json -o "$work/qwen3.toml"
 cat "$work/qwen3.toml"
-echo "\$ fi-cache plan --check examples/plans/h200-gemm.toml   # the plan the H200 benchmark tuned"
-fic plan --check examples/plans/h200-gemm.toml
+echo "\$ fi-cache plan --verify examples/plans/h200-gemm.toml   # the plan the H200 benchmark tuned"
+fic plan --verify examples/plans/h200-gemm.toml
