@@ -2,6 +2,11 @@
 """Every reading command on one big cache, against `verify` of the same file (issue 42).
 
     nice .venv/bin/python benchmarks/bench_big.py [--sizes 1000,10000,50000,200000] [--runs 3]
+        [--only "diff,diff (json),merge"] [--tree OTHER_CHECKOUT --tree .]
+
+--only: these commands and verify. --tree (repeatable): time each command in each of these
+checkouts (its fi_cache, its cwd), side by side in one run: rows `diff @NAME`, NAME the tree's
+directory name; default: this checkout alone.
 
 Goal: each command on a 200,000-entry cache within 4x of `verify` of that file, and linear:
 its growth exponent (the log-log slope of its time from the smallest size to the largest)
@@ -132,13 +137,13 @@ def commands(p: dict[str, Path], scratch: Path) -> dict[str, list[str]]:
     }
 
 
-def run_once(args: list[str], env: dict[str, str]) -> tuple[float, float]:
+def run_once(args: list[str], env: dict[str, str], tree: Path = REPO) -> tuple[float, float]:
     """(wall seconds, CPU seconds of the child): on a shared machine the CPU time is the
     steadier of the two."""
     before = resource.getrusage(resource.RUSAGE_CHILDREN)
     start = time.perf_counter()
     done = subprocess.run(
-        [sys.executable, "-m", "fi_cache", *args], env=env, cwd=REPO,
+        [sys.executable, "-m", "fi_cache", *args], env={**env, "PYTHONPATH": str(tree)}, cwd=tree,
         stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
     )  # fmt: skip
     took = time.perf_counter() - start
@@ -153,8 +158,12 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--sizes", default="1000,10000,50000,200000")
     ap.add_argument("--runs", type=int, default=3)
+    ap.add_argument("--only", default=None, help="comma-separated command names (+ verify)")
+    ap.add_argument("--tree", action="append", type=Path, help="a checkout to time (repeatable)")
     opts = ap.parse_args()
     sizes = [int(s) for s in opts.sizes.split(",")]
+    only = None if opts.only is None else {"verify", *opts.only.split(",")}
+    trees = [t.resolve() for t in opts.tree] if opts.tree else [REPO]
     work = Path(tempfile.mkdtemp(prefix="fi-cache-bench-big-"))
     env = {**os.environ, "FI_CACHE_DIR": str(work / "store"), "PYTHONPATH": str(REPO)}
     times: dict[int, dict[str, float]] = {}
@@ -164,17 +173,27 @@ def main() -> None:
             paths = build(work / str(n), n)
             scratch = work / f"scratch-{n}"
             scratch.mkdir()
-            cmds = commands(paths, scratch)
+            cmds = {}
+            for name, args in commands(paths, scratch).items():
+                if only is not None and name not in only:
+                    continue
+                for tree in trees:
+                    cmds[name if len(trees) == 1 else f"{name} @{tree.name}"] = (args, tree)
             samples: dict[str, list[tuple[float, float]]] = {name: [] for name in cmds}
             for _ in range(opts.runs):  # round-robin: a busy moment hits every command alike
-                for name, args in cmds.items():
-                    samples[name].append(run_once(args, env))
+                for name, (args, tree) in cmds.items():
+                    samples[name].append(run_once(args, env, tree))
             times[n] = {name: statistics.median(w for w, _ in s) for name, s in samples.items()}
             cpus[n] = {name: statistics.median(c for _, c in s) for name, s in samples.items()}
             print(f"# {n:,} entries done", file=sys.stderr, flush=True)
     finally:
         shutil.rmtree(work, ignore_errors=True)
     report(sizes, times, cpus, opts.runs)
+
+
+def _verify_of(name: str) -> str:
+    """The verify row to compare `name` with: the one of the same --tree."""
+    return "verify" + (" @" + name.split(" @", 1)[1] if " @" in name else "")
 
 
 def _slope(t: dict[int, dict[str, float]], name: str, small: int, big: int) -> str:
@@ -196,9 +215,10 @@ def report(
     print("|" + "---|" * len(head))
     for name in names:
         row = [name, *(f"{times[n][name]:.2f}" for n in sizes)]
-        row.append(f"{times[big][name] / times[big]['verify']:.1f}")
+        verify = _verify_of(name)  # verify run from the same tree
+        row.append(f"{times[big][name] / times[big][verify]:.1f}")
         row += [_slope(times, name, small, big), _slope(times, name, mid, big)]
-        row += [f"{cpus[big][name]:.2f}", f"{cpus[big][name] / cpus[big]['verify']:.1f}"]
+        row += [f"{cpus[big][name]:.2f}", f"{cpus[big][name] / cpus[big][verify]:.1f}"]
         print("| " + " | ".join(row) + " |")
     print(f"goal: every command within {GOAL_RATIO:g}x of verify at {big:,} entries, growth "
           "exponent about 1 (linear; start-up flattens the smallest sizes)")  # fmt: skip

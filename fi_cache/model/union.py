@@ -193,22 +193,22 @@ def _union(
     same: Callable[[Any, Any], bool],
     label: Callable[[str], str],
 ) -> tuple[dict[str, Any], list[Conflict], dict[str, int]]:
-    """Union of the tables in order; a key seen twice keeps the first or last holder's value."""
-    first: dict[str, tuple[str, Any]] = {}
-    later: dict[str, list[tuple[str, Any]]] = {}
+    """Union of the tables in order; a key seen twice keeps the first or last holder's value.
+    Only keys more than one table holds get per-key objects (their holders, looked up again)."""
+    merged: dict[str, Any] = {}
+    shared: dict[str, None] = {}  # keys seen again, in the order they were: conflicts' order
     added: dict[str, int] = {}
     for name, table in tables:
-        added.setdefault(name, 0)
+        before = len(merged)
         for key, value in table.items():
-            if key in first:
-                later.setdefault(key, []).append((name, value))
+            if key in merged:
+                shared[key] = None
             else:
-                first[key] = (name, value)
-                added[name] += 1
-    merged = {key: value for key, (_, value) in first.items()}
+                merged[key] = value
+        added[name] = added.get(name, 0) + len(merged) - before
     conflicts: list[Conflict] = []
-    for key, rest in later.items():
-        candidates = [first[key], *rest]
+    for key in shared:
+        candidates = [(name, table[key]) for name, table in tables if key in table]
         winner = candidates[0] if prefer == "first" else candidates[-1]
         merged[key] = winner[1]
         values = [value for _, value in candidates]
