@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING, Any
 
 import click
 
-from fi_cache.cli import render
+from fi_cache.cli import options, render
 from fi_cache.errors import EXIT_PROBLEM, Refused
 
 if TYPE_CHECKING:
@@ -18,10 +18,6 @@ if TYPE_CHECKING:
     from fi_cache.model.diff import CacheDiff, EntryDiff, Side
 
 _SHOWN = 40  # entries printed per op; --format json has them all
-
-
-def _ctx() -> Any:
-    return click.get_current_context().obj
 
 
 def _one(path: Path) -> Cache:
@@ -107,7 +103,7 @@ def _diff(a: Path, b: Path, op_filter: str | None, diff: Callable[..., CacheDiff
     d = diff(ca.file, cb.file)
     entries = [e for e in d.entries if op_filter is None or op_filter in (e.op or "")]
     code = EXIT_PROBLEM if d.differs else 0
-    if _ctx().json:
+    if options.context().json:
         render.emit_json({
             "a": str(ca.path), "b": str(cb.path), "a_role": ca.role, "b_role": cb.role,
             "differs": d.differs, "same": d.same,
