@@ -46,9 +46,13 @@ sys.path.insert(0, str(REPO))
 from fi_cache.model import v1  # noqa: E402
 
 META = {
-    "flashinfer_version": "0.6.18", "cuda_version": "13.0", "cublas_version": "13.1.0",
-    "cudnn_version": "91900", "cudnn_frontend_version": "1.32.0", "gpu": "NVIDIA H200",
-}  # fmt: skip
+    "flashinfer_version": "0.6.18",
+    "cuda_version": "13.0",
+    "cublas_version": "13.1.0",
+    "cudnn_version": "91900",
+    "cudnn_frontend_version": "1.32.0",
+    "gpu": "NVIDIA H200",
+}
 RANKS = 8
 PLAN_OPS = 24
 GOAL_RATIO = 4.0
@@ -103,8 +107,12 @@ def log_text(lines: int) -> str:
 
 def build(root: Path, n: int) -> dict[str, Path]:
     root.mkdir(parents=True)
-    paths = {"a": root / "a.json", "b": root / "b.json", "plan": root / "plan.toml",
-             "log": root / "start.log"}  # fmt: skip
+    paths = {
+        "a": root / "a.json",
+        "b": root / "b.json",
+        "plan": root / "plan.toml",
+        "log": root / "start.log",
+    }
     paths["a"].write_text(cache_text(n))
     paths["b"].write_text(cache_text(n, start=n // 2, seed=1, changed_every=10))
     paths["plan"].write_text(plan_text())
@@ -143,9 +151,13 @@ def run_once(args: list[str], env: dict[str, str], tree: Path = REPO) -> tuple[f
     before = resource.getrusage(resource.RUSAGE_CHILDREN)
     start = time.perf_counter()
     done = subprocess.run(
-        [sys.executable, "-m", "fi_cache", *args], env={**env, "PYTHONPATH": str(tree)}, cwd=tree,
-        stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
-    )  # fmt: skip
+        [sys.executable, "-m", "fi_cache", *args],
+        env={**env, "PYTHONPATH": str(tree)},
+        cwd=tree,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     took = time.perf_counter() - start
     after = resource.getrusage(resource.RUSAGE_CHILDREN)
     if done.returncode not in (0, 1):
@@ -201,16 +213,26 @@ def _slope(t: dict[int, dict[str, float]], name: str, small: int, big: int) -> s
 
 
 def report(
-    sizes: list[int], times: dict[int, dict[str, float]], cpus: dict[int, dict[str, float]],
+    sizes: list[int],
+    times: dict[int, dict[str, float]],
+    cpus: dict[int, dict[str, float]],
     runs: int,
-) -> None:  # fmt: skip
+) -> None:
     names = list(times[sizes[0]])
     big, small, mid = sizes[-1], sizes[0], sizes[-2] if len(sizes) > 1 else sizes[0]
-    head = ["command", *(f"{n:,}" for n in sizes), f"x verify @{big:,}",
-            f"exp. {small:,}-{big:,}", f"exp. {mid:,}-{big:,}", f"CPU s @{big:,}",
-            "CPU x verify"]  # fmt: skip
-    print(f"{platform.node()} ({os.cpu_count()} cores), Python {platform.python_version()}, "
-          f"median of {runs} runs, wall seconds (a fresh process each)")  # fmt: skip
+    head = [
+        "command",
+        *(f"{n:,}" for n in sizes),
+        f"x verify @{big:,}",
+        f"exp. {small:,}-{big:,}",
+        f"exp. {mid:,}-{big:,}",
+        f"CPU s @{big:,}",
+        "CPU x verify",
+    ]
+    print(
+        f"{platform.node()} ({os.cpu_count()} cores), Python {platform.python_version()}, "
+        f"median of {runs} runs, wall seconds (a fresh process each)"
+    )
     print("| " + " | ".join(head) + " |")
     print("|" + "---|" * len(head))
     for name in names:
@@ -220,8 +242,10 @@ def report(
         row += [_slope(times, name, small, big), _slope(times, name, mid, big)]
         row += [f"{cpus[big][name]:.2f}", f"{cpus[big][name] / cpus[big][verify]:.1f}"]
         print("| " + " | ".join(row) + " |")
-    print(f"goal: every command within {GOAL_RATIO:g}x of verify at {big:,} entries, growth "
-          "exponent about 1 (linear; start-up flattens the smallest sizes)")  # fmt: skip
+    print(
+        f"goal: every command within {GOAL_RATIO:g}x of verify at {big:,} entries, growth "
+        "exponent about 1 (linear; start-up flattens the smallest sizes)"
+    )
 
 
 if __name__ == "__main__":

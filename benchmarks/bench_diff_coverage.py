@@ -73,8 +73,9 @@ def build(root: Path, factory: EntryFactory) -> tuple[Path, Path]:
 def timed(argv: list[str], expect: int) -> tuple[float, float]:
     """(wall seconds, peak RSS MB) of one `fi-cache` process."""
     t0 = time.perf_counter()
-    proc = subprocess.Popen([*_fi_cache_cmd(), *argv], stdout=subprocess.DEVNULL,
-                            stderr=subprocess.PIPE)  # fmt: skip
+    proc = subprocess.Popen(
+        [*_fi_cache_cmd(), *argv], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE
+    )
     _, status, usage = os.wait4(proc.pid, 0)
     seconds = time.perf_counter() - t0
     code = os.waitstatus_to_exitcode(status)
@@ -88,21 +89,29 @@ def timed(argv: list[str], expect: int) -> tuple[float, float]:
 def check(a: Path, b: Path) -> None:
     """The commands see what was built: every key difference in diff, 100% coverage."""
     cmd = _fi_cache_cmd()
-    d = subprocess.run([*cmd, "--format", "json", "diff", str(a / _name(5)), str(b / _name(5))],
-                       capture_output=True, check=False)  # fmt: skip
+    d = subprocess.run(
+        [*cmd, "--format", "json", "diff", str(a / _name(5)), str(b / _name(5))],
+        capture_output=True,
+        check=False,
+    )
     doc = json.loads(d.stdout)
     want = (ENTRIES // 100, 0, ENTRIES // 50)
     got = (doc["only_a"], doc["only_b"], doc["changed"])
     # A sampled tactic change can land on a dropped key: then it counts as only in A.
     if d.returncode != 1 or got[0] != want[0] or got[1] or not 0 < got[2] <= want[2]:
         raise SystemExit(f"bench: diff found {got}, built {want}: {d.stderr.decode()}")
-    c = subprocess.run([*cmd, "--format", "json", "coverage", str(a / _name(5)), "--plan",
-                        str(PLAN)], capture_output=True, check=False)  # fmt: skip
+    c = subprocess.run(
+        [*cmd, "--format", "json", "coverage", str(a / _name(5)), "--plan", str(PLAN)],
+        capture_output=True,
+        check=False,
+    )
     cov = json.loads(c.stdout)
     if c.returncode != 0 or not cov["pairs"]:
         raise SystemExit(f"bench: coverage {c.returncode}: {c.stderr.decode()}")
-    print(f"  check: diff of rank 5 = {got[0]} only in A, {got[2]} changed, {doc['same']} same; "
-          f"coverage = {cov['tuned']} of {cov['pairs']} pairs ({cov['coverage']}%)")  # fmt: skip
+    print(
+        f"  check: diff of rank 5 = {got[0]} only in A, {got[2]} changed, {doc['same']} same; "
+        f"coverage = {cov['tuned']} of {cov['pairs']} pairs ({cov['coverage']}%)"
+    )
 
 
 def sweep(argv_of: list[list[str]], expect: int) -> tuple[float, float, list[float]]:
@@ -112,8 +121,10 @@ def sweep(argv_of: list[list[str]], expect: int) -> tuple[float, float, list[flo
 
 
 def _mmm(values: list[float], fmt: str) -> str:
-    return (f"{format(statistics.median(values), fmt)} "
-            f"({format(min(values), fmt)}-{format(max(values), fmt)})")  # fmt: skip
+    return (
+        f"{format(statistics.median(values), fmt)} "
+        f"({format(min(values), fmt)}-{format(max(values), fmt)})"
+    )
 
 
 def main() -> int:
@@ -123,8 +134,10 @@ def main() -> int:
 
     import fi_cache
 
-    print(f"fi-cache {fi_cache.__version__}, python {platform.python_version()}, "
-          f"{platform.machine()}, nproc {os.cpu_count()}, {runs} runs")  # fmt: skip
+    print(
+        f"fi-cache {fi_cache.__version__}, python {platform.python_version()}, "
+        f"{platform.machine()}, nproc {os.cpu_count()}, {runs} runs"
+    )
     factory = EntryFactory()
     results: dict[str, list[tuple[float, float, list[float]]]] = {"diff": [], "coverage": []}
     with tempfile.TemporaryDirectory(prefix="fi-cache-bench-") as tmp_name:
@@ -132,8 +145,10 @@ def main() -> int:
         t0 = time.perf_counter()
         a, b = build(tmp, factory)
         size = sum(p.stat().st_size for p in a.iterdir()) / 1e6
-        print(f"  built 2 x {RANKS} rank files x {ENTRIES} entries ({size:.1f} MB per side) "
-              f"in {time.perf_counter() - t0:.1f} s")  # fmt: skip
+        print(
+            f"  built 2 x {RANKS} rank files x {ENTRIES} entries ({size:.1f} MB per side) "
+            f"in {time.perf_counter() - t0:.1f} s"
+        )
         check(a, b)
         store = tmp / "store"
         base = ["--store", str(store), "--format", "json"]
@@ -142,14 +157,18 @@ def main() -> int:
         for _ in range(runs):  # interleaved, so both see the same machine state
             results["diff"].append(sweep(diffs, 1))
             results["coverage"].append(sweep(covs, 0))
-    print(f"\n{RANKS} ranks x {ENTRIES} entries, {RANKS} sequential invocations per sweep, "
-          f"median (min-max), n={runs}:")  # fmt: skip
+    print(
+        f"\n{RANKS} ranks x {ENTRIES} entries, {RANKS} sequential invocations per sweep, "
+        f"median (min-max), n={runs}:"
+    )
     print("| command | sweep of 64, s | per invocation, s | peak RSS, MB |")
     print("| --- | ---: | ---: | ---: |")
     for name, rows in results.items():
         per = [s for r in rows for s in r[2]]
-        print(f"| {name} | {_mmm([r[0] for r in rows], '.2f')} | {_mmm(per, '.3f')} | "
-              f"{_mmm([r[1] for r in rows], '.0f')} |")  # fmt: skip
+        print(
+            f"| {name} | {_mmm([r[0] for r in rows], '.2f')} | {_mmm(per, '.3f')} | "
+            f"{_mmm([r[1] for r in rows], '.0f')} |"
+        )
     return 0
 
 

@@ -33,8 +33,10 @@ def _wall(argv: list[str], env: dict[str, str] | None = None) -> float:
 def _imported() -> list[str]:
     out = subprocess.run(
         [sys.executable, "-X", "importtime", "-m", "fi_cache", "--help"],
-        capture_output=True, text=True, check=True,
-    )  # fmt: skip
+        capture_output=True,
+        text=True,
+        check=True,
+    )
     names = [line.rsplit("|", 1)[-1].strip() for line in out.stderr.splitlines()]
     return sorted(n for n in names if n.startswith("fi_cache"))
 
@@ -42,8 +44,12 @@ def _imported() -> list[str]:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--runs", type=int, default=15)
-    ap.add_argument("--tree", type=Path, help="also time `python -m fi_cache --help` of this "
-                    "checkout (an older commit's worktree), in the same rounds")  # fmt: skip
+    ap.add_argument(
+        "--tree",
+        type=Path,
+        help="also time `python -m fi_cache --help` of this "
+        "checkout (an older commit's worktree), in the same rounds",
+    )
     opts = ap.parse_args()
     runs = opts.runs
     click_argv = [sys.executable, "-c", "import click"]
@@ -73,8 +79,10 @@ def main() -> None:
     print(f"ratio per round     median {statistics.median(ratios):.2f} ({spread}; goal <= 1.5)")
     if olds:
         old_ratio = statistics.median(o / c for o, c in zip(olds, clicks, strict=True))
-        print(f"{opts.tree} (-m fi_cache --help)  median {statistics.median(olds) * 1000:.0f} ms, "
-              f"ratio {old_ratio:.2f}")  # fmt: skip
+        print(
+            f"{opts.tree} (-m fi_cache --help)  median {statistics.median(olds) * 1000:.0f} ms, "
+            f"ratio {old_ratio:.2f}"
+        )
     mods = _imported()
     print(f"fi_cache modules imported by --help: {len(mods)}: {' '.join(mods)}")
 

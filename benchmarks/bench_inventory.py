@@ -185,8 +185,10 @@ def build_vllm_root(root: Path, factory: EntryFactory, dirs: int, entries: int) 
     while len(hashes) < dirs:
         hashes.add(f"{rng.getrandbits(256):064x}")
     for i, h in enumerate(sorted(hashes)):
-        _write_private(base / "0.6.18" / "90a" / h / "autotune_configs.json",
-                       factory.file_text(entries, seed=i))  # fmt: skip
+        _write_private(
+            base / "0.6.18" / "90a" / h / "autotune_configs.json",
+            factory.file_text(entries, seed=i),
+        )
     return base
 
 
@@ -202,8 +204,10 @@ class Stats:
         self.max = max(times)
 
     def line(self) -> str:
-        return (f"  {self.name:<44} median {self.median:8.3f} s   min {self.min:8.3f} s   "
-                f"max {self.max:8.3f} s   (n={len(self.times)})")  # fmt: skip
+        return (
+            f"  {self.name:<44} median {self.median:8.3f} s   min {self.min:8.3f} s   "
+            f"max {self.max:8.3f} s   (n={len(self.times)})"
+        )
 
 
 # Per-measurement time budget (seconds, warm-up included): a slow path stops after MIN_RUNS
@@ -337,10 +341,12 @@ def bench_ls(tmp: Path, factory: EntryFactory, runs: int, do_profile: bool) -> l
                 ("inventory.read (all files)", lambda: [inventory.read(f) for f in found]),
                 ("CacheFile.finalize (all files)", lambda: [c.finalize() for c in caches]),
                 ("CacheFile.ops (all files)", lambda: [c.file.ops() for c in caches]),
-                ("summary (all files, includes finalize + ops)",
-                 lambda: [summary(c, store) for c in caches]),
+                (
+                    "summary (all files, includes finalize + ops)",
+                    lambda: [summary(c, store) for c in caches],
+                ),
             ],
-        )  # fmt: skip
+        )
     return results
 
 
@@ -353,8 +359,10 @@ def bench_verify(tmp: Path, factory: EntryFactory, runs: int, do_profile: bool) 
     t0 = time.perf_counter()
     path = tmp / "big" / "autotune_configs.json"
     _write_private(path, factory.file_text(VERIFY_ENTRIES, seed=7))
-    print(f"  built {path} ({path.stat().st_size / 1e6:.1f} MB) "
-          f"in {time.perf_counter() - t0:.1f} s", flush=True)  # fmt: skip
+    print(
+        f"  built {path} ({path.stat().st_size / 1e6:.1f} MB) in {time.perf_counter() - t0:.1f} s",
+        flush=True,
+    )
     found_list, problems = discover(path)
     assert len(found_list) == 1 and not problems, (found_list, problems)
     found = found_list[0]
@@ -388,12 +396,14 @@ def bench_verify(tmp: Path, factory: EntryFactory, runs: int, do_profile: bool) 
             [
                 ("inventory.read (bytes, json.loads, CacheFile)", lambda: inventory.read(found)),
                 ("keys.find_unparsable (all keys)", lambda: keymod.find_unparsable(raw_keys)),
-                ("v1.value_problem (every value)",
-                 lambda: [v1.value_problem(v) for v in cf.entries.values()]),
+                (
+                    "v1.value_problem (every value)",
+                    lambda: [v1.value_problem(v) for v in cf.entries.values()],
+                ),
                 ("v1.compute_generation", lambda: v1.compute_generation(cf)),
                 ("list(v1.defects) (all of the above but read)", lambda: list(v1.defects(cf))),
             ],
-        )  # fmt: skip
+        )
     return results
 
 
@@ -412,13 +422,16 @@ def bench_help(runs: int) -> list[Stats]:
     print("\n[3] fi-cache --help cold start", flush=True)
     cmd = [*_fi_cache_cmd(), "--help"]
     stats = measure("--help: subprocess", lambda: run_quiet(cmd), runs)
-    bare = measure("(reference) python -c pass", lambda: run_quiet([sys.executable, "-c", "pass"]),
-                   runs)  # fmt: skip
+    bare = measure(
+        "(reference) python -c pass", lambda: run_quiet([sys.executable, "-c", "pass"]), runs
+    )
     packages, rows = import_times()
     bad = sorted(p for p in packages if p in FORBIDDEN_IMPORTS)
     assert not bad, f"import fi_cache.cli imports {bad}"
-    print(f"  import fi_cache.cli: {len(rows)} modules; none of "
-          f"{', '.join(FORBIDDEN_IMPORTS)} imported (checked)")  # fmt: skip
+    print(
+        f"  import fi_cache.cli: {len(rows)} modules; none of "
+        f"{', '.join(FORBIDDEN_IMPORTS)} imported (checked)"
+    )
     total = max(cum for _, cum, _ in rows) if rows else 0
     print(f"  top 5 slowest imports by self time (fi_cache.cli cumulative {total / 1e3:.1f} ms):")
     for self_us, cum_us, name in sorted(rows, reverse=True)[:5]:
@@ -439,20 +452,39 @@ def table(ls: list[Stats], verify: list[Stats], help_: list[Stats]) -> str:
     ratio_sub = sub.median / bare.median
     verdict = {True: "met", False: "**missed**"}
     rows = [
-        ("ls 400 dirs x 300 entries, subprocess", ls[0], f"< {GOAL_LS_S:.0f} s",
-         verdict[ls[0].median < GOAL_LS_S]),
-        ("ls, in-process `cli.main` (JSON out)", ls[1], f"< {GOAL_LS_S:.0f} s",
-         verdict[ls[1].median < GOAL_LS_S]),
+        (
+            "ls 400 dirs x 300 entries, subprocess",
+            ls[0],
+            f"< {GOAL_LS_S:.0f} s",
+            verdict[ls[0].median < GOAL_LS_S],
+        ),
+        (
+            "ls, in-process `cli.main` (JSON out)",
+            ls[1],
+            f"< {GOAL_LS_S:.0f} s",
+            verdict[ls[1].median < GOAL_LS_S],
+        ),
         ("verify 100k: bare `json.load` (a)", bare, "reference", ""),
-        ("verify 100k: in-process `read` + `defects` (b)", inproc,
-         f"(b)/(a) <= {GOAL_VERIFY_RATIO:.0f}",
-         f"(b)/(a) = {ratio:.2f}x, {verdict[ratio <= GOAL_VERIFY_RATIO]}"),
-        ("verify 100k: subprocess `fi-cache verify` (c)", sub, "(info)",
-         f"(c)/(a) = {ratio_sub:.2f}x"),
-        ("`fi-cache --help`, subprocess", help_[0], f"median < {GOAL_HELP_S} s",
-         verdict[help_[0].median < GOAL_HELP_S]),
+        (
+            "verify 100k: in-process `read` + `defects` (b)",
+            inproc,
+            f"(b)/(a) <= {GOAL_VERIFY_RATIO:.0f}",
+            f"(b)/(a) = {ratio:.2f}x, {verdict[ratio <= GOAL_VERIFY_RATIO]}",
+        ),
+        (
+            "verify 100k: subprocess `fi-cache verify` (c)",
+            sub,
+            "(info)",
+            f"(c)/(a) = {ratio_sub:.2f}x",
+        ),
+        (
+            "`fi-cache --help`, subprocess",
+            help_[0],
+            f"median < {GOAL_HELP_S} s",
+            verdict[help_[0].median < GOAL_HELP_S],
+        ),
         ("(reference) `python -c pass`", help_[1], "", ""),
-    ]  # fmt: skip
+    ]
     out = [
         "| benchmark | runs | median | min | max | goal | result |",
         "| --- | ---: | ---: | ---: | ---: | --- | --- |",
@@ -475,8 +507,11 @@ def main() -> int:
         help=f"seconds per measurement after which it stops at {MIN_RUNS} runs "
         f"(default {BUDGET_S:.0f})",
     )
-    ap.add_argument("--profile", action="store_true",
-                    help="also print a cProfile of the in-process ls and verify runs")  # fmt: skip
+    ap.add_argument(
+        "--profile",
+        action="store_true",
+        help="also print a cProfile of the in-process ls and verify runs",
+    )
     args = ap.parse_args()
     runs = args.runs or (3 if args.quick else 7)
     BUDGET_S = args.budget
@@ -484,9 +519,11 @@ def main() -> int:
     import fi_cache
 
     print(f"fi-cache {fi_cache.__version__} from {Path(fi_cache.__file__).parent}")
-    print(f"python {platform.python_version()} ({sys.executable}), {platform.machine()}, "
-          f"nproc {os.cpu_count()}, {runs} runs + 1 warm-up each "
-          f"(at least {MIN_RUNS} once {BUDGET_S:.0f} s are spent)")  # fmt: skip
+    print(
+        f"python {platform.python_version()} ({sys.executable}), {platform.machine()}, "
+        f"nproc {os.cpu_count()}, {runs} runs + 1 warm-up each "
+        f"(at least {MIN_RUNS} once {BUDGET_S:.0f} s are spent)"
+    )
     t_start = time.perf_counter()
     factory = EntryFactory()
     check_generator(factory)

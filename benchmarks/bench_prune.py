@@ -84,9 +84,11 @@ class Stats:
         self.max = max(times)
 
     def line(self, name: str) -> str:
-        return (f"  {name:<46} median {self.median * 1000:7.0f} ms   "
-                f"min {self.min * 1000:7.0f} ms   max {self.max * 1000:7.0f} ms   "
-                f"(n={len(self.times)})")  # fmt: skip
+        return (
+            f"  {name:<46} median {self.median * 1000:7.0f} ms   "
+            f"min {self.min * 1000:7.0f} ms   max {self.max * 1000:7.0f} ms   "
+            f"(n={len(self.times)})"
+        )
 
 
 def measure(fn: Callable[[], Any], runs: int) -> Stats:
@@ -117,8 +119,10 @@ def main() -> int:
         t0 = time.perf_counter()
         build_store(store, args.namespaces)
         size = sum(p.stat().st_size for p in store.rglob("*") if p.is_file())
-        print(f"  built {args.namespaces} namespaces ({size / 1e6:.1f} MB) "
-              f"in {time.perf_counter() - t0:.1f} s")  # fmt: skip
+        print(
+            f"  built {args.namespaces} namespaces ({size / 1e6:.1f} MB) "
+            f"in {time.perf_counter() - t0:.1f} s"
+        )
         cmd = [sys.executable, "-c", _WRAPPER, "--store", str(store), "--format", "json", *ARGS]
 
         def subprocess_run() -> str:
@@ -131,8 +135,10 @@ def main() -> int:
         planned, locked = len(doc["plan"]), len(doc["skipped_locked"])
         if not planned or doc["applied"]:
             raise SystemExit(f"bench: unexpected plan: {planned} planned, applied {doc['applied']}")
-        print(f"  plan: {planned} namespaces, {doc['bytes'] / 1e6:.1f} MB to free, "
-              f"{locked} skipped as locked")  # fmt: skip
+        print(
+            f"  plan: {planned} namespaces, {doc['bytes'] / 1e6:.1f} MB to free, "
+            f"{locked} skipped as locked"
+        )
         sub = measure(subprocess_run, runs)
         print(sub.line("prune --dry-run, subprocess (wall)"))
         help_cmd = [sys.executable, "-c", _WRAPPER, "--help"]
@@ -158,15 +164,19 @@ def main() -> int:
         if len(outcome.removed) != planned or outcome.failed:
             raise SystemExit(f"bench: apply removed {len(outcome.removed)} of {planned}")
         per = applied / planned * 1000
-        print(f"  (info) in-process apply of that plan, one run: {applied * 1000:.0f} ms "
-              f"({per:.1f} ms per namespace: lock, rename, fsync, rmtree)")  # fmt: skip
+        print(
+            f"  (info) in-process apply of that plan, one run: {applied * 1000:.0f} ms "
+            f"({per:.1f} ms per namespace: lock, rename, fsync, rmtree)"
+        )
         shutil.rmtree(store)
     verdict = "met" if sub.median < GOAL_S else "**missed**"
-    print(f"\n| benchmark | runs | median | min | max | goal | result |\n"
-          f"| --- | ---: | ---: | ---: | ---: | --- | --- |\n"
-          f"| prune --dry-run, {args.namespaces} namespaces, subprocess | {len(sub.times)} | "
-          f"{sub.median * 1000:.0f} ms | {sub.min * 1000:.0f} ms | {sub.max * 1000:.0f} ms | "
-          f"< {GOAL_S:.0f} s | {verdict} |")  # fmt: skip
+    print(
+        f"\n| benchmark | runs | median | min | max | goal | result |\n"
+        f"| --- | ---: | ---: | ---: | ---: | --- | --- |\n"
+        f"| prune --dry-run, {args.namespaces} namespaces, subprocess | {len(sub.times)} | "
+        f"{sub.median * 1000:.0f} ms | {sub.min * 1000:.0f} ms | {sub.max * 1000:.0f} ms | "
+        f"< {GOAL_S:.0f} s | {verdict} |"
+    )
     return 0 if sub.median < GOAL_S else 1
 
 

@@ -89,8 +89,10 @@ def main() -> None:
     for name, rows in results.items():
         secs = statistics.median(r[0] for r in rows)
         mem = statistics.median(r[1] for r in rows)
-        print(f"  {name:6} {secs:6.2f} s   peak RSS {mem:6.0f} MB   runs: "
-              + ", ".join(f"{r[0]:.2f}" for r in rows))
+        print(
+            f"  {name:6} {secs:6.2f} s   peak RSS {mem:6.0f} MB   runs: "
+            + ", ".join(f"{r[0]:.2f}" for r in rows)
+        )
 
 
 if __name__ == "__main__":

@@ -58,8 +58,15 @@ def one_run(plan: plans.Plan, mode: str, tmp: Path) -> dict[str, dict[str, Any]]
     file_a = ns_dir / "vllm" / ("a" * 64) / RANK0
     out = {"cold": start(plan, mode, file_a)}
     out["no-seed"] = start(plan, mode, ns_dir / "vllm" / ("b" * 64) / RANK0)
-    warm = WarmRecord(1.0, 1.0, None, ["m", "--max-model-len", "4096"], "k",
-                      [CacheFileRecord(str(file_a.relative_to(ns_dir)), 0, 0)], None)  # fmt: skip
+    warm = WarmRecord(
+        1.0,
+        1.0,
+        None,
+        ["m", "--max-model-len", "4096"],
+        "k",
+        [CacheFileRecord(str(file_a.relative_to(ns_dir)), 0, 0)],
+        None,
+    )
     m = Manifest.new(Namespace(Fingerprint(), "fused")).with_warm(warm)
     target = ns_dir / "vllm" / ("c" * 64) / RANK0
     seeds, notes = seed.plan(ns_dir, m, lambda w: w.argv[:1] == ["m"], [target])
@@ -87,8 +94,10 @@ def main() -> None:
         secs = [r[kind]["seconds"] for r in runs]
         tuned = [r[kind]["calls_tuned"] for r in runs]
         buckets = [r[kind]["buckets"] for r in runs]
-        print(f"{kind:8} median {statistics.median(secs):8.3f} s  (min {min(secs):.3f}, max "
-              f"{max(secs):.3f})  calls tuned {tuned}  buckets {buckets}")
+        print(
+            f"{kind:8} median {statistics.median(secs):8.3f} s  (min {min(secs):.3f}, max "
+            f"{max(secs):.3f})  calls tuned {tuned}  buckets {buckets}"
+        )
     ratio = statistics.median(r["seeded"]["seconds"] / r["cold"]["seconds"] for r in runs)
     print(f"seeded / cold tuning time: median {ratio:.1%} (goal <= 5%, 0 calls tuned)")
     if opts.out:

@@ -50,11 +50,20 @@ def main() -> int:
         smi.write_text("#!/bin/sh\necho '0, GPU-1234, NVIDIA H200, 9.0'\n")
         smi.chmod(0o755)
         keep = {k: v for k, v in os.environ.items() if not k.startswith(("SGLANG_", "FI_CACHE_"))}
-        env = {**keep, "HOME": tmp, "PATH": f"{bin_dir}{os.pathsep}{os.environ['PATH']}",
-               "PYTHONPATH": str(ROOT), "FI_CACHE_STOP_GRACE": "2"}  # fmt: skip
+        env = {
+            **keep,
+            "HOME": tmp,
+            "PATH": f"{bin_dir}{os.pathsep}{os.environ['PATH']}",
+            "PYTHONPATH": str(ROOT),
+            "FI_CACHE_STOP_GRACE": "2",
+        }
         fi_cache = [sys.executable, "-m", "fi_cache", "--store", str(Path(tmp, "store"))]
-        subprocess.run([*fi_cache, "warm", "--engine", "sglang", "--sglang", str(sglang), *MODEL],
-                       env=env, check=True, capture_output=True)  # fmt: skip
+        subprocess.run(
+            [*fi_cache, "warm", "--engine", "sglang", "--sglang", str(sglang), *MODEL],
+            env=env,
+            check=True,
+            capture_output=True,
+        )
         quick = {**env, "FI_CACHE_STANDIN_EXIT": "1"}
         direct = [str(sglang), "serve", *MODEL]
         served = [*fi_cache, "serve", "--engine", "sglang", "--sglang", str(sglang), *MODEL]

@@ -28,8 +28,9 @@ def main() -> int:
     events: list[dict[str, object]] = []
     replies = iter([{"cache": str(args.cache)}])
     started = time.perf_counter()
-    code = run(Job(args.mode, plan.for_mode(args.mode), tune=False), events.append,
-               lambda: next(replies))  # fmt: skip
+    code = run(
+        Job(args.mode, plan.for_mode(args.mode), tune=False), events.append, lambda: next(replies)
+    )
     done = next((e for e in events if e["event"] in ("done", "error")), {})
     print(json.dumps({"exit": code, "wall_s": round(time.perf_counter() - started, 3), **done}))
     return code

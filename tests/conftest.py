@@ -337,8 +337,13 @@ def write_v2_store(root: Path, source: Path = GEMM_618, version: str = "0.7.2.po
     env = {**os.environ, "PYTHONPATH": str(flashinfer_dir(version))}
     out = subprocess.run(
         [sys.executable, "-m", "tests.real_flashinfer.v2_writer", str(root), str(source)],
-        env=env, cwd=ROOT, capture_output=True, text=True, timeout=120, check=True,
-    )  # fmt: skip
+        env=env,
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=True,
+    )
     return Path(out.stdout.strip().splitlines()[-1])
 
 
@@ -503,4 +508,3 @@ def vllm_026_namespace(store: Path, warmed: bool = True) -> Path:
         m = m.with_warm(WarmRecord(1.0, 2.0, "0.26.0", ["m"], "m", files, False))
     manifests.save(directory, m)
     return directory
-

@@ -53,8 +53,11 @@ def sglang_code(version: str) -> str:
 
     text = sglang_module(version)
     tree = ast.parse(text)
-    [fn] = [n for n in tree.body if isinstance(n, ast.FunctionDef)
-            and n.name == "flashinfer_autotune_cache_path"]  # fmt: skip
+    [fn] = [
+        n
+        for n in tree.body
+        if isinstance(n, ast.FunctionDef) and n.name == "flashinfer_autotune_cache_path"
+    ]
     first, last = RUNS_LINES[version]
     block = textwrap.dedent("\n".join(text.splitlines()[first - 1 : last]))
     assert block.startswith("timestamp = "), f"sglang {version}: the runs/ branch moved"
@@ -88,12 +91,24 @@ def sglang_paths(
         if os.environ.get("FI_CACHE_REQUIRE_FLASHINFER"):
             pytest.fail(str(exc))
         pytest.skip(str(exc))
-    ps = _ns(tp_size=tp, pp_size=1, attn_dp_size=1, moe_ep_size=ep, tp_rank=tp_rank, pp_rank=0,
-             dp_rank=None, tp_group=None)  # fmt: skip
+    ps = _ns(
+        tp_size=tp,
+        pp_size=1,
+        attn_dp_size=1,
+        moe_ep_size=ep,
+        tp_rank=tp_rank,
+        pp_rank=0,
+        dp_rank=None,
+        tp_group=None,
+    )
     runner = _ns(
-        device="cuda", dtype="torch.bfloat16", ps=ps, is_draft_worker=False, gpu_id=tp_rank,
+        device="cuda",
+        dtype="torch.bfloat16",
+        ps=ps,
+        is_draft_worker=False,
+        gpu_id=tp_rank,
         model_config=_ns(quantization=None, hf_config=type("Qwen3MoeConfig", (), {})()),
-    )  # fmt: skip
+    )
     env_value = os.environ.get("SGLANG_CACHE_DIR")
     os.environ["SGLANG_CACHE_DIR"] = str(cache_dir)
     fake_fi = types.ModuleType("flashinfer")
@@ -103,16 +118,25 @@ def sglang_paths(
     saved = {n: sys.modules.get(n) for n in ("flashinfer", "sglang.srt.platforms")}
     sys.modules.update({"flashinfer": fake_fi, "sglang.srt.platforms": platforms})
     glb: dict[str, Any] = {
-        "Path": Path, "hashlib": hashlib, "datetime": datetime, "uuid": uuid,
-        "logger": logging.getLogger("sglang-standin"), "ModelRunner": object,
+        "Path": Path,
+        "hashlib": hashlib,
+        "datetime": datetime,
+        "uuid": uuid,
+        "logger": logging.getLogger("sglang-standin"),
+        "ModelRunner": object,
         "torch": _ns(cuda=_ns(get_device_capability=lambda _d: capability)),
-        "envs": _ns(SGLANG_CACHE_DIR=_ns(get=lambda: os.environ.get(
-            "SGLANG_CACHE_DIR", os.path.expanduser("~/.cache/sglang")))),
+        "envs": _ns(
+            SGLANG_CACHE_DIR=_ns(
+                get=lambda: os.environ.get(
+                    "SGLANG_CACHE_DIR", os.path.expanduser("~/.cache/sglang")
+                )
+            )
+        ),
         "get_model": lambda: _ns(model_path=model, quantization=None),
         "get_exec": lambda: _ns(moe=_ns(moe_runner_backend=backend)),
         "get_parallel": lambda: ps,
         "get_flashinfer_autotune_skip_ops": lambda _mr: frozenset(),
-    }  # fmt: skip
+    }
     try:
         exec(compile(source, f"sglang-{version}:{MODULE}", "exec"), glb)
         rank_file: Path = glb["flashinfer_autotune_cache_path"](runner)
@@ -132,4 +156,3 @@ def restore_modules(saved: dict[str, Any]) -> None:
             sys.modules.pop(name, None)
         else:
             sys.modules[name] = mod
-

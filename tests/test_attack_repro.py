@@ -71,9 +71,10 @@ def test_merge_o_a_symlink_loop_is_refused_in_one_line(
 
 
 @pytest.mark.parametrize(
-    "argv", [["export", "{loop}", "-o", "{out}"], ["pin", "{loop}"], ["unpin", "{loop}"]],
+    "argv",
+    [["export", "{loop}", "-o", "{out}"], ["pin", "{loop}"], ["unpin", "{loop}"]],
     ids=["export", "pin", "unpin"],
-)  # fmt: skip
+)
 def test_a_namespace_named_by_a_symlink_loop_is_no_namespace(
     run: Callable[..., Result], tmp_path: Path, argv: list[str]
 ) -> None:

@@ -18,14 +18,19 @@ def test_the_demo_keeps_0617_fused_and_unfused_apart_and_names_a_copied_file(
 ) -> None:
     env = {k: v for k, v in os.environ.items() if not k.startswith(("FI_CACHE_", "VLLM_"))}
     env.update(
-        FI_CACHE_DEMO_PYTHON=sys.executable, FI_CACHE_DEMO_WORK=str(tmp_path / "work"),
+        FI_CACHE_DEMO_PYTHON=sys.executable,
+        FI_CACHE_DEMO_WORK=str(tmp_path / "work"),
         PYTHONPATH=str(ROOT),
-    )  # fmt: skip
+    )
     start = time.monotonic()
     p = subprocess.run(
         ["bash", str(ROOT / "scripts" / "demo.sh")],
-        env=env, capture_output=True, text=True, timeout=60, check=False,
-    )  # fmt: skip
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
     out = p.stdout + p.stderr
     assert p.returncode == 0, out[-3000:]
     assert time.monotonic() - start < 30

@@ -214,8 +214,14 @@ def test_the_installed_versions_are_importlib_metadatas_without_importing_it() -
         "print(json.dumps([d.versions, want, files, paths, loaded]))\n"
     )
     env = {**os.environ, "PYTHONPATH": f"{flashinfer_dir('0.6.18')}{os.pathsep}{ROOT}"}
-    p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env,
-                       timeout=120, check=True)  # fmt: skip
+    p = subprocess.run(
+        [sys.executable, "-c", code],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=120,
+        check=True,
+    )
     ours, theirs, our_files, their_paths, loaded = json.loads(p.stdout)
     assert ours == theirs and ours["flashinfer-python"] == "0.6.18" and "torch" in ours
     assert not loaded
@@ -230,8 +236,10 @@ def test_nvidia_smi_and_nvcc_printing_bytes_that_are_not_utf8_are_no_traceback(
     bin_dir = tmp_path / "bin"
     bin_dir.mkdir()
     smi = bin_dir / "nvidia-smi"
-    smi.write_bytes(b"#!/bin/sh\nprintf '\\377\\376x\\n0, GPU-1, NVIDIA H\\37700, 9.0\\n'\n"
-                    b"echo '1, GPU-2, NVIDIA H200, 9.0'\n")  # fmt: skip
+    smi.write_bytes(
+        b"#!/bin/sh\nprintf '\\377\\376x\\n0, GPU-1, NVIDIA H\\37700, 9.0\\n'\n"
+        b"echo '1, GPU-2, NVIDIA H200, 9.0'\n"
+    )
     smi.chmod(0o755)
     cuda = tmp_path / "cuda"
     (cuda / "bin").mkdir(parents=True)
@@ -288,8 +296,13 @@ def test_vllm_034s_flashinfer_pin_is_named_against_the_flashinfer_it_imports(
         "from fi_cache import environment as e\n"
         "print(e.vllm_info(e.dists_here()).flashinfer_pin)\n"
     )
-    here = subprocess.run([sys.executable, "-c", code, str(site)], capture_output=True,
-                          text=True, check=True, timeout=60)  # fmt: skip
+    here = subprocess.run(
+        [sys.executable, "-c", code, str(site)],
+        capture_output=True,
+        text=True,
+        check=True,
+        timeout=60,
+    )
     assert here.stdout.strip() == "0.7.3"
 
 

@@ -164,10 +164,21 @@ def test_every_command_has_a_module_named_after_it() -> None:
 
 # Calls that change the disk. Outside fi_cache/store/ each one needs a reason here.
 _WRITES = {
-    ("os", "replace"), ("os", "rename"), ("os", "unlink"), ("os", "remove"), ("os", "rmdir"),
-    ("os", "chmod"), ("os", "mkdir"), ("os", "makedirs"), ("shutil", "move"), ("shutil", "rmtree"),
-    ("shutil", "copy"), ("shutil", "copyfile"), ("tempfile", "mkstemp"), ("tempfile", "mkdtemp"),
-}  # fmt: skip
+    ("os", "replace"),
+    ("os", "rename"),
+    ("os", "unlink"),
+    ("os", "remove"),
+    ("os", "rmdir"),
+    ("os", "chmod"),
+    ("os", "mkdir"),
+    ("os", "makedirs"),
+    ("shutil", "move"),
+    ("shutil", "rmtree"),
+    ("shutil", "copy"),
+    ("shutil", "copyfile"),
+    ("tempfile", "mkstemp"),
+    ("tempfile", "mkdtemp"),
+}
 _WRITE_METHODS = {"mkdir", "write_text", "write_bytes", "unlink", "rmdir", "touch", "rename"}
 _ALLOWED_WRITES = {
     # stdout duplicated for the JSON-lines protocol: a pipe, not a file

@@ -34,8 +34,11 @@ def _heavy_modules_after(tmp_path: Path, *args: str) -> list[str]:
     child = _CHILD.replace("json.loads(HEAVY)", repr(list(HEAVY)))
     done = subprocess.run(
         [sys.executable, "-c", child, "--store", str(tmp_path / "store"), *args],
-        capture_output=True, text=True, timeout=120, cwd=tmp_path,
-    )  # fmt: skip
+        capture_output=True,
+        text=True,
+        timeout=120,
+        cwd=tmp_path,
+    )
     [line] = [s for s in done.stderr.splitlines() if s.startswith("HEAVY=")]
     return list(json.loads(line.removeprefix("HEAVY=")))
 

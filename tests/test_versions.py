@@ -117,31 +117,49 @@ def test_vllm_arch_agrees_with_flashinfers_own_code(tmp_path: Path) -> None:
     """FlashInfer 0.7.2.post1's CompilationContext, run on CPU with FLASHINFER_CUDA_ARCH_LIST and
     an nvcc that reports the CUDA version (nvcc's is read before torch's), names the same arch."""
     cases = [
-        ("9.0", "13.0"), ("9.0 9.0a", "13.0"), ("8.0 9.0 10.0", "12.8"), ("10.3", "13.0"),
-        ("12.0", "13.0"), ("12.0", "12.9"), ("12.0", "12.8"), ("12.0", "12.6"),
-        ("12.1", "12.9"), ("12.1", "12.8"), ("12.1a", "12.0"), ("9.0  10.0", "13.0"),
-    ]  # fmt: skip
+        ("9.0", "13.0"),
+        ("9.0 9.0a", "13.0"),
+        ("8.0 9.0 10.0", "12.8"),
+        ("10.3", "13.0"),
+        ("12.0", "13.0"),
+        ("12.0", "12.9"),
+        ("12.0", "12.8"),
+        ("12.0", "12.6"),
+        ("12.1", "12.9"),
+        ("12.1", "12.8"),
+        ("12.1a", "12.0"),
+        ("9.0  10.0", "13.0"),
+    ]
     (tmp_path / "cuda" / "bin").mkdir(parents=True)
     env = {
-        **os.environ, "PYTHONPATH": str(flashinfer_dir("0.7.2.post1")),
+        **os.environ,
+        "PYTHONPATH": str(flashinfer_dir("0.7.2.post1")),
         "CUDA_HOME": str(tmp_path / "cuda"),
-    }  # fmt: skip
+    }
     out = subprocess.run(
         [sys.executable, "-c", _FI_ARCH, json.dumps(cases)],
-        env=env, capture_output=True, text=True, timeout=120, check=True,
-    )  # fmt: skip
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=True,
+    )
     theirs = json.loads(out.stdout.strip().splitlines()[-1])
     ours = [vllm_arch([], cuda, arch_list) for arch_list, cuda in cases]
     assert ours == theirs
 
 
-
-
 @pytest.mark.parametrize(
     "version, mode",
-    [("0.5.17", None), ("0.5.18", "fused"), ("0.5.20", "fused"), ("0.5.21", "unfused"),
-     ("0.5.23", "unfused"), ("unknown", None)],
-)  # fmt: skip
+    [
+        ("0.5.17", None),
+        ("0.5.18", "fused"),
+        ("0.5.20", "fused"),
+        ("0.5.21", "unfused"),
+        ("0.5.23", "unfused"),
+        ("unknown", None),
+    ],
+)
 def test_sglang_finalize_default_by_release(version: str, mode: str | None) -> None:
     assert sglang_finalize_default(version) == mode
 

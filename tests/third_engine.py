@@ -24,9 +24,14 @@ from tests.conftest import ROOT
 
 FAKE = ROOT / "tests" / "fake_vllm.py"
 FP = Fingerprint(
-    flashinfer_version="0.6.18", cuda_version="13.0", cublas_version="13.1.0",
-    cudnn_version="91900", cudnn_frontend_version="1.32.0", gpu="NVIDIA H200", arch="90a",
-)  # fmt: skip
+    flashinfer_version="0.6.18",
+    cuda_version="13.0",
+    cublas_version="13.1.0",
+    cudnn_version="91900",
+    cudnn_frontend_version="1.32.0",
+    gpu="NVIDIA H200",
+    arch="90a",
+)
 
 
 @dataclass(frozen=True)

@@ -73,9 +73,17 @@ def moe(x: Any, sel: Any, scales: Any, w1: Any, w2: Any, mode: str, out: Any = N
 
     kw = {"output": out} if out is not None else {}
     res = cutlass_fused_moe(
-        x, sel, scales, w1, w2, _torch().bfloat16, [],
-        tune_max_num_tokens=TUNE_MAX, use_fused_finalize=mode == "fused", **kw,
-    )  # fmt: skip
+        x,
+        sel,
+        scales,
+        w1,
+        w2,
+        _torch().bfloat16,
+        [],
+        tune_max_num_tokens=TUNE_MAX,
+        use_fused_finalize=mode == "fused",
+        **kw,
+    )
     return res[0] if isinstance(res, (list, tuple)) else res
 
 
@@ -116,9 +124,13 @@ def record_choices() -> None:
         last.clear()
         runner, tactic = choose(self, op, runners, config, inputs, **k)
         CHOICES.append(
-            {"op": op.split("::")[-1], "tokens": int(inputs[0].shape[0]), "hit": last.get("hit"),
-             "tactic": tactic if isinstance(tactic, int) else str(tactic)}
-        )  # fmt: skip
+            {
+                "op": op.split("::")[-1],
+                "tokens": int(inputs[0].shape[0]),
+                "hit": last.get("hit"),
+                "tactic": tactic if isinstance(tactic, int) else str(tactic),
+            }
+        )
         return runner, tactic
 
     AutoTuner.search_cache, AutoTuner.choose_one = search_cache, choose_one
@@ -160,8 +172,10 @@ def tune(mode: str, cache: str, out: str) -> None:
             _torch().cuda.synchronize()
             calls.append({"tokens": t, "seconds": round(time.time() - start, 3)})
     log(f"tuned {mode} in {time.time() - t0:.1f}s into {cache}")
-    dump(out, {"mode": mode, "seconds": round(time.time() - t0, 2), "calls": calls,
-               "choices": CHOICES})  # fmt: skip
+    dump(
+        out,
+        {"mode": mode, "seconds": round(time.time() - t0, 2), "calls": calls, "choices": CHOICES},
+    )
 
 
 @contextlib.contextmanager
@@ -253,10 +267,20 @@ def time_mode(mode: str, cache: str, out: str) -> None:
             graph = _graph(call)
             med, samples = _median_ms(graph.replay if graph is not None else call)
             eager, _ = _median_ms(call)
-            rows.append({"tokens": t, "ms": med, "samples_ms": samples, "eager_ms": eager,
-                         "graph": graph is not None, "choices": chosen})  # fmt: skip
-            log(f"{mode} T={t}: {med * 1000:.1f} us (graph={graph is not None}), eager "
-                f"{eager * 1000:.1f} us; {chosen}")
+            rows.append(
+                {
+                    "tokens": t,
+                    "ms": med,
+                    "samples_ms": samples,
+                    "eager_ms": eager,
+                    "graph": graph is not None,
+                    "choices": chosen,
+                }
+            )
+            log(
+                f"{mode} T={t}: {med * 1000:.1f} us (graph={graph is not None}), eager "
+                f"{eager * 1000:.1f} us; {chosen}"
+            )
     dump(out, {"mode": mode, "cache": cache, "repeats": REPEATS, "iters": ITERS, "buckets": rows})
 
 
@@ -273,9 +297,16 @@ def determinism(mode: str, cache: str, out: str) -> None:
             equal = sum(bool(torch.equal(o, ref)) for o in outs[1:])
             diff = max(float((o.float() - ref.float()).abs().max()) for o in outs[1:])
             distinct = len({o.view(torch.int16).cpu().numpy().tobytes() for o in outs})
-            rows.append({"tokens": t, "reps": REPS, "bitwise_identical": equal == REPS - 1,
-                         "distinct_outputs": distinct, "max_abs_diff": diff,
-                         "choices": CHOICES[before : before + 2]})  # fmt: skip
+            rows.append(
+                {
+                    "tokens": t,
+                    "reps": REPS,
+                    "bitwise_identical": equal == REPS - 1,
+                    "distinct_outputs": distinct,
+                    "max_abs_diff": diff,
+                    "choices": CHOICES[before : before + 2],
+                }
+            )
             log(f"{mode} T={t}: {distinct} distinct outputs in {REPS} runs, max diff {diff:g}")
     dump(out, {"mode": mode, "cache": cache, "buckets": rows})
 
@@ -300,18 +331,24 @@ def report(directory: str) -> int:
     code = 0
     tf, tu = _load(d, "time-fused.json"), _load(d, "time-unfused.json")
     if tf and tu:
-        print(f"FlashInfer {tf['flashinfer']} on {tf['gpu']}: MoE layer time per call, median of "
-              f"{tf['repeats']} x {tf['iters']} CUDA-graph replays (CUDA events)\n")  # fmt: skip
+        print(
+            f"FlashInfer {tf['flashinfer']} on {tf['gpu']}: MoE layer time per call, median of "
+            f"{tf['repeats']} x {tf['iters']} CUDA-graph replays (CUDA events)\n"
+        )
         print("| tokens | fused (us) | gemm2 id | unfused (us) | gemm2 id | unfused/fused |")
         print("| ---: | ---: | ---: | ---: | ---: | ---: |")
         for a, b in zip(tf["buckets"], tu["buckets"], strict=True):
-            print(f"| {a['tokens']} | {a['ms'] * 1e3:.1f} | {_gemm2(a)} | {b['ms'] * 1e3:.1f} | "
-                  f"{_gemm2(b)} | {b['ms'] / a['ms']:.3f} |")  # fmt: skip
+            print(
+                f"| {a['tokens']} | {a['ms'] * 1e3:.1f} | {_gemm2(a)} | {b['ms'] * 1e3:.1f} | "
+                f"{_gemm2(b)} | {b['ms'] / a['ms']:.3f} |"
+            )
         mix_f = sum(a["ms"] for a in tf["buckets"] if a["tokens"] in DECODE_MIX)
         mix_u = sum(b["ms"] for b in tu["buckets"] if b["tokens"] in DECODE_MIX)
-        print(f"\ndecode-like mix (one step each at {DECODE_MIX} tokens): fused "
-              f"{mix_f * 1e3:.1f} us, unfused {mix_u * 1e3:.1f} us: unfused costs "
-              f"{100 * (mix_u / mix_f - 1):+.1f} %\n")  # fmt: skip
+        print(
+            f"\ndecode-like mix (one step each at {DECODE_MIX} tokens): fused "
+            f"{mix_f * 1e3:.1f} us, unfused {mix_u * 1e3:.1f} us: unfused costs "
+            f"{100 * (mix_u / mix_f - 1):+.1f} %\n"
+        )
     for mode in ("unfused", "fused"):
         det = _load(d, f"determinism-{mode}.json")
         if not det:
@@ -319,16 +356,25 @@ def report(directory: str) -> int:
         stable = [r["tokens"] for r in det["buckets"] if r["bitwise_identical"]]
         unstable = [r["tokens"] for r in det["buckets"] if not r["bitwise_identical"]]
         reps = det["buckets"][0]["reps"]
-        print(f"determinism, {mode} namespace's tactics, {reps} identical calls per bucket: "
-              f"bitwise identical at {len(stable)} of {len(det['buckets'])} buckets"
-              + (f"; differing at {unstable}" if unstable else ""))  # fmt: skip
+        print(
+            f"determinism, {mode} namespace's tactics, {reps} identical calls per bucket: "
+            f"bitwise identical at {len(stable)} of {len(det['buckets'])} buckets"
+            + (f"; differing at {unstable}" if unstable else "")
+        )
         if mode == "unfused" and unstable:
             code = 1
     return code
 
 
-COMMANDS = {"counts": counts, "tune": tune, "replay": replay, "call": call, "time": time_mode,
-            "determinism": determinism, "report": report}  # fmt: skip
+COMMANDS = {
+    "counts": counts,
+    "tune": tune,
+    "replay": replay,
+    "call": call,
+    "time": time_mode,
+    "determinism": determinism,
+    "report": report,
+}
 
 if __name__ == "__main__":
     if len(sys.argv) < 2 or sys.argv[1] not in COMMANDS:

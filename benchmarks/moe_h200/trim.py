@@ -61,7 +61,9 @@ def _binding_bf16(src: str) -> str:
 
 def _instantiation_bf16(src: str) -> str:
     head = src[: src.index("namespace tensorrt_llm::kernels::cutlass_kernels {")]
-    return head + """namespace tensorrt_llm::kernels::cutlass_kernels {
+    return (
+        head
+        + """namespace tensorrt_llm::kernels::cutlass_kernels {
 // fi-cache test build: bf16 x bf16 only (the full file also has float, half, fp8, fp4, int).
 #ifdef ENABLE_BF16
 template class CutlassMoeFCRunner<__nv_bfloat16, __nv_bfloat16>;
@@ -73,6 +75,7 @@ INSTANTIATE_FINALIZE_MOE_ROUTING(__nv_bfloat16, __nv_bfloat16, __nv_bfloat16);
 #endif
 }  // namespace tensorrt_llm::kernels::cutlass_kernels
 """
+    )
 
 
 def _load(name: str, path: Path) -> types.ModuleType:
@@ -106,9 +109,10 @@ def sources(pkg: Path, out: Path, group: int) -> list[Path]:
     gk = _load("flashinfer.jit.gemm.cutlass.generate_kernels", gdir / "generate_kernels.py")
     bf16 = cl.DataType.bf16
     sm90 = [
-        op for op in gk.generate_sm90_grouped_gemm_operations(True)
+        op
+        for op in gk.generate_sm90_grouped_gemm_operations(True)
         if op.act_type == bf16 and op.weight_type == bf16
-    ]  # fmt: skip
+    ]
     sm80 = [op for op in gk.generate_sm80_operations(True) if op.dtype == bf16]
     launchers = "tensorrt_llm/kernels/cutlass_kernels/moe_gemm/launchers/"
     files = []
@@ -126,11 +130,20 @@ def sources(pkg: Path, out: Path, group: int) -> list[Path]:
 
 
 _KEEP_STATIC = {
-    "moe_gemm_tma_warp_specialized_input.cu", "moe_gemm_kernels_bf16_bf16.cu",
-    "fp8_blockscale_gemm.cu", "moe_gemm_mixed_utils.cu", "deepgemm_jit_setup.cu", "envUtils.cpp",
-    "logger.cpp", "stringUtils.cpp", "tllmException.cpp", "memoryUtils.cu",
-    "preQuantScaleKernel.cu", "cutlass_heuristic.cpp", "lora.cpp",
-}  # fmt: skip
+    "moe_gemm_tma_warp_specialized_input.cu",
+    "moe_gemm_kernels_bf16_bf16.cu",
+    "fp8_blockscale_gemm.cu",
+    "moe_gemm_mixed_utils.cu",
+    "deepgemm_jit_setup.cu",
+    "envUtils.cpp",
+    "logger.cpp",
+    "stringUtils.cpp",
+    "tllmException.cpp",
+    "memoryUtils.cu",
+    "preQuantScaleKernel.cu",
+    "cutlass_heuristic.cpp",
+    "lora.cpp",
+}
 
 
 def ninja(trimgen: Path, name: str = "fused_moe_90_trim_bf16") -> dict[str, object]:
@@ -177,9 +190,14 @@ def ninja(trimgen: Path, name: str = "fused_moe_90_trim_bf16") -> dict[str, obje
             ldflags += [str(libs[0]), f"-Wl,-rpath,{libs[0].parent}"]
             notes.append(f"libnvrtc.so missing in {cuda_home}; linking {libs[0]}")
     spec = dataclasses.replace(
-        full, name=name, sources=srcs, extra_cuda_cflags=cuda_flags, extra_cflags=cflags,
-        extra_ldflags=ldflags, extra_include_dirs=[*(full.extra_include_dirs or []), trimgen],
-    )  # fmt: skip
+        full,
+        name=name,
+        sources=srcs,
+        extra_cuda_cflags=cuda_flags,
+        extra_cflags=cflags,
+        extra_ldflags=ldflags,
+        extra_include_dirs=[*(full.extra_include_dirs or []), trimgen],
+    )
     spec.write_ninja()
     return {
         "ninja": str(spec.ninja_path),

@@ -36,8 +36,19 @@ def _median(values: list[float]) -> str:
 def version(d: Path) -> list[str]:
     walls = _walls(d)
     lines = [f"### FlashInfer {d.name}", ""]
-    head = ["table", "run", "entries", "faster", "noise", "slower", "untimed/skipped",
-            "slower share", "effect vs default", "bench wall s", "tune wall s"]  # fmt: skip
+    head = [
+        "table",
+        "run",
+        "entries",
+        "faster",
+        "noise",
+        "slower",
+        "untimed/skipped",
+        "slower share",
+        "effect vs default",
+        "bench wall s",
+        "tune wall s",
+    ]
     lines += ["| " + " | ".join(head) + " |", "|" + " --- |" * len(head)]
     shares: dict[str, list[float]] = {"plain": [], "repeat": []}
     for bench in sorted(d.glob("bench-*.json")):
@@ -62,8 +73,11 @@ def version(d: Path) -> list[str]:
     lines += ["", "| tables | median slower share |", "| --- | --- |"]
     for kind, values in shares.items():
         lines.append(f"| {kind} | {_median(values)} (n={len(values)}) |")
-    lines += ["", "| pair of fresh tunes | entries | differing (changed + only in one) |",
-              "| --- | --- | --- |"]  # fmt: skip
+    lines += [
+        "",
+        "| pair of fresh tunes | entries | differing (changed + only in one) |",
+        "| --- | --- | --- |",
+    ]
     differ: dict[str, list[float]] = {"plain": [], "repeat": []}
     for diff in sorted(d.glob("diff-*.json")):
         doc = _load(diff)

@@ -30,18 +30,42 @@ from packaging.requirements import Requirement
 from packaging.utils import canonicalize_name, parse_wheel_filename
 
 WHEELS = [
-    "vllm==0.26.0", "flashinfer-python==0.6.17", "apache-tvm-ffi==0.1.15.post2",
-    "nvidia-cudnn-frontend==1.32.0", "fastapi==0.136.3", "starlette==1.10.0",
+    "vllm==0.26.0",
+    "flashinfer-python==0.6.17",
+    "apache-tvm-ffi==0.1.15.post2",
+    "nvidia-cudnn-frontend==1.32.0",
+    "fastapi==0.136.3",
+    "starlette==1.10.0",
     "pydantic==2.14.4",
-    "pydantic-core==2.50.5", "typing-inspection==0.4.5", "annotated-types==0.8.0",
-    "uvicorn==0.55.0", "openai==2.36.0", "jiter==0.19.0", "distro==1.9.0", "sniffio==1.3.1",
-    "pyzmq==27.3.0", "msgspec==0.23.0", "blake3==1.0.11", "cachetools==8.0.2", "cbor2==6.3.0",
-    "ijson==3.6.0", "pybase64==1.5.1", "setproctitle==1.3.8", "watchfiles==1.3.0",
-    "python-multipart==0.0.34", "python-json-logger==4.2.0", "partial-json-parser==0.2.1.1.post7",
-    "prometheus-fastapi-instrumentator==8.1.0", "openai-harmony==0.0.8", "llguidance==1.7.6",
-    "xgrammar==0.2.9", "model-hosting-container-standards==0.1.16", "jmespath==1.1.0",
-    "supervisor==4.3.0", "platformdirs==4.14.9",
-]  # fmt: skip
+    "pydantic-core==2.50.5",
+    "typing-inspection==0.4.5",
+    "annotated-types==0.8.0",
+    "uvicorn==0.55.0",
+    "openai==2.36.0",
+    "jiter==0.19.0",
+    "distro==1.9.0",
+    "sniffio==1.3.1",
+    "pyzmq==27.3.0",
+    "msgspec==0.23.0",
+    "blake3==1.0.11",
+    "cachetools==8.0.2",
+    "cbor2==6.3.0",
+    "ijson==3.6.0",
+    "pybase64==1.5.1",
+    "setproctitle==1.3.8",
+    "watchfiles==1.3.0",
+    "python-multipart==0.0.34",
+    "python-json-logger==4.2.0",
+    "partial-json-parser==0.2.1.1.post7",
+    "prometheus-fastapi-instrumentator==8.1.0",
+    "openai-harmony==0.0.8",
+    "llguidance==1.7.6",
+    "xgrammar==0.2.9",
+    "model-hosting-container-standards==0.1.16",
+    "jmespath==1.1.0",
+    "supervisor==4.3.0",
+    "platformdirs==4.14.9",
+]
 # What the trimmed build imports (with the image's torch): the tar's first members.
 EARLY = ["flashinfer-python", "apache-tvm-ffi"]
 # openai 3.x needs httpx2 (not on the image); 2.36 uses httpx. platformdirs is fi-cache's own dep.
@@ -53,15 +77,29 @@ PLATFORMS = [f"manylinux_2_{n}_x86_64" for n in (5, 12, 17, 24, 27, 28, 31, 34, 
 PLATFORMS += ["manylinux2014_x86_64", "manylinux1_x86_64", "linux_x86_64"]
 # The image's Python is 3.12.3 on x86-64 Linux: requirement markers are judged for it.
 MARKERS = {str(k): str(v) for k, v in default_environment().items()}
-MARKERS.update(python_version="3.12", python_full_version="3.12.3", platform_machine="x86_64",
-               sys_platform="linux", platform_system="Linux", implementation_name="cpython",
-               platform_python_implementation="CPython")  # fmt: skip
+MARKERS.update(
+    python_version="3.12",
+    python_full_version="3.12.3",
+    platform_machine="x86_64",
+    sys_platform="linux",
+    platform_system="Linux",
+    implementation_name="cpython",
+    platform_python_implementation="CPython",
+)
 KINDS = Path("/work/.library/device/KINDS.md")
 IMAGE_VERSIONS = {  # the few versions KINDS.md gives (a 'pip list' row); others are names only
-    "torch": "2.11.0", "transformers": "5.17.0", "tokenizers": "0.23.2", "numpy": "2.5.2",
-    "triton": "3.6.0", "huggingface-hub": "1.33.0", "safetensors": "0.8.0",
-    "sentencepiece": "0.2.2", "tiktoken": "0.14.0", "torchaudio": "2.11.0", "torchvision": "0.26.0",
-}  # fmt: skip
+    "torch": "2.11.0",
+    "transformers": "5.17.0",
+    "tokenizers": "0.23.2",
+    "numpy": "2.5.2",
+    "triton": "3.6.0",
+    "huggingface-hub": "1.33.0",
+    "safetensors": "0.8.0",
+    "sentencepiece": "0.2.2",
+    "tiktoken": "0.14.0",
+    "torchaudio": "2.11.0",
+    "torchvision": "0.26.0",
+}
 
 
 def image_names() -> set[str]:
@@ -73,9 +111,23 @@ def image_names() -> set[str]:
 def download(dest: Path) -> None:
     dest.mkdir(parents=True, exist_ok=True)
     plat = [a for p in PLATFORMS for a in ("--platform", p)]
-    cmd = [sys.executable, "-m", "pip", "download", "-q", "--no-deps", "--only-binary=:all:",
-           "--python-version", "3.12", "--implementation", "cp", *plat, "-d", str(dest),
-           *WHEELS]  # fmt: skip
+    cmd = [
+        sys.executable,
+        "-m",
+        "pip",
+        "download",
+        "-q",
+        "--no-deps",
+        "--only-binary=:all:",
+        "--python-version",
+        "3.12",
+        "--implementation",
+        "cp",
+        *plat,
+        "-d",
+        str(dest),
+        *WHEELS,
+    ]
     subprocess.run(cmd, check=True)
 
 
@@ -171,14 +223,23 @@ def build(out: Path, part_mib: int) -> None:
     for i in range(0, len(data), size):
         part = out / f"part{i // size + 1}"
         part.write_bytes(data[i : i + size])
-        parts.append({"path": part.name, "bytes": part.stat().st_size,
-                      "sha256": hashlib.sha256(part.read_bytes()).hexdigest()})  # fmt: skip
+        parts.append(
+            {
+                "path": part.name,
+                "bytes": part.stat().st_size,
+                "sha256": hashlib.sha256(part.read_bytes()).hexdigest(),
+            }
+        )
     tarball.unlink()  # the parts are the payload; the folder is git-ignored
     manifest = {
-        "sha256": digest, "bytes": len(data), "parts": parts, "early": early,
+        "sha256": digest,
+        "bytes": len(data),
+        "parts": parts,
+        "early": early,
         "wheels": {w.name: w.stat().st_size for w in sorted(wheels.glob("*.whl"))},
-        "removed_from_vllm_wheel": removed, "unmet_requirements": unmet,
-    }  # fmt: skip
+        "removed_from_vllm_wheel": removed,
+        "unmet_requirements": unmet,
+    }
     (out / "MANIFEST.json").write_text(json.dumps(manifest, indent=1) + "\n")
     (out / "payload.sha256").write_text(f"{digest}  payload.tar.xz\n")
     print(json.dumps({k: manifest[k] for k in ("sha256", "bytes", "parts", "early")}, indent=1))

@@ -22,11 +22,19 @@ from transformers import Qwen3MoeConfig
 WORDS = ["<unk>", "<s>", "</s>", "<pad>"] + [f"w{i}" for i in range(252)]
 REAL = Path(__file__).resolve().parents[2] / "tests" / "fixtures" / "hf" / "qwen3-30b-a3b.json"
 SHAPES = {  # Qwen3-30B-A3B (the fixture above); checked against it by check_shapes()
-    "hidden_size": 2048, "intermediate_size": 6144, "moe_intermediate_size": 768,
-    "num_attention_heads": 32, "num_key_value_heads": 4, "head_dim": 128,
-    "num_experts": 128, "num_experts_per_tok": 8, "norm_topk_prob": True,
-    "decoder_sparse_step": 1, "rms_norm_eps": 1e-6, "hidden_act": "silu",
-}  # fmt: skip
+    "hidden_size": 2048,
+    "intermediate_size": 6144,
+    "moe_intermediate_size": 768,
+    "num_attention_heads": 32,
+    "num_key_value_heads": 4,
+    "head_dim": 128,
+    "num_experts": 128,
+    "num_experts_per_tok": 8,
+    "norm_topk_prob": True,
+    "decoder_sparse_step": 1,
+    "rms_norm_eps": 1e-6,
+    "hidden_act": "silu",
+}
 
 
 def check_shapes() -> None:
@@ -41,11 +49,16 @@ def build(out: Path) -> Path:
     check_shapes()
     out.mkdir(parents=True, exist_ok=True)
     config = Qwen3MoeConfig(
-        vocab_size=len(WORDS), num_hidden_layers=2, max_position_embeddings=4096,
-        bos_token_id=1, eos_token_id=2, pad_token_id=3, tie_word_embeddings=False,
+        vocab_size=len(WORDS),
+        num_hidden_layers=2,
+        max_position_embeddings=4096,
+        bos_token_id=1,
+        eos_token_id=2,
+        pad_token_id=3,
+        tie_word_embeddings=False,
         rope_parameters={"rope_type": "default", "rope_theta": 1e6},
         **SHAPES,
-    )  # fmt: skip
+    )
     config.architectures = ["Qwen3MoeForCausalLM"]
     config.dtype = "bfloat16"  # transformers 5 writes "dtype" (4.x read "torch_dtype")
     config.save_pretrained(out)

@@ -73,9 +73,10 @@ def _healthy(port: int) -> bool:
 def _complete(port: int, model: str) -> str:
     body = json.dumps({"model": model, "prompt": "w1 w2 w3", "max_tokens": 8, "temperature": 0})
     req = urllib.request.Request(
-        f"http://127.0.0.1:{port}/v1/completions", data=body.encode(),
+        f"http://127.0.0.1:{port}/v1/completions",
+        data=body.encode(),
         headers={"Content-Type": "application/json"},
-    )  # fmt: skip
+    )
     with urllib.request.urlopen(req, timeout=60) as r:
         return str(json.loads(r.read())["choices"][0]["text"])
 
@@ -174,10 +175,13 @@ def _seed_timing(text: str, res: dict[str, object]) -> dict[str, object]:
     stamp = "%Y-%m-%d %H:%M:%S,%f"
     t0, launch = float(str(res["started_epoch"])), res.get("launch_s")
     loaded = [
-        {"at_s": round(datetime.strptime(m.group(1), stamp).timestamp() - t0, 2),
-         "configs": int(m.group(2)), "path": m.group(3)}
+        {
+            "at_s": round(datetime.strptime(m.group(1), stamp).timestamp() - t0, 2),
+            "configs": int(m.group(2)),
+            "path": m.group(3),
+        }
         for m in LOADED.finditer(text)
-    ]  # fmt: skip
+    ]
     loaded = [d for i, d in enumerate(loaded) if d not in loaded[:i]]  # log and jit log alike
     out: dict[str, object] = {"seed_notes": SEED_NOTE.findall(text), "loaded": loaded}
     if (m := SEED_AFTER.search(text)) and isinstance(launch, float | int):
@@ -195,8 +199,10 @@ def summary(out: Path) -> str:
         if "cmd" not in d:
             continue  # doctor/ls output, not a run
         err = "yes" if d.get("gemm2_error") else ""
-        rows.append(f"| {d['name']} | {d['rc']} | {d.get('health_s')} | {d['wall_s']} | "
-                    f"{d.get('autotune_s')} | {d.get('init_engine_s')} | {err} |")  # fmt: skip
+        rows.append(
+            f"| {d['name']} | {d['rc']} | {d.get('health_s')} | {d['wall_s']} | "
+            f"{d.get('autotune_s')} | {d.get('init_engine_s')} | {err} |"
+        )
     return "\n".join(rows)
 
 
@@ -231,20 +237,28 @@ def stats(out: Path) -> tuple[dict[str, dict[str, Any]], str]:
     res: dict[str, dict[str, Any]] = {}
     for kind, runs in kinds.items():
         # a --health run is stopped by us (its exit code is the signal's); a warm must exit 0
-        ok = [d for d in runs if d.get("health_s") is not None
-              and (d.get("rc") == 0 or not d.get("watch"))]  # fmt: skip
+        ok = [
+            d
+            for d in runs
+            if d.get("health_s") is not None and (d.get("rc") == 0 or not d.get("watch"))
+        ]
         for d in ok:
             d["autotune_s"] = round(sum(d.get("autotune_s") or []), 3)
-        res[kind] = {"runs": [d["name"] for d in runs],
-                     "failed": [d["name"] for d in runs if d not in ok]}  # fmt: skip
+        res[kind] = {
+            "runs": [d["name"] for d in runs],
+            "failed": [d["name"] for d in runs if d not in ok],
+        }
         for k in STAT_KEYS:
             res[kind][k] = _spread([float(d[k]) for d in ok if d.get(k) is not None])
 
     def cell(v: dict[str, Any]) -> str:
         return f"{v['median']} ({v['min']}-{v['max']}, n={v['n']})" if v["n"] else "-"
 
-    rows = ["| start | to /health | vLLM launch to /health | before vLLM's launch | autotune | "
-            "wall | failed |", "| --- | ---: | ---: | ---: | ---: | ---: | --- |"]  # fmt: skip
+    rows = [
+        "| start | to /health | vLLM launch to /health | before vLLM's launch | autotune | "
+        "wall | failed |",
+        "| --- | ---: | ---: | ---: | ---: | ---: | --- |",
+    ]
     for kind, v in res.items():
         cells = " | ".join(cell(v[k]) for k in STAT_KEYS)
         rows.append(f"| {kind} | {cells} | {', '.join(v['failed'])} |")
@@ -252,8 +266,10 @@ def stats(out: Path) -> tuple[dict[str, dict[str, Any]], str]:
     for k in ("health_s", "vllm_health_s"):
         if same and seeded and same[k]["n"] and seeded[k]["n"]:
             a, b = same[k]["median"], seeded[k]["median"]
-            rows.append(f"\nseeded / same-file, {k} medians: {b} / {a} = {b / a:.3f} "
-                        f"({(b / a - 1) * 100:+.1f} %)")  # fmt: skip
+            rows.append(
+                f"\nseeded / same-file, {k} medians: {b} / {a} = {b / a:.3f} "
+                f"({(b / a - 1) * 100:+.1f} %)"
+            )
     return res, "\n".join(rows)
 
 
@@ -270,9 +286,12 @@ def _paths(node: object) -> set[str]:
 
 def compare(out: Path) -> dict[str, object]:
     res: dict[str, object] = {}
-    cases = [("fused", "fused", "1a-plain-fused-cold"), ("unfused", "unfused", "1b-plain-unfused"),
-             ("fresh-finalize1", "fresh-finalize1", "1a-plain-fused-cold"),
-             ("fresh-finalize0", "fresh-finalize0", "1b-plain-unfused")]  # fmt: skip
+    cases = [
+        ("fused", "fused", "1a-plain-fused-cold"),
+        ("unfused", "unfused", "1b-plain-unfused"),
+        ("fresh-finalize1", "fresh-finalize1", "1a-plain-fused-cold"),
+        ("fresh-finalize0", "fresh-finalize0", "1b-plain-unfused"),
+    ]
     for mode, doc_name, run_name in cases:
         doc, run_json = out / f"2d-doctor-args-{doc_name}.json", out / f"{run_name}.json"
         try:
@@ -282,8 +301,11 @@ def compare(out: Path) -> dict[str, object]:
         written = json.loads(run_json.read_text())["cache_files"] if run_json.exists() else []
         # doctor names the hash dir ("cache-location"), vLLM the file in it
         hit = [w for w in written if w in predicted or str(Path(w).parent) in predicted]
-        res[mode] = {"predicted": predicted, "vllm_named": written,
-                     "match": bool(written) and len(hit) == len(written)}  # fmt: skip
+        res[mode] = {
+            "predicted": predicted,
+            "vllm_named": written,
+            "match": bool(written) and len(hit) == len(written),
+        }
     return res
 
 
@@ -306,13 +328,27 @@ def main(argv: list[str]) -> int:
     out, name, rest = Path(opts[0]), opts[1], opts[2:]
     flags = dict(zip(rest[::2], rest[1::2], strict=False))
     watch = "--watch-health" in flags
-    port = int(flags.get("--health") or flags["--watch-health"]) if (
-        "--health" in flags or watch) else None  # fmt: skip
+    port = (
+        int(flags.get("--health") or flags["--watch-health"])
+        if ("--health" in flags or watch)
+        else None
+    )
     timeout = float(flags.get("--timeout", 600))
     marker, healthy = flags.get("--launch-marker"), flags.get("--healthy-marker")
     res = run(out, name, cmd, port, flags.get("--request"), timeout, watch, marker, healthy)
-    keys = ("rc", "health_s", "health_from", "healthy_marker_s", "launch_s", "vllm_health_s",
-            "wall_s", "autotune_s", "init_engine_s", "gemm2_error", "completion")  # fmt: skip
+    keys = (
+        "rc",
+        "health_s",
+        "health_from",
+        "healthy_marker_s",
+        "launch_s",
+        "vllm_health_s",
+        "wall_s",
+        "autotune_s",
+        "init_engine_s",
+        "gemm2_error",
+        "completion",
+    )
     print(name, json.dumps({k: res.get(k) for k in keys}))
     return 0
 

@@ -140,8 +140,7 @@ def classify_file(path: Path) -> Found:
         role: Role | None = "sparse-mla" if rank is None and _beside_ranks(parent) else None
         arch_dir = parent.parent
         if _ARCH_DIR.match(arch_dir.name):
-            return Found(path, "v1", "vllm", arch_dir.name, arch_dir.parent.name, rank,
-                         role=role)  # fmt: skip
+            return Found(path, "v1", "vllm", arch_dir.name, arch_dir.parent.name, rank, role=role)
         return Found(path, "v1", "vllm-override", rank=rank, role=role)
     role = "flashinfer-dump" if path.name == FLASHINFER_DUMP_FILE else None
     return Found(path, "v1", "file", rank=rank, role=role)

@@ -27,48 +27,87 @@ class Context:
 # them without importing them and a command imports only its own module (tests/cli/
 # test_main_cli.py holds these to the commands' own help).
 COMMANDS: dict[str, tuple[str, str]] = {
-    "align": ("align", "Give every rank of a deployment the same file: the union of its ranks' "
-              "entries."),
+    "align": (
+        "align",
+        "Give every rank of a deployment the same file: the union of its ranks' entries.",
+    ),
     "bench": ("bench", "Re-time CACHE's entries on this GPU against FlashInfer's default tactic."),
-    "coverage": ("coverage", "Say which (op, bucket) pairs of a plan or a start's log CACHE has "
-                 "tuned, and why not."),
-    "diff": ("diff", "Compare two caches: keys only in one, keys with another runner or tactic, "
-             "_metadata."),
-    "doctor": ("doctor", "Check the store, PATHS and logs against the target environment [-- "
-               "VLLM_SERVE_ARGS]."),
+    "coverage": (
+        "coverage",
+        "Say which (op, bucket) pairs of a plan or a start's log CACHE has tuned, and why not.",
+    ),
+    "diff": (
+        "diff",
+        "Compare two caches: keys only in one, keys with another runner or tactic, _metadata.",
+    ),
+    "doctor": (
+        "doctor",
+        "Check the store, PATHS and logs against the target environment [-- VLLM_SERVE_ARGS].",
+    ),
     "env": ("env", "Show the detected environment and the namespace dir of each finalize mode."),
-    "evict": ("evict", "Remove the entries that match every option given from the v1 caches "
-              "under PATHS."),
-    "export": ("bundle", "Bundle NAMESPACE (a dir, or fused/unfused/here for this machine's; "
-               "default: all)."),
+    "evict": (
+        "evict",
+        "Remove the entries that match every option given from the v1 caches under PATHS.",
+    ),
+    "export": (
+        "bundle",
+        "Bundle NAMESPACE (a dir, or fused/unfused/here for this machine's; default: all).",
+    ),
     "import": ("bundle", "Verify BUNDLE completely, then install its namespaces into the store."),
-    "ls": ("ls", "List caches in the store, FlashInfer's v2 root, vLLM's default cache dir "
-           "($VLLM_CACHE_ROOT/flashinfer_autotune_cache) and PATHS (files, vLLM roots, v2 "
-           "stores)."),
-    "merge": ("merge", "Union of v1 cache files with equal _metadata into OUT; conflicts are "
-              "reported."),
-    "pin": ("pin", "Pin NAMESPACE (a namespace dir, or fused/unfused/here for this machine's): no "
-            "start may change it."),
+    "ls": (
+        "ls",
+        "List caches in the store, FlashInfer's v2 root, vLLM's default cache dir "
+        "($VLLM_CACHE_ROOT/flashinfer_autotune_cache) and PATHS (files, vLLM roots, v2 "
+        "stores).",
+    ),
+    "merge": (
+        "merge",
+        "Union of v1 cache files with equal _metadata into OUT; conflicts are reported.",
+    ),
+    "pin": (
+        "pin",
+        "Pin NAMESPACE (a namespace dir, or fused/unfused/here for this machine's): no "
+        "start may change it.",
+    ),
     "plan": ("plan", "Write a tuning plan from a model's config.json, or check one."),
-    "prune": ("prune", "Delete namespaces of the store; temp files of killed writers (older than "
-              "10 minutes) always."),
-    "pull": ("push_pull", "Download this machine's bundle from URL, check its sha256, verify and "
-             "import it."),
-    "push": ("push_pull", "Upload this machine's namespaces as a bundle to URL (s3://, gs://, "
-             "file://, a path, ...)."),
-    "serve": ("serve", "Run `vllm serve VLLM_SERVE_ARGS` (--engine sglang: `sglang serve "
-              "SGLANG_ARGS`) on this machine's namespace, warmed first when cold."),
-    "show": ("show", "Decode one cache: metadata, entries by op with shapes and tactics, MoE "
-             "extras by name."),
-    "unpin": ("pin", "Unpin NAMESPACE: its files and dirs get their modes back; starts may change "
-              "it again."),
-    "verify": ("verify", "Check integrity: valid JSON, every key parses, `_generation` matches, "
-               "value shapes."),
-    "warm": ("warm", "Fill this machine's namespace: `vllm serve VLLM_SERVE_ARGS` until healthy, "
-             "or (--engine sglang) `sglang serve SGLANG_ARGS`, or (--engine flashinfer --plan "
-             "PLAN) FlashInfer's autotuner on the plan's ops, without a serving engine or "
-             "weights."),
-}  # fmt: skip
+    "prune": (
+        "prune",
+        "Delete namespaces of the store; temp files of killed writers (older than "
+        "10 minutes) always.",
+    ),
+    "pull": (
+        "push_pull",
+        "Download this machine's bundle from URL, check its sha256, verify and import it.",
+    ),
+    "push": (
+        "push_pull",
+        "Upload this machine's namespaces as a bundle to URL (s3://, gs://, file://, a path, ...).",
+    ),
+    "serve": (
+        "serve",
+        "Run `vllm serve VLLM_SERVE_ARGS` (--engine sglang: `sglang serve "
+        "SGLANG_ARGS`) on this machine's namespace, warmed first when cold.",
+    ),
+    "show": (
+        "show",
+        "Decode one cache: metadata, entries by op with shapes and tactics, MoE extras by name.",
+    ),
+    "unpin": (
+        "pin",
+        "Unpin NAMESPACE: its files and dirs get their modes back; starts may change it again.",
+    ),
+    "verify": (
+        "verify",
+        "Check integrity: valid JSON, every key parses, `_generation` matches, value shapes.",
+    ),
+    "warm": (
+        "warm",
+        "Fill this machine's namespace: `vllm serve VLLM_SERVE_ARGS` until healthy, "
+        "or (--engine sglang) `sglang serve SGLANG_ARGS`, or (--engine flashinfer --plan "
+        "PLAN) FlashInfer's autotuner on the plan's ops, without a serving engine or "
+        "weights.",
+    ),
+}
 
 
 class _LazyGroup(click.Group):

@@ -38,9 +38,12 @@ def group_json(gp: GroupPlan) -> dict[str, Any]:
 
 def _choice(c: Any) -> dict[str, Any]:
     return {
-        "key": c.key, "kept": c.kept, "kept_from": c.kept_from,
-        "dropped": c.dropped, "dropped_from": c.dropped_from,
-    }  # fmt: skip
+        "key": c.key,
+        "kept": c.kept,
+        "kept_from": c.kept_from,
+        "dropped": c.dropped,
+        "dropped_from": c.dropped_from,
+    }
 
 
 def _choice_of(value: Any) -> Any:
@@ -86,9 +89,12 @@ def _lines(gp: GroupPlan, dry_run: bool) -> list[str]:
     ),
 )
 @click.argument(
-    "paths", metavar="PATH...", nargs=-1, required=True,
+    "paths",
+    metavar="PATH...",
+    nargs=-1,
+    required=True,
     type=click.Path(path_type=Path, readable=False),
-)  # fmt: skip
+)
 @options.dry_run()
 def align_command(paths: tuple[Path, ...], dry_run: bool) -> int:
     """Give every rank of a deployment the same file: the union of its ranks' entries.

@@ -36,8 +36,12 @@ if TYPE_CHECKING:
     help="TOML plan whose calls reach the entries [default: the plan of the warm that wrote "
     "CACHE, from its namespace's manifest].",
 )
-@click.option("--op", "ops", multiple=True, help="Only entries whose op contains this (gemm2, "
-              "bf16_gemm, ...); repeatable.")  # fmt: skip
+@click.option(
+    "--op",
+    "ops",
+    multiple=True,
+    help="Only entries whose op contains this (gemm2, bf16_gemm, ...); repeatable.",
+)
 @click.option(
     "--budget-ms",
     type=click.FloatRange(min=0),
@@ -45,13 +49,27 @@ if TYPE_CHECKING:
     show_default=True,
     help="Time per entry after which no more rounds start (3 rounds always run).",
 )
-@click.option("--rounds", type=click.IntRange(3, 100), default=5, show_default=True,
-              help="Samples per candidate (FlashInfer's profiler each time).")  # fmt: skip
-@click.option("--alternatives", type=click.IntRange(0, 64), default=3, show_default=True,
-              help="Other tactics of the cached runner timed too, nearest ids first.")  # fmt: skip
+@click.option(
+    "--rounds",
+    type=click.IntRange(3, 100),
+    default=5,
+    show_default=True,
+    help="Samples per candidate (FlashInfer's profiler each time).",
+)
+@click.option(
+    "--alternatives",
+    type=click.IntRange(0, 64),
+    default=3,
+    show_default=True,
+    help="Other tactics of the cached runner timed too, nearest ids first.",
+)
 @options.finalize(show_default="CACHE's namespace, else fused")
-@click.option("--python", "python", default=None,
-              help="Python with FlashInfer [default: $FI_CACHE_PYTHON, else ours].")  # fmt: skip
+@click.option(
+    "--python",
+    "python",
+    default=None,
+    help="Python with FlashInfer [default: $FI_CACHE_PYTHON, else ours].",
+)
 @options.timeout(3600.0)
 @click.option(
     "--apply",
@@ -131,10 +149,12 @@ def _verdict(r: EntryResult) -> str:
     if r.verdict is None:
         return f"skipped: {r.why}"
     v = r.verdict
-    text = {"slower": f"SLOWER than default by {v.change:.0%}",
-            "faster": f"faster than default by {-v.change:.0%}",
-            "noise": f"within noise ({v.change:+.1%})",
-            "untimed": f"untimed: {v.why}"}[v.kind]  # fmt: skip
+    text = {
+        "slower": f"SLOWER than default by {v.change:.0%}",
+        "faster": f"faster than default by {-v.change:.0%}",
+        "noise": f"within noise ({v.change:+.1%})",
+        "untimed": f"untimed: {v.why}",
+    }[v.kind]
     if r.better is not None:
         text += f"; tactic {r.better.tactic} is faster ({r.better.median * 1000:.1f} us)"
     return text
@@ -143,22 +163,37 @@ def _verdict(r: EntryResult) -> str:
 def _show(run: BenchRun, planned: list[Eviction], applied: bool) -> None:
     from fi_cache.tuning.report import summary
 
-    click.echo(f"{render.display_path(run.cache)} on {run.device} (FlashInfer "
-               f"{run.flashinfer_version}), plan {run.plan}, {run.mode} finalize")  # fmt: skip
+    click.echo(
+        f"{render.display_path(run.cache)} on {run.device} (FlashInfer "
+        f"{run.flashinfer_version}), plan {run.plan}, {run.mode} finalize"
+    )
     rows = [
-        [r.op, "-" if r.bucket is None else str(r.bucket), r.runner, str(r.tactic),
-         str(r.served), _ms(r), _verdict(r)]
+        [
+            r.op,
+            "-" if r.bucket is None else str(r.bucket),
+            r.runner,
+            str(r.tactic),
+            str(r.served),
+            _ms(r),
+            _verdict(r),
+        ]
         for r in run.results
-    ]  # fmt: skip
+    ]
     headers = ["op", "bucket", "runner", "tactic", "served", "us cached/default", "verdict"]
     click.echo(render.table(headers, rows, right=(1, 3, 4), width=render.terminal_width()))
     for note in run.notes:
         render.warn(note)
     s = summary(run.results)
-    parts = [f"{s.counts.get(k, 0)} {k}" for k in ("faster", "noise", "slower", "untimed",
-                                                    "skipped") if s.counts.get(k)]  # fmt: skip
-    click.echo(f"{s.entries} entries: " + ", ".join(parts) +
-               f" ({s.share('slower'):.0%} slower than default)")  # fmt: skip
+    parts = [
+        f"{s.counts.get(k, 0)} {k}"
+        for k in ("faster", "noise", "slower", "untimed", "skipped")
+        if s.counts.get(k)
+    ]
+    click.echo(
+        f"{s.entries} entries: "
+        + ", ".join(parts)
+        + f" ({s.share('slower'):.0%} slower than default)"
+    )
     if s.effect is not None:
         how = "weighted by the plan's calls" if s.weighted else "each timed entry once"
         click.echo(f"expected effect of the cache against the default: {s.effect:+.1%} ({how})")
@@ -181,24 +216,52 @@ def _doc(run: BenchRun, planned: list[Eviction], applied: bool) -> dict[str, Any
         if c is None:
             return None
         samples = [s if s < float("inf") else None for s in c.samples]
-        return {"runner": c.runner, "tactic": c.tactic, "median_ms": c.median if c.ok else None,
-                "samples_ms": samples}  # fmt: skip
+        return {
+            "runner": c.runner,
+            "tactic": c.tactic,
+            "median_ms": c.median if c.ok else None,
+            "samples_ms": samples,
+        }
 
     s = summary(run.results)
     return {
-        "cache": str(run.cache), "device": run.device, "flashinfer_version": run.flashinfer_version,
-        "plan": run.plan, "finalize": run.mode, "seconds": run.seconds,
+        "cache": str(run.cache),
+        "device": run.device,
+        "flashinfer_version": run.flashinfer_version,
+        "plan": run.plan,
+        "finalize": run.mode,
+        "seconds": run.seconds,
         "entries": [
-            {"key": r.key, "op": r.op, "bucket": r.bucket, "runner": r.runner,
-             "tactic": r.tactic, "verdict": r.kind, "served": r.served,
-             "change": r.verdict.change if r.verdict else None,
-             "why": r.why or (r.verdict.why if r.verdict else ""),
-             "cached": cand(r.cached), "default": cand(r.default), "better": cand(r.better)}
+            {
+                "key": r.key,
+                "op": r.op,
+                "bucket": r.bucket,
+                "runner": r.runner,
+                "tactic": r.tactic,
+                "verdict": r.kind,
+                "served": r.served,
+                "change": r.verdict.change if r.verdict else None,
+                "why": r.why or (r.verdict.why if r.verdict else ""),
+                "cached": cand(r.cached),
+                "default": cand(r.default),
+                "better": cand(r.better),
+            }
             for r in run.results
         ],
-        "summary": {"entries": s.entries, "counts": s.counts, "slower_share": s.share("slower"),
-                    "effect": s.effect, "weighted": s.weighted},
+        "summary": {
+            "entries": s.entries,
+            "counts": s.counts,
+            "slower_share": s.share("slower"),
+            "effect": s.effect,
+            "weighted": s.weighted,
+        },
         "notes": run.notes,
-        "evict": [{"key": e.result.key, "applied": applied and not e.why_not and bool(e.keys),
-                   "why_not": e.why_not} for e in planned],
-    }  # fmt: skip
+        "evict": [
+            {
+                "key": e.result.key,
+                "applied": applied and not e.why_not and bool(e.keys),
+                "why_not": e.why_not,
+            }
+            for e in planned
+        ],
+    }

@@ -169,8 +169,9 @@ def echo_planned(bm: Any, planned: Any, where: str, head: dict[str, Any]) -> Non
     """What import/pull --dry-run would install (one line each namespace), or its JSON."""
     if options.context().json:
         rows = [{"path": n.path, "replaces": n.replaces} for n in planned]
-        render.emit_json({**head, **_summary(bm), "node_ranks": None, "dry_run": True,
-                          "planned": rows})  # fmt: skip
+        render.emit_json(
+            {**head, **_summary(bm), "node_ranks": None, "dry_run": True, "planned": rows}
+        )
         return
     echo_bundle("would import", bm, where)
     for n in planned:

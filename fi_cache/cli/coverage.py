@@ -64,10 +64,16 @@ def _modes(cache: Cache, asked: str | None, store: Path) -> tuple[str, ...]:
 def _pair_json(p: Pair) -> dict[str, Any]:
     w = p.want
     return {
-        "label": w.label, "op": w.op, "bucket": w.bucket, "mode": w.mode, "tuned": p.tuned,
-        "fell_back": w.fell_back, "reason": p.reason, "source": w.source,
+        "label": w.label,
+        "op": w.op,
+        "bucket": w.bucket,
+        "mode": w.mode,
+        "tuned": p.tuned,
+        "fell_back": w.fell_back,
+        "reason": p.reason,
+        "source": w.source,
         "found": [{"runner": r, "tactic": t} for r, t in p.found],
-    }  # fmt: skip
+    }
 
 
 @click.command(
@@ -79,13 +85,26 @@ def _pair_json(p: Pair) -> dict[str, Any]:
     ),
 )
 @click.argument("cache_path", metavar="CACHE", type=click.Path(path_type=Path, readable=False))
-@click.option("--plan", "plan_path", type=click.Path(path_type=Path, readable=False),
-              help="A tuning plan: every (op, bucket) a warm of it fills.")  # fmt: skip
-@click.option("--log", "log_path", type=click.Path(path_type=Path, readable=False),
-              help="A start's log: the calls that fell back to tactic -1.")  # fmt: skip
+@click.option(
+    "--plan",
+    "plan_path",
+    type=click.Path(path_type=Path, readable=False),
+    help="A tuning plan: every (op, bucket) a warm of it fills.",
+)
+@click.option(
+    "--log",
+    "log_path",
+    type=click.Path(path_type=Path, readable=False),
+    help="A start's log: the calls that fell back to tactic -1.",
+)
 @options.finalize(show_default="the cache's own")
-@click.option("--min-coverage", "min_coverage", default=None, metavar="P",
-              help="With --plan: exit 1 when under P percent of the pairs are tuned.")  # fmt: skip
+@click.option(
+    "--min-coverage",
+    "min_coverage",
+    default=None,
+    metavar="P",
+    help="With --plan: exit 1 when under P percent of the pairs are tuned.",
+)
 def coverage_command(
     cache_path: Path,
     plan_path: Path | None,
@@ -129,18 +148,28 @@ def coverage_command(
     percent = round(100 * result.ratio, 1)
     failed = (threshold is not None and percent < threshold) or fell_back > 0
     if ctx.json:
-        render.emit_json({
-            "cache": str(cache.path), "plan": str(plan_path) if plan_path else None,
-            "log": str(log_path) if log_path else None, "modes": list(modes),
-            "tuned": result.tuned, "pairs": len(result.pairs), "coverage": percent,
-            "min_coverage": threshold, "fell_back": fell_back, "ok": not failed,
-            "entries": [_pair_json(p) for p in result.pairs],
-        })  # fmt: skip
+        render.emit_json(
+            {
+                "cache": str(cache.path),
+                "plan": str(plan_path) if plan_path else None,
+                "log": str(log_path) if log_path else None,
+                "modes": list(modes),
+                "tuned": result.tuned,
+                "pairs": len(result.pairs),
+                "coverage": percent,
+                "min_coverage": threshold,
+                "fell_back": fell_back,
+                "ok": not failed,
+                "entries": [_pair_json(p) for p in result.pairs],
+            }
+        )
         return EXIT_PROBLEM if failed else 0
     _say(result, cache, plan_path, log_path, percent, threshold)
     if fell_back > len(result.pairs) and not ctx.quiet:
-        render.warn(f"{fell_back} fallback line(s) in all; those without input shapes (an older "
-                    "FlashInfer) cannot be looked up")  # fmt: skip
+        render.warn(
+            f"{fell_back} fallback line(s) in all; those without input shapes (an older "
+            "FlashInfer) cannot be looked up"
+        )
     return EXIT_PROBLEM if failed else 0
 
 

@@ -46,18 +46,25 @@ def _side_json(side: Side | None) -> dict[str, Any] | None:
 
 def _entry_json(e: EntryDiff) -> dict[str, Any]:
     return {
-        "change": e.change, "op": e.op, "runner": e.runner, "bucket": e.bucket,
-        "a": _side_json(e.a), "b": _side_json(e.b), "raw_key": e.raw_key,
-    }  # fmt: skip
+        "change": e.change,
+        "op": e.op,
+        "runner": e.runner,
+        "bucket": e.bucket,
+        "a": _side_json(e.a),
+        "b": _side_json(e.b),
+        "raw_key": e.raw_key,
+    }
 
 
 def summary_line(d: CacheDiff, a: str, b: str) -> str:
     if not d.differs:
         return f"same: {d.same} entries, equal _metadata ({a}, {b})"
     parts = [
-        f"{d.count('only-a')} only in A", f"{d.count('only-b')} only in B",
-        f"{d.count('changed')} with another runner or tactic", f"{d.same} the same",
-    ]  # fmt: skip
+        f"{d.count('only-a')} only in A",
+        f"{d.count('only-b')} only in B",
+        f"{d.count('changed')} with another runner or tactic",
+        f"{d.same} the same",
+    ]
     if d.metadata:
         parts.append(f"_metadata differs in {', '.join(d.metadata)}")
     return "differ: " + "; ".join(parts)
@@ -104,14 +111,21 @@ def _diff(a: Path, b: Path, op_filter: str | None, diff: Callable[..., CacheDiff
     entries = [e for e in d.entries if op_filter is None or op_filter in (e.op or "")]
     code = EXIT_PROBLEM if d.differs else 0
     if options.context().json:
-        render.emit_json({
-            "a": str(ca.path), "b": str(cb.path), "a_role": ca.role, "b_role": cb.role,
-            "differs": d.differs, "same": d.same,
-            "only_a": d.count("only-a"), "only_b": d.count("only-b"),
-            "changed": d.count("changed"),
-            "metadata": {f: {"a": x, "b": y} for f, (x, y) in d.metadata.items()},
-            "entries": render.Rows(entries, _entry_json),
-        })  # fmt: skip
+        render.emit_json(
+            {
+                "a": str(ca.path),
+                "b": str(cb.path),
+                "a_role": ca.role,
+                "b_role": cb.role,
+                "differs": d.differs,
+                "same": d.same,
+                "only_a": d.count("only-a"),
+                "only_b": d.count("only-b"),
+                "changed": d.count("changed"),
+                "metadata": {f: {"a": x, "b": y} for f, (x, y) in d.metadata.items()},
+                "entries": render.Rows(entries, _entry_json),
+            }
+        )
         return code
     click.echo(summary_line(d, render.display_path(ca.path), render.display_path(cb.path)))
     for side, cache in (("A", ca), ("B", cb)):
@@ -125,13 +139,20 @@ def _diff(a: Path, b: Path, op_filter: str | None, diff: Callable[..., CacheDiff
     for e in entries:
         groups.setdefault((e.op or "(unparsable key)", e.runner or "?"), []).append(e)
     if any("|" in (s.family or "") for e in entries for s in (e.a, e.b) if s):
-        click.echo("  (family: fused's|unfused's config for that id: keys before FlashInfer "
-                   "0.6.18rc2 do not say the mode)")  # fmt: skip
+        click.echo(
+            "  (family: fused's|unfused's config for that id: keys before FlashInfer "
+            "0.6.18rc2 do not say the mode)"
+        )
     for (op, runner), group in groups.items():
         click.echo(render.printable(f"\n{op} · {runner}  ({len(group)} differ)", lines=True))
         rows = [[e.bucket, e.change, _tactic(e.a), _tactic(e.b)] for e in group[:_SHOWN]]
-        click.echo(render.table(["BUCKET", "CHANGE", "A", "B"], render.printable_rows(rows),
-                                width=render.terminal_width()))  # fmt: skip
+        click.echo(
+            render.table(
+                ["BUCKET", "CHANGE", "A", "B"],
+                render.printable_rows(rows),
+                width=render.terminal_width(),
+            )
+        )
         if len(group) > _SHOWN:
             click.echo(f"  … {len(group) - _SHOWN} more (--format json lists them all)")
     return code

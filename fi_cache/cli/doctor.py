@@ -112,19 +112,29 @@ def doctor_command(
     if preload is not None:  # `vllm preload ARGS`: the daemons of the engine those ARGS start
         engine_argv = preload.serve_argv()
     request = Request(
-        obj.store, tuple(paths), tuple(logs),
+        obj.store,
+        tuple(paths),
+        tuple(logs),
         tuple(engine_argv) if engine_argv is not None else None,
-        flashinfer_version, vllm_version, sglang_version, finalize, gpu, only, fix,
+        flashinfer_version,
+        vllm_version,
+        sglang_version,
+        finalize,
+        gpu,
+        only,
+        fix,
         wrapper=functools.partial(preload_findings, preload) if preload else None,
-    )  # fmt: skip
+    )
     if tier_args := split_args(paths)[0]:  # mooncake://KEY: vLLM 0.34's fleet tier
         from fi_cache.cli import tier
 
         return tier.doctor(tier_args, target_of(request), only, strict, fix, dry_run)
     d = diagnose(request)
     for action, ns in d.held:  # a pinned namespace is known good: --fix leaves it as it is
-        render.warn(f"left {action.path} as it is: its namespace is pinned; "
-                    f"`fi-cache unpin {ns}` to let --fix {action.kind} it")  # fmt: skip
+        render.warn(
+            f"left {action.path} as it is: its namespace is pinned; "
+            f"`fi-cache unpin {ns}` to let --fix {action.kind} it"
+        )
     actions = list(d.actions)
     done = fixes.apply(actions, obj.store) if fix and not dry_run else []
     if obj.json:

@@ -49,12 +49,21 @@ def evict_command(
     selector = Selector(op, bucket, runner, tactic)
     plans = plan(paths, selector, store) if dry_run else apply(paths, selector, store)
     if options.context().json:
-        render.emit_json({
-            "dry_run": dry_run,
-            "files": [{"path": str(p.path), "evicted": list(p.evicted), "kept": p.kept,
-                       "namespace": str(p.namespace) if p.namespace else None,
-                       "recorded": p.recorded} for p in plans],
-        })  # fmt: skip
+        render.emit_json(
+            {
+                "dry_run": dry_run,
+                "files": [
+                    {
+                        "path": str(p.path),
+                        "evicted": list(p.evicted),
+                        "kept": p.kept,
+                        "namespace": str(p.namespace) if p.namespace else None,
+                        "recorded": p.recorded,
+                    }
+                    for p in plans
+                ],
+            }
+        )
         return 0
     verb = "would evict" if dry_run else "evicted"
     total = sum(len(p.evicted) for p in plans)

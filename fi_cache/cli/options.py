@@ -81,9 +81,12 @@ LOCK_TIMEOUT_DEFAULT = 3600.0
 def finalize(show_default: str | bool = False) -> Callable[[F], F]:
     """`--finalize fused|unfused` (not given: None; the command's default is `show_default`)."""
     return click.option(
-        "--finalize", type=FINALIZE_CHOICE, default=None, show_default=show_default,
+        "--finalize",
+        type=FINALIZE_CHOICE,
+        default=None,
+        show_default=show_default,
         help=FINALIZE_HELP,
-    )  # fmt: skip
+    )
 
 
 def dry_run() -> Callable[[F], F]:
@@ -94,26 +97,38 @@ def dry_run() -> Callable[[F], F]:
 def timeout(default: float | None, show_default: str | bool = True) -> Callable[[F], F]:
     """`--timeout SECONDS`: how long the work may take."""
     return click.option(
-        "--timeout", type=SECONDS, default=default, show_default=show_default,
-        metavar="SECONDS", help=TIMEOUT_HELP,
-    )  # fmt: skip
+        "--timeout",
+        type=SECONDS,
+        default=default,
+        show_default=show_default,
+        metavar="SECONDS",
+        help=TIMEOUT_HELP,
+    )
 
 
 def lock_timeout() -> Callable[[F], F]:
     """`--lock-timeout SECONDS`: how long to wait for another warm's lock."""
     return click.option(
-        "--lock-timeout", type=LOCK_SECONDS, default=LOCK_TIMEOUT_DEFAULT, show_default=True,
-        metavar="SECONDS", help=LOCK_TIMEOUT_HELP,
-    )  # fmt: skip
+        "--lock-timeout",
+        type=LOCK_SECONDS,
+        default=LOCK_TIMEOUT_DEFAULT,
+        show_default=True,
+        metavar="SECONDS",
+        help=LOCK_TIMEOUT_HELP,
+    )
 
 
 def namespace_option(show_default: str | bool = False) -> Callable[[F], F]:
     """`--namespace NS`: the spelling every command accepts (export, pin and unpin also take it
     as their first argument, as before)."""
     return click.option(
-        "--namespace", "namespace_opt", metavar="NAMESPACE", default=None,
-        show_default=show_default, help=NAMESPACE_HELP,
-    )  # fmt: skip
+        "--namespace",
+        "namespace_opt",
+        metavar="NAMESPACE",
+        default=None,
+        show_default=show_default,
+        help=NAMESPACE_HELP,
+    )
 
 
 def one_namespace(positional: str | None, option: str | None) -> str | None:

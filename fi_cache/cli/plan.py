@@ -98,8 +98,13 @@ def plan_command(
     if check_path is not None:  # the options that shape a new plan would be ignored
         options.refuse_ignored(
             "to --verify PLAN (they shape a plan --from-hf-config writes)",
-            "tokens", "finalize", "dtype", "tp_size", "ep_size", "output",
-        )  # fmt: skip
+            "tokens",
+            "finalize",
+            "dtype",
+            "tp_size",
+            "ep_size",
+            "output",
+        )
         from fi_cache.engines import get
 
         _show_plan(get("flashinfer").read_args([str(check_path)]).plan, ctx.json)
@@ -108,9 +113,14 @@ def plan_command(
     config = hf.load_config(hf_config)
     modes = ("fused", "unfused") if finalize == "both" else (finalize,)
     plan = hf.plan_from_config(
-        config, str(hf_config), tokens=_tokens(tokens), dtype=dtype, finalize=modes,
-        tp_size=tp_size, ep_size=ep_size,
-    )  # fmt: skip
+        config,
+        str(hf_config),
+        tokens=_tokens(tokens),
+        dtype=dtype,
+        finalize=modes,
+        tp_size=tp_size,
+        ep_size=ep_size,
+    )
     text = plans.dumps(
         plan,
         [

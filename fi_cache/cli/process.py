@@ -69,9 +69,13 @@ def reporter(quiet: bool) -> tuple[Report, Status]:
 
     status = Status(quiet)
     report = Report(
-        warn=render.warn, finding=say_finding, waiting=status.waiting, tick=status.tick,
-        note=status.note, quiet=quiet,
-    )  # fmt: skip
+        warn=render.warn,
+        finding=say_finding,
+        waiting=status.waiting,
+        tick=status.tick,
+        note=status.note,
+        quiet=quiet,
+    )
     return report, status
 
 

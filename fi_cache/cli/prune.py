@@ -183,10 +183,14 @@ def _render_plan(plan: Plan, store: Path) -> None:
     if not plan.selection.any:
         click.echo("no selector given (--older-than, --max-size, --foreign): temp files only")
     rows = [
-        [ns.relpath(store), render.short_date(ns.last_used), render.human_size(ns.size),
-         "; ".join(reasons)]
+        [
+            ns.relpath(store),
+            render.short_date(ns.last_used),
+            render.human_size(ns.size),
+            "; ".join(reasons),
+        ]
         for ns, reasons in plan.namespaces
-    ]  # fmt: skip
+    ]
     if rows:
         width = render.terminal_width()
         click.echo(render.table(["NAMESPACE", "LAST USED", "SIZE", "REASON"], rows, (2,), width))

@@ -74,8 +74,9 @@ def one_of(caches: list[Cache], path: Path) -> Cache:
         raise Refused(f"holds {len(caches)} caches; name one file (see `fi-cache ls`)", path)
     for c in caches:
         if c.role is not None:
-            render.warn(f"left out {render.display_path(c.path)} (name it to read it): "
-                        f"{_role_note(c.role)}")  # fmt: skip
+            render.warn(
+                f"left out {render.display_path(c.path)} (name it to read it): {_role_note(c.role)}"
+            )
     return own[0]
 
 
@@ -112,9 +113,14 @@ def show_command(path: Path, op_filter: str | None) -> int:
     key = _sglang_key(caches, ctx.store)
     ns = _namespace_json(cache, ctx.store)
     if ctx.json:
-        doc = {"path": str(cache.path), "format": cache.found.format, "role": cache.role,
-               "metadata": cache.metadata, "entries": _entries_json(entries),
-               "namespace": ns}  # fmt: skip
+        doc = {
+            "path": str(cache.path),
+            "format": cache.found.format,
+            "role": cache.role,
+            "metadata": cache.metadata,
+            "entries": _entries_json(entries),
+            "namespace": ns,
+        }
         render.emit_json({**doc, "sglang": key} if key else doc)
         return 0
     _say_key(key)
@@ -149,10 +155,9 @@ def _namespace_json(cache: Cache, store: Path) -> dict[str, Any] | None:
     except ValueError:
         rel = ""
     evictions = [
-        {"at": render.iso_time(e.at), "selector": e.selector, "evicted": f.evicted,
-         "kept": f.kept}
+        {"at": render.iso_time(e.at), "selector": e.selector, "evicted": f.evicted, "kept": f.kept}
         for e, f in (m.evictions_of(rel) if m else [])
-    ]  # fmt: skip
+    ]
     pinned = None
     if m is not None and m.pin is not None:
         from fi_cache.store.pin import changed
@@ -187,8 +192,12 @@ def _sglang_key(caches: list[Cache], store: Path) -> dict[str, Any] | None:
         return None
     from fi_cache.versions import SGLANG_KEY_FIELDS
 
-    out: dict[str, Any] = {"key_dir": found.key_dir, "hashes": list(SGLANG_KEY_FIELDS),
-                           "warmed_with": None, "sglang_version": None}  # fmt: skip
+    out: dict[str, Any] = {
+        "key_dir": found.key_dir,
+        "hashes": list(SGLANG_KEY_FIELDS),
+        "warmed_with": None,
+        "sglang_version": None,
+    }
     ns, m = _manifest(caches[0].path, store) or (Path(), None)
     paths = {c.path.resolve() for c in caches}
     for warm in reversed(m.warms if m else ()):
@@ -276,8 +285,9 @@ def _show_ranks(caches: list[Cache], op_filter: str | None) -> int:
     if options.context().json:
         for rank in ranks:
             rank["entries"] = _entries_json(rank["entries"])
-        render.emit_json({"path": str(group), "format": "v1", "layout": "sglang", "ranks": ranks,
-                          "sglang": key})  # fmt: skip
+        render.emit_json(
+            {"path": str(group), "format": "v1", "layout": "sglang", "ranks": ranks, "sglang": key}
+        )
         return 0
     click.echo(f"{render.display_path(Path(str(group)))}  (SGLang, {len(caches)} rank files)")
     _say_key(key)

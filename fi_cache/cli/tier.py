@@ -102,8 +102,13 @@ def ls(args: list[TierArg], long_: bool, paths_only: bool) -> int:
         headers += ["SIZE", "KEY"] if long_ else ["KEY"]
         table = []
         for r in rows:
-            line = [r["flashinfer_version"] or "?", r["arch"] or "-", render.short_gpu(r["gpu"]),
-                    str(r["entries"]), r["finalize"] or "-"]  # fmt: skip
+            line = [
+                r["flashinfer_version"] or "?",
+                r["arch"] or "-",
+                render.short_gpu(r["gpu"]),
+                str(r["entries"]),
+                r["finalize"] or "-",
+            ]
             table.append([*line, *([render.human_size(r["size"])] if long_ else []), r["path"]])
         table = render.printable_rows(table)  # a table's own metadata: escaped
         click.echo(render.table(headers, table, right=(3, 5) if long_ else (3,)))
@@ -148,16 +153,30 @@ def verify(args: list[TierArg]) -> int:
     for cache in inv.caches:
         defects = list(cache.defects())
         problems = [{"check": d.check, "message": d.message} for d in defects]
-        results.append({"path": url(cache), "format": "v1", "ok": not defects,
-                        "entries": len(cache.file.entries), "problems": problems})  # fmt: skip
+        results.append(
+            {
+                "path": url(cache),
+                "format": "v1",
+                "ok": not defects,
+                "entries": len(cache.file.entries),
+                "problems": problems,
+            }
+        )
         for d in defects:
             render.error(f"{url(cache)}: {d.message}")
         if defects:
             code = max(code, EXIT_PROBLEM)
     for p in inv.problems:
         problem = {"check": p.check, "message": p.message}
-        results.append({"path": f"mooncake://{p.path}", "format": None, "ok": False,
-                        "entries": None, "problems": [problem]})  # fmt: skip
+        results.append(
+            {
+                "path": f"mooncake://{p.path}",
+                "format": None,
+                "ok": False,
+                "entries": None,
+                "problems": [problem],
+            }
+        )
     if ctx.json:
         render.emit_json({"results": results, "ok": code == 0})
     elif not ctx.quiet:
@@ -188,12 +207,20 @@ def doctor(
     errors = sum(f.severity == "error" for f in findings)
     warnings = sum(f.severity == "warning" for f in findings)
     if ctx.json:
-        render.emit_json({
-            "findings": [f.to_json() for f in findings], "errors": errors, "warnings": warnings,
-            "target": {**target.fingerprint.metadata(), "arch": target.fingerprint.arch,
-                       "vllm_version": target.vllm_version, "finalize": target.finalize},
-            "actions": [{"action": "remove", "path": k, "applied": not dry_run} for k in keys],
-        })  # fmt: skip
+        render.emit_json(
+            {
+                "findings": [f.to_json() for f in findings],
+                "errors": errors,
+                "warnings": warnings,
+                "target": {
+                    **target.fingerprint.metadata(),
+                    "arch": target.fingerprint.arch,
+                    "vllm_version": target.vllm_version,
+                    "finalize": target.finalize,
+                },
+                "actions": [{"action": "remove", "path": k, "applied": not dry_run} for k in keys],
+            }
+        )
     else:
         _render(findings, ctx.quiet)
         for k in keys:
@@ -252,8 +279,9 @@ def evict(args: list[TierArg], dry_run: bool, selector_given: bool) -> int:
     planned = [url(c) for c in inv.caches] + [f"mooncake://{p.path}" for p in inv.problems]
     removed = [] if dry_run else _remove(planned)
     if ctx.json:
-        render.emit_json({"dry_run": dry_run, "keys": [
-            {"path": u, "removed": u in removed} for u in planned]})  # fmt: skip
+        render.emit_json(
+            {"dry_run": dry_run, "keys": [{"path": u, "removed": u in removed} for u in planned]}
+        )
         return code
     for u in planned:
         if dry_run:
@@ -282,10 +310,14 @@ def push(url_arg: str, which: str, replace: bool) -> int:
         done = apply_push(client, items)
     written = {item.key.key for item in done}
     rows: list[dict[str, Any]] = [
-        {"key": i.key.url, "source": str(i.source), "action": i.action,
-         "written": i.key.key in written}
+        {
+            "key": i.key.url,
+            "source": str(i.source),
+            "action": i.action,
+            "written": i.key.key in written,
+        }
         for i in items
-    ]  # fmt: skip
+    ]
     if ctx.json:
         render.emit_json({"published": rows})
         return 0

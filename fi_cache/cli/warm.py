@@ -163,10 +163,14 @@ def warm_command(
     if engine == "flashinfer":
         misplaced = [
             flag
-            for flag, given in (("--port", port), ("--vllm", vllm_path), ("--force", force),
-                                ("VLLM_SERVE_ARGS", vllm_args))
+            for flag, given in (
+                ("--port", port),
+                ("--vllm", vllm_path),
+                ("--force", force),
+                ("VLLM_SERVE_ARGS", vllm_args),
+            )
             if given
-        ]  # fmt: skip
+        ]
         if plan_path is None:
             raise Refused("--engine flashinfer needs --plan PLAN (write one with `fi-cache plan`)")
         # a recorded warm is never skipped and nothing is seeded: those would be ignored
@@ -241,22 +245,31 @@ def _doc(engine: str, run: Run[Any, Any], result: WarmResult) -> dict[str, Any]:
         for f in result.files
     ]
     common = {
-        "reused": result.reused, "already": result.already, "seconds": result.record.seconds,
-    }  # fmt: skip
+        "reused": result.reused,
+        "already": result.already,
+        "seconds": result.record.seconds,
+    }
     if engine != "sglang":
         return {
-            "namespace": str(ns_dir), "finalize": run.ns.finalize, **common,
+            "namespace": str(ns_dir),
+            "finalize": run.ns.finalize,
+            **common,
             "vllm_version": result.record.vllm_version,
-            "nothing_to_tune": result.nothing_to_tune, "files": files,
-        }  # fmt: skip
+            "nothing_to_tune": result.nothing_to_tune,
+            "files": files,
+        }
     from fi_cache.engines import serving
 
     return {
-        "namespace": str(ns_dir), "engine": "sglang", "finalize": run.ns.finalize, **common,
+        "namespace": str(ns_dir),
+        "engine": "sglang",
+        "finalize": run.ns.finalize,
+        **common,
         "sglang_version": run.target.version,
         "sglang_cache_dir": str(serving("sglang").cache_dir(ns_dir)),
-        "nothing_to_tune": result.nothing_to_tune, "files": files,
-    }  # fmt: skip
+        "nothing_to_tune": result.nothing_to_tune,
+        "files": files,
+    }
 
 
 COMMANDS = [warm_command]

@@ -171,7 +171,9 @@ def _report(plan_path: Path, results: list[Any], as_json: bool) -> None:
         )
         if d["robust"]:
             kept, total = d["robust"]["kept_default"], d["robust"]["buckets"]
-            click.echo(f"  --repeat: {kept} of {total} buckets kept FlashInfer's default "
-                       "(no tactic won robustly)")  # fmt: skip
+            click.echo(
+                f"  --repeat: {kept} of {total} buckets kept FlashInfer's default "
+                "(no tactic won robustly)"
+            )
         click.echo(f"  {d['file']}")
     click.echo("load it: flashinfer.autotune(False, cache=FILE) around your engine's warm-up")

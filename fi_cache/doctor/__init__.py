@@ -28,9 +28,14 @@ def _registry() -> tuple[Check, ...]:
     )
 
     return (
-        *cache_checks.CHECKS, *vllm_checks.CHECKS, *sglang_checks.CHECKS, *rank_checks.CHECKS,
-        *log_checks.CHECKS, *sweep_checks.CHECKS, *replaced_checks.CHECKS,
-    )  # fmt: skip
+        *cache_checks.CHECKS,
+        *vllm_checks.CHECKS,
+        *sglang_checks.CHECKS,
+        *rank_checks.CHECKS,
+        *log_checks.CHECKS,
+        *sweep_checks.CHECKS,
+        *replaced_checks.CHECKS,
+    )
 
 
 def _engine_checks() -> dict[str, set[str]]:

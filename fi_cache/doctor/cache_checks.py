@@ -177,7 +177,8 @@ def _tuned_mode(view: Any) -> _Tuned:
     if view.namespace_finalize == "fused":
         return _Tuned("fused", "this is the store's fused namespace")
     return _Tuned(
-        "fused", f"most likely: nothing records how this file was tuned, and {none_reads}",
+        "fused",
+        f"most likely: nothing records how this file was tuned, and {none_reads}",
         guessed=True,
     )
 
@@ -317,8 +318,12 @@ def stale_gemm2_profile(inp: Inputs) -> Iterator[Finding]:
             "stale-gemm2-profile",
             "warning" if harmless else "error",
             path,
-            ("No id here is beyond the target's list, so nothing crashes, but nothing records "
-             "the mode either: " if harmless else "")
+            (
+                "No id here is beyond the target's list, so nothing crashes, but nothing records "
+                "the mode either: "
+                if harmless
+                else ""
+            )
             + f"MoE GEMM2 entries here were tuned {tuned.mode} ({tuned.why}); {asks}. Their "
             f"keys (FlashInfer < {FLASHINFER_FINALIZE_IN_KEY}) do not record the finalize mode, "
             f"so that start replays them: {detail}",
@@ -488,8 +493,10 @@ def no_target(inp: Inputs) -> Iterator[Finding]:
     t, fp = inp.target, inp.target.fingerprint
     if inp.logs and not inp.caches:
         return  # a log alone: what it says needs no target
-    if t.vllm_version or t.sglang_version or any(
-        (fp.flashinfer_version, fp.cuda_version, fp.gpu, fp.arch)
+    if (
+        t.vllm_version
+        or t.sglang_version
+        or any((fp.flashinfer_version, fp.cuda_version, fp.gpu, fp.arch))
     ):
         return
     yield Finding(

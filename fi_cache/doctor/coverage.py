@@ -129,13 +129,17 @@ def from_plan(plan: Plan, modes: Sequence[str]) -> list[Want]:
             dims = (op.local_experts, 2 * op.local_intermediate, op.hidden_size)
             for mode in (m for m in op.finalize if m in modes):
                 for name in PLAN_OP_CUSTOM_OPS[MOE_OP]:
-                    out += [Want(op.label, name, b, rest, dims, mode, _DTYPES.get(op.dtype), where)
-                            for b in tuned_buckets(op.max_tokens)]  # fmt: skip
+                    out += [
+                        Want(op.label, name, b, rest, dims, mode, _DTYPES.get(op.dtype), where)
+                        for b in tuned_buckets(op.max_tokens)
+                    ]
             continue
         rest, second = _gemm_dims(op)
         [name] = PLAN_OP_CUSTOM_OPS[op.op]
-        out += [Want(op.label, name, b, rest, second, source=where)
-                for b in tuned_buckets(max(op.tokens))]  # fmt: skip
+        out += [
+            Want(op.label, name, b, rest, second, source=where)
+            for b in tuned_buckets(max(op.tokens))
+        ]
     return out
 
 
@@ -159,8 +163,17 @@ def from_log(fallbacks: Iterable[Fallback]) -> list[Want]:
         if split is None:
             continue  # a line without shapes (older FlashInfer): nothing to look up by
         tokens, rest, second = split
-        out.append(Want(f.op, f.op, bucket_of(tokens), rest, second,
-                        source=f"log line {f.line_no}", fell_back=True))  # fmt: skip
+        out.append(
+            Want(
+                f.op,
+                f.op,
+                bucket_of(tokens),
+                rest,
+                second,
+                source=f"log line {f.line_no}",
+                fell_back=True,
+            )
+        )
     return out
 
 

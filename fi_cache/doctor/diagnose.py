@@ -153,9 +153,13 @@ def _resolve(request: Request) -> _Resolved:
     gpu = request.gpu and resolve_gpu(request.gpu, [g.name for g in env.gpus])
     sglang_argv = tuple(argv or ()) if request.sglang_version is not None else None
     overrides = Overrides(
-        request.flashinfer_version, request.vllm_version, request.finalize, gpu,
-        request.sglang_version, sglang_argv,
-    )  # fmt: skip
+        request.flashinfer_version,
+        request.vllm_version,
+        request.finalize,
+        gpu,
+        request.sglang_version,
+        sglang_argv,
+    )
     target = make_target(env, overrides, environ)
     return env, target, tuple(argv) if argv is not None else None, environ
 

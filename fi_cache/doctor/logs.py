@@ -84,8 +84,15 @@ class LogFacts:
 
 
 # Every interesting line contains one of these; regexes run only on lines that do.
-_NEEDLES = ("utotune", "profile id", "cuDNN", "No tuned config", "Error: ", "Exception: ",
-            "root cause above")  # fmt: skip
+_NEEDLES = (
+    "utotune",
+    "profile id",
+    "cuDNN",
+    "No tuned config",
+    "Error: ",
+    "Exception: ",
+    "root cause above",
+)
 _BYTE_NEEDLES = tuple(needle.encode() for needle in _NEEDLES)
 _BREAKS = re.compile(r"[\r\n]")
 
@@ -292,10 +299,15 @@ class _Parser:
 
     def facts(self, path: str, lines: int) -> LogFacts:
         return LogFacts(
-            path, tuple(self.events), tuple(self.errors), tuple(self.tuning), lines,
-            tuple(self.fallbacks), self.from_tools,
+            path,
+            tuple(self.events),
+            tuple(self.errors),
+            tuple(self.tuning),
+            lines,
+            tuple(self.fallbacks),
+            self.from_tools,
             self.first_exception if self.failed_start else None,
-        )  # fmt: skip
+        )
 
     def _segment(self, line_no: int, text: str) -> None:
         if _FAILED_START in text:

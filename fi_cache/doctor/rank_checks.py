@@ -152,13 +152,20 @@ def vllm_ranks_retune(inp: Inputs) -> Iterator[Finding]:
                 f"vLLM loads these rank files only when every rank of the tune group has one "
                 f"with equal _metadata and entry count ({VLLM_RANK_GATE.source}); "
                 f"{verdict.reason()}, so at the next start all {len(group)} ranks tune again"
-                + (f" (missing inferred from the other ranks' names: {', '.join(inferred)})"
-                   if inferred else ""),
+                + (
+                    f" (missing inferred from the other ranks' names: {', '.join(inferred)})"
+                    if inferred
+                    else ""
+                ),
                 _cure(dep, group),
-                {"deployment": dep.key, "ranks": list(verdict.ranks),
-                 "missing": list(verdict.missing), "metadata": verdict.metadata,
-                 "counts": verdict.counts},
-            )  # fmt: skip
+                {
+                    "deployment": dep.key,
+                    "ranks": list(verdict.ranks),
+                    "missing": list(verdict.missing),
+                    "metadata": verdict.metadata,
+                    "counts": verdict.counts,
+                },
+            )
 
 
 def sglang_ranks_disagree(inp: Inputs) -> Iterator[Finding]:
@@ -189,9 +196,13 @@ def sglang_ranks_disagree(inp: Inputs) -> Iterator[Finding]:
                     + (" and SGLang then deletes every rank's file" if digests else ""),
                     "tune every rank of a deployment on the same stack (CUDA, torch, "
                     "FlashInfer, GPU), or delete the odd files",
-                    {"deployment": dep.key, "files": names, "fields": fields,
-                     "ranks": list(verdict.ranks)},
-                )  # fmt: skip
+                    {
+                        "deployment": dep.key,
+                        "files": names,
+                        "fields": fields,
+                        "ranks": list(verdict.ranks),
+                    },
+                )
                 continue
             if not digests or not sglang_deletes(verdict):
                 continue
@@ -208,9 +219,14 @@ def sglang_ranks_disagree(inp: Inputs) -> Iterator[Finding]:
                 f"{verdict.reason()} in deployment {dep.key}, so the next start discards this "
                 "cache on all of its ranks and tunes from scratch",
                 _cure(dep, group),
-                {"deployment": dep.key, "files": names, "ranks": list(verdict.ranks),
-                 "missing": list(verdict.missing), "differs": list(verdict.differs)},
-            )  # fmt: skip
+                {
+                    "deployment": dep.key,
+                    "files": names,
+                    "ranks": list(verdict.ranks),
+                    "missing": list(verdict.missing),
+                    "differs": list(verdict.differs),
+                },
+            )
 
 
 def ranks_divergent_tactics(inp: Inputs) -> Iterator[Finding]:
@@ -218,9 +234,13 @@ def ranks_divergent_tactics(inp: Inputs) -> Iterator[Finding]:
     for dep in _deployments(inp):
         if dep.note is not None:  # a stray rank number: its missing ranks were not inferred
             check = "vllm-ranks-retune" if dep.engine == "vllm" else "sglang-ranks-disagree"
-            yield Finding(check, "info", _where(dep), dep.note,
-                          "remove or rename the stray rank file (no deployment has that many "
-                          "ranks)")  # fmt: skip
+            yield Finding(
+                check,
+                "info",
+                _where(dep),
+                dep.note,
+                "remove or rename the stray rank file (no deployment has that many ranks)",
+            )
         for group in dep.groups():
             found = divergent_tactics(group)
             if not found:

@@ -98,9 +98,15 @@ def _finding(
         f"move the file aside and run `fi-cache warm --again -- {argv}` (the warm's "
         "arguments) to tune this node's own; keep a daemon writing this namespace off D2D "
         "(no --seed-source-host) or give it a VLLM_FLASHINFER_AUTOTUNE_CACHE_DIR of its own",
-        {"warm_started": warm.started, "warm_entries": rec.entries, "entries": entries,
-         "warm_size": rec.size, "size": view.cache.size, "relative": rel},
-    )  # fmt: skip
+        {
+            "warm_started": warm.started,
+            "warm_entries": rec.entries,
+            "entries": entries,
+            "warm_size": rec.size,
+            "size": view.cache.size,
+            "relative": rel,
+        },
+    )
 
 
 CHECKS = (

@@ -167,8 +167,10 @@ def cutedsl_mode_blind(inp: Inputs) -> Iterator[Finding]:
         fv = parse_version(fi)
         if fv is None or fv >= CUTEDSL_KEY_HAS_FINALIZE:
             continue
-        n = sum(k is not None and k.runner == CUTEDSL_NVFP4_RUNNER
-                for _, k, _ in v1.iter_entries(view.cache.file))  # fmt: skip
+        n = sum(
+            k is not None and k.runner == CUTEDSL_NVFP4_RUNNER
+            for _, k, _ in v1.iter_entries(view.cache.file)
+        )
         if not n or view.namespace_finalize == inp.target.finalize:
             continue  # a fi-cache namespace of the target's mode tuned them in that mode
         tuned = (

@@ -28,8 +28,11 @@ def _loaded(inp: Inputs) -> list[CacheView]:
     where = inp.location
     if where is None or where.dir is None or where.store != "v1" or not where.files:
         return []
-    by_name = {v.cache.path.name: v for v in inp.caches
-               if v.applies and v.cache.path.parent == Path(where.dir)}  # fmt: skip
+    by_name = {
+        v.cache.path.name: v
+        for v in inp.caches
+        if v.applies and v.cache.path.parent == Path(where.dir)
+    }
     views = [by_name[f] for f in where.files if f in by_name]
     if len(views) != len(where.files) or len({_gate_key(v) for v in views}) != 1:
         return []

@@ -305,17 +305,22 @@ def tuning_scope(inp: Inputs) -> Iterator[Finding]:
     )
     if other:
         yield Finding(
-            "tuning-scope", "warning", None,
+            "tuning-scope",
+            "warning",
+            None,
             f"this start runs with {ours}; the namespace's warm of {serve.model} ran with "
             f"{', '.join(other)}. {why}",
             "serve and warm count a warm only for the setting it ran under; to tune what the "
             "earlier warm skipped, warm with that setting into an empty namespace (--store DIR)",
-        )  # fmt: skip
+        )
         return
     yield Finding(
-        "tuning-scope", "info", None, f"this start runs with {ours}. {why}",
+        "tuning-scope",
+        "info",
+        None,
+        f"this start runs with {ours}. {why}",
         "serve and warm count a warm only for the setting it ran under",
-    )  # fmt: skip
+    )
 
 
 def _v2_by_model(inp: Inputs) -> bool:
@@ -352,10 +357,12 @@ def cache_location(inp: Inputs) -> Iterator[Finding]:
     loc = inp.location
     if loc is not None and not loc.dir:
         yield Finding(
-            "cache-location", "info", None,
+            "cache-location",
+            "info",
+            None,
             f"{_vllm(inp)} keeps no FlashInfer autotune cache for these arguments: {loc.root_from}",
             "nothing to warm; FlashInfer's tuning needs it installed with vLLM and an SM90+ GPU",
-        )  # fmt: skip
+        )
         return
     how = f" (computed with {inp.location_from})" if inp.location_from else ""
     if loc.store == "v2" if loc is not None else _v2_by_model(inp):
@@ -376,13 +383,15 @@ def cache_location(inp: Inputs) -> Iterator[Finding]:
     )
     if loc is not None and loc.depends_on:
         yield Finding(
-            "cache-location", "info", str(inp.predicted_dir),
+            "cache-location",
+            "info",
+            str(inp.predicted_dir),
             f"this hash dir holds only if vLLM's GPU worker keeps what it resolves at start as "
             f"the arguments set it: {'; '.join(loc.depends_on)}",
             "a numeric --max-model-len is known before the start, --block-size N fixes the KV "
             "block size (not a hybrid model's), CUDA graphs are resolved per attention backend "
             "(--enforce-eager has none); a warm checks the dir vLLM names",
-        )  # fmt: skip
+        )
 
 
 CHECKS = (

@@ -45,8 +45,9 @@ def config_file(model: str, environ: Mapping[str, str]) -> Path | None:
         revision = ""
     snapshots = [repo / "snapshots" / revision] if revision else []
     with contextlib.suppress(OSError):  # no refs/main (an offline copy): the newest snapshot
-        snapshots += sorted((repo / "snapshots").iterdir(), key=lambda p: p.stat().st_mtime,
-                            reverse=True)  # fmt: skip
+        snapshots += sorted(
+            (repo / "snapshots").iterdir(), key=lambda p: p.stat().st_mtime, reverse=True
+        )
     return next((s / "config.json" for s in snapshots if (s / "config.json").is_file()), None)
 
 

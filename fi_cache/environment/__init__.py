@@ -186,8 +186,12 @@ def nvcc_cuda_version(environ: dict[str, str]) -> str | None:
     try:
         out = subprocess.run(
             [os.path.join(home, "bin", "nvcc"), "--version"],
-            capture_output=True, text=True, errors="replace", timeout=10, check=True,
-        )  # fmt: skip
+            capture_output=True,
+            text=True,
+            errors="replace",
+            timeout=10,
+            check=True,
+        )
     except (OSError, subprocess.SubprocessError):
         return None
     m = re.search(r"release (\d+\.\d+),", out.stdout)
@@ -236,10 +240,15 @@ def probe(dists: Dists | None = None) -> Environment:
     vllm = vllm_info(dists)
     pinned = flashinfer_pin_note(vllm, fingerprint.flashinfer_version)
     return Environment(
-        fingerprint, tuple(gpus), vllm, torch_version[1] if torch_version else None,
-        sources, notes=(pinned,) if pinned else (), python=dists.python,
+        fingerprint,
+        tuple(gpus),
+        vllm,
+        torch_version[1] if torch_version else None,
+        sources,
+        notes=(pinned,) if pinned else (),
+        python=dists.python,
         sglang_version=dists.versions.get("sglang"),
-    )  # fmt: skip
+    )
 
 
 # --- FlashInfer's own answer, in a child process -----------------------------------------------

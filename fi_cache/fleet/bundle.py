@@ -64,8 +64,13 @@ MAX_NAMESPACE_RECORDS = 10_000
 _MAX_EXTENDED_HEADER = 4096
 # After the end-of-archive block a tar is zero-padded to its record (tarfile and GNU tar: 10 KB).
 _MAX_TAR_PADDING = 2 * tarfile.RECORDSIZE
-_EXTENDED = (tarfile.XHDTYPE, tarfile.XGLTYPE, tarfile.SOLARIS_XHDTYPE, tarfile.GNUTYPE_LONGNAME,
-             tarfile.GNUTYPE_LONGLINK)  # fmt: skip
+_EXTENDED = (
+    tarfile.XHDTYPE,
+    tarfile.XGLTYPE,
+    tarfile.SOLARIS_XHDTYPE,
+    tarfile.GNUTYPE_LONGNAME,
+    tarfile.GNUTYPE_LONGLINK,
+)
 _LOCK_NAMES = {locks.LOCK_NAME, locks.HOLDER_NAME, locks.IN_USE_NAME}
 _NAME_PART = re.compile(
     r"^[A-Za-z0-9][A-Za-z0-9._-]*$"

@@ -26,8 +26,10 @@ class NodeRanks:
 
     def warnings(self) -> list[str]:
         """What an operator must hear about the files not kept (import's and serve's words)."""
-        return [f"this node's rank files were not kept ({why}): every rank tunes again"
-                for why in self.refused]  # fmt: skip
+        return [
+            f"this node's rank files were not kept ({why}): every rank tunes again"
+            for why in self.refused
+        ]
 
 
 def own_rank_files(ns_dir: Path) -> tuple[Path, ...]:

@@ -54,8 +54,9 @@ class Seeding:
     """One start's seeds: written before it (`placed`), or still being worked out in a thread
     started with the engine (`work`), whose notes reach the report on the warm's own thread."""
 
-    def __init__(self, placed: list[Placed] | None = None, work: Work | None = None,
-                 who: str = "the engine") -> None:  # fmt: skip
+    def __init__(
+        self, placed: list[Placed] | None = None, work: Work | None = None, who: str = "the engine"
+    ) -> None:
         self._placed = list(placed or [])
         self._work, self._who = work, who
         self._thread: threading.Thread | None = None
@@ -151,8 +152,11 @@ def seeder(
 
     def before_start(ns_dir: Path, manifest: Manifest) -> Seeding:
         warms = manifest.warms if manifest else ()
-        earlier = [w for w in warms if w.engine == engine.name and w.files
-                   and engine.same_model(run, w.argv)]  # fmt: skip
+        earlier = [
+            w
+            for w in warms
+            if w.engine == engine.name and w.files and engine.same_model(run, w.argv)
+        ]
         if not earlier or run.args.model is None:
             return Seeding()  # nothing to carry: asking the engine is not worth its seconds
         try:

@@ -177,10 +177,15 @@ def apply(
             if ns is not None:
                 _refuse_pinned(ns, m)  # pinned since the plan: nothing written
             results = [_rewrite(p, selector, timeout) for p in group]
-            record = EvictRecord(time.time(), selector.given(), [
-                EvictedFile(_relative(r.path, ns), list(r.evicted), r.kept)
-                for r in results if r.evicted and ns is not None
-            ])  # fmt: skip
+            record = EvictRecord(
+                time.time(),
+                selector.given(),
+                [
+                    EvictedFile(_relative(r.path, ns), list(r.evicted), r.kept)
+                    for r in results
+                    if r.evicted and ns is not None
+                ],
+            )
             if ns is not None and m is not None and record.files:
                 manifests.save(ns, m.with_eviction(record))
             for r in results:
@@ -203,14 +208,14 @@ def _rewrite(first: FilePlan, selector: Selector, timeout: float) -> FilePlan:
         cf = _read(first.path)  # what another writer left is what we cut from
         gone = set(select(cf, selector))
         kept = {k: v for k, v in cf.entries.items() if k not in gone}
-        out = v1.CacheFile(cf.metadata, kept, cf.records, cf.generation, cf.unknown,
-                           cf.reserved)  # fmt: skip
+        out = v1.CacheFile(cf.metadata, kept, cf.records, cf.generation, cf.unknown, cf.reserved)
 
         def unchanged() -> None:  # the last moment before the rename: the file read, its dir
             _refuse_moved(first)
             if _identity(first.path) != read:
-                raise Refused("changed while evict read it; nothing written: run evict again",
-                              first.path)  # fmt: skip
+                raise Refused(
+                    "changed while evict read it; nothing written: run evict again", first.path
+                )
 
         if gone:
             mode = stat.S_IMODE(first.path.stat().st_mode)

@@ -43,10 +43,20 @@ from fi_cache.store.pin import refuse_if_pinned
 from fi_cache.versions import FLASHINFER_FINALIZE_IN_KEY
 
 __all__ = [
-    "PREFER_CHOICES", "Conflict", "FinalizeConflicts", "MergeReport", "MergeResult", "Prefer",
-    "check_metadata", "finalize_conflicts", "merge", "merge_into", "read_source",
-    "refuse_mixed_finalize", "wants_generation",
-]  # fmt: skip
+    "PREFER_CHOICES",
+    "Conflict",
+    "FinalizeConflicts",
+    "MergeReport",
+    "MergeResult",
+    "Prefer",
+    "check_metadata",
+    "finalize_conflicts",
+    "merge",
+    "merge_into",
+    "read_source",
+    "refuse_mixed_finalize",
+    "wants_generation",
+]
 
 # FlashInfer's own save mode is 0600; a merged file is usually shared between ranks or users.
 DEFAULT_MODE = 0o644

@@ -537,8 +537,16 @@ def _compile(sig: str) -> Callable[[str], CacheKey] | None:
     tokens = _tokenize(sig)
     constants: list[object] = []
     code, _ = _items(tokens, 1, ")", constants)  # the key tuple's items: K's arguments
-    scope = {"__builtins__": {}, "int": int, "float": float, "tuple": tuple, "S": Symbol,
-             "Z": TorchSize, "K": CacheKey, "C": constants}  # fmt: skip
+    scope = {
+        "__builtins__": {},
+        "int": int,
+        "float": float,
+        "tuple": tuple,
+        "S": Symbol,
+        "Z": TorchSize,
+        "K": CacheKey,
+        "C": constants,
+    }
     source = f"lambda t: K({code}{'' if key.has_extras else 'None, '}{key.has_extras})"
     return eval(compile(source, "<key builder>", "eval"), scope)  # type: ignore[no-any-return]
 

@@ -59,9 +59,11 @@ def _describe(raw: str, value: Any) -> tuple[str, int | None, str, Any]:
 
 
 def assemble(
-    entries: Mapping[str, Any], events: Iterable[Mapping[str, Any]], noise: float = NOISE,
+    entries: Mapping[str, Any],
+    events: Iterable[Mapping[str, Any]],
+    noise: float = NOISE,
     not_reached: str = "no call of the plan reaches it",
-) -> list[EntryResult]:  # fmt: skip
+) -> list[EntryResult]:
     """Per entry (file order): its verdict, or why it was not timed."""
     timed: dict[str, Mapping[str, Any]] = {}
     served: dict[str, int] = {}
@@ -73,8 +75,14 @@ def assemble(
     out = []
     for raw, value in entries.items():
         op, bucket, runner, tactic = _describe(raw, value)
-        base = {"key": raw, "op": op, "bucket": bucket, "runner": runner, "tactic": tactic,
-                "served": served.get(raw, 0)}  # fmt: skip
+        base = {
+            "key": raw,
+            "op": op,
+            "bucket": bucket,
+            "runner": runner,
+            "tactic": tactic,
+            "served": served.get(raw, 0),
+        }
         event = timed.get(raw)
         if event is None:
             out.append(EntryResult(**base, verdict=None, why=not_reached))
@@ -94,8 +102,9 @@ def assemble(
             if failed:
                 verdict = Verdict("untimed", 0.0, f"{verdict.why}: {failed[0]['error']}")
         better = best_alternative(cached, others, noise)
-        out.append(EntryResult(**base, verdict=verdict, cached=cached, default=default,
-                               better=better))  # fmt: skip
+        out.append(
+            EntryResult(**base, verdict=verdict, cached=cached, default=default, better=better)
+        )
     return out
 
 

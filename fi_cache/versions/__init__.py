@@ -81,7 +81,6 @@ MOE_EXTRAS_FIELDS: dict[int, tuple[str, ...]] = {20: _MOE_EXTRAS_20, 17: _MOE_EX
 FINALIZE_FIELD = "use_fused_finalize"
 
 
-
 # FlashInfer: what each release writes and reads (autotuner.py of each wheel).
 FLASHINFER_CACHE_FILE = V("0.6.7")  # `autotune(cache=PATH)` exists
 FLASHINFER_KEY_EXTRAS = V("0.6.13")  # keys are 4-tuples (extras); before: 3-tuples
@@ -302,7 +301,10 @@ MOE_TACTIC_LISTS: tuple[MoeTacticLists, ...] = (
         45,
         {
             "fused": (
-                ("base", 18), ("finalize", 18), ("swap_base", 18), ("swap_finalize", 18),
+                ("base", 18),
+                ("finalize", 18),
+                ("swap_base", 18),
+                ("swap_finalize", 18),
                 ("sm80", 9),
             ),
             "unfused": (("base", 18), ("swap_base", 18), ("sm80", 9)),
@@ -314,8 +316,13 @@ MOE_TACTIC_LISTS: tuple[MoeTacticLists, ...] = (
 
 # The SM of a GPU FlashInfer names in `_metadata.gpu` (torch's device name), for files that say
 # no arch: NVIDIA's compute-capability table (developer.nvidia.com/cuda-gpus): Hopper is 9.0.
-GPU_SM = (("NVIDIA H100", 90), ("NVIDIA H200", 90), ("NVIDIA H800", 90), ("NVIDIA H20", 90),
-          ("NVIDIA GH200", 90))  # fmt: skip
+GPU_SM = (
+    ("NVIDIA H100", 90),
+    ("NVIDIA H200", 90),
+    ("NVIDIA H800", 90),
+    ("NVIDIA H20", 90),
+    ("NVIDIA GH200", 90),
+)
 
 
 def sm_of_gpu(name: str | None) -> int | None:
@@ -442,7 +449,8 @@ VLLM_EXPERT_FIELDS = ("num_experts", "moe_num_experts", "n_routed_experts", "num
 # core.py 0.7.2rc3:770-800, 0.7.2.post1:750-780: "ranks that tune together must share persisted
 # entries"); 0.7.2rc1/rc2 are not on PyPI. Each rank of a sharded model needs its own entries there.
 MOE_KEY_HAS_RANKS = VersionRange(
-    V("0.6.18rc2"), V("0.7.2rc3"),
+    V("0.6.18rc2"),
+    V("0.7.2rc3"),
     "fused_moe/core.py 0.6.18:707-736, 0.7.1:770-799; none in 0.7.2:770-800",
 )  # SGLang passes them: layers/moe/moe_runner/flashinfer_cutlass.py 0.5.21:321-324
 

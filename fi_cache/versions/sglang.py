@@ -42,9 +42,15 @@ SGLANG_RUN_FILE = re.compile(
 # FA 0.5.23:172-189. Never the finalize mode: no FA of any release names FUSED_FINALIZE.
 SGLANG_KEY_HAS_FINALIZE = False
 SGLANG_KEY_FIELDS = (
-    "model path (as given)", "dtype", "quantization", "MoE runner backend", "TP/PP/DP/EP sizes",
-    "HF config class", "skip_ops (0.5.17+)", "candidate_selection (0.5.23+)",
-)  # fmt: skip
+    "model path (as given)",
+    "dtype",
+    "quantization",
+    "MoE runner backend",
+    "TP/PP/DP/EP sizes",
+    "HF config class",
+    "skip_ops (0.5.17+)",
+    "candidate_selection (0.5.23+)",
+)
 
 # Where that key is computed: `flashinfer_autotune_cache_path` and
 # `get_flashinfer_autotune_skip_ops` of this module (0.5.17:121-160 ... 0.5.23:164-214); seeding
@@ -93,11 +99,22 @@ SGLANG_RANK_DIGEST = VersionRange(V("0.5.19"), None, "FA 0.5.19:209-246, sglang 
 CUTEDSL_NVFP4_RUNNER = "CuteDslFusedMoENvfp4Runner"
 CUTEDSL_KEY_HAS_FINALIZE = V("0.7.0")
 SGLANG_FLASHINFER_PIN: dict[str, str] = {
-    "0.5.9": "0.6.3", "0.5.10.post1": "0.6.7.post3", "0.5.11": "0.6.8.post1",
-    "0.5.12": "0.6.11.post1", "0.5.13": "0.6.12", "0.5.14": "0.6.12", "0.5.15.post1": "0.6.12",
-    "0.5.16": "0.6.14", "0.5.17": "0.6.15.post1", "0.5.18": "0.6.17", "0.5.19": "0.6.18",
-    "0.5.20": "0.6.18", "0.5.21": "0.6.18", "0.5.22": "0.7.1", "0.5.23": "0.7.2",
-}  # fmt: skip
+    "0.5.9": "0.6.3",
+    "0.5.10.post1": "0.6.7.post3",
+    "0.5.11": "0.6.8.post1",
+    "0.5.12": "0.6.11.post1",
+    "0.5.13": "0.6.12",
+    "0.5.14": "0.6.12",
+    "0.5.15.post1": "0.6.12",
+    "0.5.16": "0.6.14",
+    "0.5.17": "0.6.15.post1",
+    "0.5.18": "0.6.17",
+    "0.5.19": "0.6.18",
+    "0.5.20": "0.6.18",
+    "0.5.21": "0.6.18",
+    "0.5.22": "0.7.1",
+    "0.5.23": "0.7.2",
+}
 SGLANG_NEWEST_CHECKED = V("0.5.23")
 # Before 0.5.18 SGLang passes no use_fused_finalize, so FlashInfer's default runs: fused
 # (flashinfer/fused_moe/core.py 0.6.17:943, `use_fused_finalize: bool = True` of cutlass_fused_moe).
@@ -149,10 +166,20 @@ SGLANG_P2P_FILE = "gpu_p2p_access_cache_for_{}.json"
 SGLANG_KERNELS_LOCK = "kernels.lock"
 # MoE all-to-all backends that span every rank: SGLang sets ep_size = tp_size for them
 # (arg_groups/overrides.py 0.5.18:2566, 0.5.23:1578-1592 `_A2A_EP_SPANNING_BACKENDS`, :1610-1620).
-SGLANG_A2A_EP_SPANNING = frozenset({
-    "megamoe", "deepep", "deepep_v2", "mooncake", "nixl", "ascend_fuseep", "flashinfer",
-    "flashinfer_megamoe", "mori", "pplx",
-})  # fmt: skip
+SGLANG_A2A_EP_SPANNING = frozenset(
+    {
+        "megamoe",
+        "deepep",
+        "deepep_v2",
+        "mooncake",
+        "nixl",
+        "ascend_fuseep",
+        "flashinfer",
+        "flashinfer_megamoe",
+        "mori",
+        "pplx",
+    }
+)
 # `--moe-runner-backend megamoe` is DeepGEMM's MegaMoE, an alias of `--moe-a2a-backend megamoe`
 # that leaves the runner `auto` (mega_moe_hook.py 0.5.23:259-276); `--moe-a2a-backend
 # flashinfer_megamoe` turns an `auto` runner into flashinfer_megamoe (moe_hook.py 0.5.23:315-331).
@@ -161,8 +188,9 @@ SGLANG_A2A_EP_SPANNING = frozenset({
 # makes SGLang refuse to start (moe_hook.py 0.5.21:331-350, 0.5.23:400-419).
 SGLANG_RUNNER_ALIASES = {"megamoe": ("auto", "megamoe")}  # runner -> (runner, a2a)
 SGLANG_A2A_SETS_RUNNER = {  # a2a -> what an auto runner becomes
-    "flashinfer_megamoe": "flashinfer_megamoe", "deepep_v2": "deep_gemm",
-}  # fmt: skip
+    "flashinfer_megamoe": "flashinfer_megamoe",
+    "deepep_v2": "deep_gemm",
+}
 # --enable-waterfill turns any other --moe-a2a-backend into deepep, which then spans EP
 # (`_a2a_backend_overrides`, arg_groups/overrides.py 0.5.17:2459-2464, 0.5.18:2584-2589,
 # 0.5.21:1527-1532, 0.5.23:1599-1604; run before `_a2a_ep_size`: moe_hook.py 0.5.23:292-293).
@@ -184,19 +212,41 @@ SGLANG_MEGAMOE_ENV_RANGE = VersionRange(V("0.5.17"), V("0.5.18"), "overrides.py 
 # one (0.5.18:688-696, 0.5.21:157-165, 0.5.23:191-202; MLA: model_config.py 0.5.23:1367-1397,
 # Pixtral only with kv_lora_rank).
 SGLANG_PREFILL_CP_FLAG = "--enable-prefill-cp"
-SGLANG_DEEPSEEK_FAMILY = frozenset({
-    "DeepseekV3ForCausalLM", "DeepseekV32ForCausalLM", "KimiK25ForConditionalGeneration",
-    "MistralLarge3ForCausalLM", "PixtralForConditionalGeneration", "GlmMoeDsaForCausalLM",
-    "Glm5NextForConditionalGeneration", "HYV4ForCausalLM", "HYV4ForCausalLMNextN",
-    "LongcatFlashForCausalLM", "LongcatFlashForCausalLMNextN", "Dots3NoteForCausalLM",
-})  # fmt: skip
-SGLANG_DSA_ARCHS = frozenset({
-    "DeepseekV3ForCausalLM", "DeepseekV32ForCausalLM", "DeepseekV3ForCausalLMNextN",
-    "MistralLarge3ForCausalLM", "PixtralForConditionalGeneration", "GlmMoeDsaForCausalLM",
-    "GlmMoeDsaForCausalLMNextN", "Glm5NextForConditionalGenerationNextN",
-    "Glm5NextForConditionalGeneration", "LongcatFlashForCausalLM", "LongcatFlashForCausalLMNextN",
-    "Dots3NoteForCausalLM", "Dots3NoteForCausalLMNextN", "HYV4ForCausalLM", "HYV4ForCausalLMNextN",
-})  # fmt: skip
+SGLANG_DEEPSEEK_FAMILY = frozenset(
+    {
+        "DeepseekV3ForCausalLM",
+        "DeepseekV32ForCausalLM",
+        "KimiK25ForConditionalGeneration",
+        "MistralLarge3ForCausalLM",
+        "PixtralForConditionalGeneration",
+        "GlmMoeDsaForCausalLM",
+        "Glm5NextForConditionalGeneration",
+        "HYV4ForCausalLM",
+        "HYV4ForCausalLMNextN",
+        "LongcatFlashForCausalLM",
+        "LongcatFlashForCausalLMNextN",
+        "Dots3NoteForCausalLM",
+    }
+)
+SGLANG_DSA_ARCHS = frozenset(
+    {
+        "DeepseekV3ForCausalLM",
+        "DeepseekV32ForCausalLM",
+        "DeepseekV3ForCausalLMNextN",
+        "MistralLarge3ForCausalLM",
+        "PixtralForConditionalGeneration",
+        "GlmMoeDsaForCausalLM",
+        "GlmMoeDsaForCausalLMNextN",
+        "Glm5NextForConditionalGenerationNextN",
+        "Glm5NextForConditionalGeneration",
+        "LongcatFlashForCausalLM",
+        "LongcatFlashForCausalLMNextN",
+        "Dots3NoteForCausalLM",
+        "Dots3NoteForCausalLMNextN",
+        "HYV4ForCausalLM",
+        "HYV4ForCausalLMNextN",
+    }
+)
 # MiniMax-M3.1 NVFP4 (--quantization minimax_m3_nvfp4, or SGLang's reading of a config that
 # declares mxfp8 with NVFP4 packed experts: model_overrides/minimax_m3.py 0.5.23:18-34, :46-54),
 # 0.5.23 (0.5.21 has no such rule; 0.5.22 not read): off Blackwell an auto runner becomes marlin
@@ -204,9 +254,12 @@ SGLANG_DSA_ARCHS = frozenset({
 # a2a becomes megamoe, EP = TP, and an auto runner deep_gemm (:103-114), unless the runner is
 # flashinfer_trtllm_routed.
 SGLANG_MINIMAX_M3 = VersionRange(V("0.5.23"), None, "model_overrides/minimax_m3.py 0.5.23:37-122")
-SGLANG_MINIMAX_M3_ARCHS = frozenset({
-    "MiniMaxM3SparseForCausalLM", "MiniMaxM3SparseForConditionalGeneration",
-})  # fmt: skip
+SGLANG_MINIMAX_M3_ARCHS = frozenset(
+    {
+        "MiniMaxM3SparseForCausalLM",
+        "MiniMaxM3SparseForConditionalGeneration",
+    }
+)
 SGLANG_MINIMAX_M3_NVFP4 = "minimax_m3_nvfp4"
 SGLANG_BLACKWELL = ((10, 11, 12), (12, 8))  # compute-capability majors, least CUDA
 # SGLang copies every SGL_X over SGLANG_X at import (environ.py 0.5.12:715-720, 0.5.18:1623-1630,

@@ -152,8 +152,11 @@ def test_fi_caches_work_dirs_are_not_caches_and_staging_dirs_are_leftovers(tmp_p
     download in the state dir."""
     store = tmp_path / "store"
     real = store / "namespaces" / "0.6.18" / "90a" / "h200" / "fused-0123456789ab" / "vllm" / HASH_A
-    for top in (real, store / ".import-k1ll3d" / "namespaces" / "x" / HASH_A,
-                store / ".trash" / "123-4-fused-x" / "vllm" / HASH_A):  # fmt: skip
+    for top in (
+        real,
+        store / ".import-k1ll3d" / "namespaces" / "x" / HASH_A,
+        store / ".trash" / "123-4-fused-x" / "vllm" / HASH_A,
+    ):
         top.mkdir(parents=True)
         shutil.copy(MOE_618_FUSED, top / "autotune_configs.json")
         (top / ".autotuner_dead.tmp").write_text("")

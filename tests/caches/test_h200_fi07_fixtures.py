@@ -19,10 +19,14 @@ from tests.conftest import FIXTURES, fi_load_argv, fi_load_result, flashinfer_di
 
 FI07 = FIXTURES / "h200-fi07"
 V072 = FI07 / "fi-0.7.2.post1"
-STORES = {"v2-default": {}, "v2-vllm-policy": {"measure_execution_mode": "cuda_graph",
-                                                "measure_cold_l2": "True"}}  # fmt: skip
-V1_FILES = {"0.7.2.post1": (V072 / "autotune_configs_dp0_rank0.json", 36),
-            "0.6.18": (FI07 / "fi-0.6.18" / "autotune_configs_dp0_rank0.json", 38)}  # fmt: skip
+STORES = {
+    "v2-default": {},
+    "v2-vllm-policy": {"measure_execution_mode": "cuda_graph", "measure_cold_l2": "True"},
+}
+V1_FILES = {
+    "0.7.2.post1": (V072 / "autotune_configs_dp0_rank0.json", 36),
+    "0.6.18": (FI07 / "fi-0.6.18" / "autotune_configs_dp0_rank0.json", 38),
+}
 CUBLASLT = "CublasltBf16GemmRunner"
 
 
@@ -58,9 +62,14 @@ def test_v1_file_read(version: str) -> None:
 
 
 @pytest.mark.parametrize(
-    "record", ["fi-0.7.2.post1/v2-default-restart.json", "fi-0.7.2.post1/v1-restart.json",
-               "fi-0.7.2.post1/v2-vllm-policy-restart.json", "fi-0.6.18/v1-restart.json"],
-)  # fmt: skip
+    "record",
+    [
+        "fi-0.7.2.post1/v2-default-restart.json",
+        "fi-0.7.2.post1/v1-restart.json",
+        "fi-0.7.2.post1/v2-vllm-policy-restart.json",
+        "fi-0.6.18/v1-restart.json",
+    ],
+)
 def test_restart_profiles_cublaslt_buckets_under_the_callers_m(record: str) -> None:
     """A restart on the unchanged cache profiles 22 buckets of 3 calls: the cuBLASLt runner keys
     its entries by M (extras[0]); choose_one looks every bucket up with the caller's M, but stores
@@ -80,8 +89,9 @@ def test_restart_profiles_cublaslt_buckets_under_the_callers_m(record: str) -> N
         assert p["bucket"] < calls[p["i"]]["tokens"]
 
 
-@pytest.mark.parametrize("record", ["fi-0.7.2.post1/v2-default-replay.json",
-                                    "fi-0.6.18/v1-replay.json"])  # fmt: skip
+@pytest.mark.parametrize(
+    "record", ["fi-0.7.2.post1/v2-default-replay.json", "fi-0.6.18/v1-replay.json"]
+)
 def test_replay_misses_cublaslt_off_bucket(record: str) -> None:
     """Serving (no tuning): cuBLASLt's tuned tactic is used only at an M that is a bucket."""
     misses = {(x["runner"], x["m"]) for x in _record(FI07 / record)["lookups"] if not x["hit"]}
@@ -93,8 +103,14 @@ def test_flashinfer_072_loads_its_own_files() -> None:
     store's preload all 36 v2 entries of each store (the checks lookup() makes, in bulk)."""
     site = str(flashinfer_dir("0.7.2.post1"))
     env = {**os.environ, "PYTHONPATH": site}
-    p = subprocess.run(fi_load_argv(V1_FILES["0.7.2.post1"][0]), capture_output=True, text=True,
-                       env=env, timeout=300, check=False)  # fmt: skip
+    p = subprocess.run(
+        fi_load_argv(V1_FILES["0.7.2.post1"][0]),
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=300,
+        check=False,
+    )
     assert fi_load_result(p)["loaded"] == 36, p.stderr[-2000:]
     script = (
         "import json, sys, pathlib\n"
@@ -107,7 +123,13 @@ def test_flashinfer_072_loads_its_own_files() -> None:
         "    print(json.dumps([store.env_hash == m.parent.name, len(entries), total, skipped]))\n"
     )
     roots = [str(V072 / s) for s in STORES]
-    p = subprocess.run([sys.executable, "-c", script, *roots], capture_output=True, text=True,
-                       env=env, timeout=300, check=False)  # fmt: skip
+    p = subprocess.run(
+        [sys.executable, "-c", script, *roots],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=300,
+        check=False,
+    )
     assert p.returncode == 0, p.stderr[-2000:]
     assert [json.loads(line) for line in p.stdout.splitlines()] == [[True, 36, 36, 0]] * 2

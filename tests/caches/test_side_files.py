@@ -24,10 +24,20 @@ def sparse_file(tmp_path_factory: pytest.TempPathFactory) -> Path:
     path = tmp_path_factory.mktemp("sparse") / "autotune_configs.json"
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(flashinfer_dir("0.6.18")), str(ROOT)])}
     subprocess.run(
-        [sys.executable, "-m", "tests.real_flashinfer.named_writer", str(path),
-         "sparse_mla_sm120_decode_dsv3_2", "_SparseMlaDecodeDsv3Runner"],
-        env=env, cwd=ROOT, check=True, capture_output=True, timeout=180,
-    )  # fmt: skip
+        [
+            sys.executable,
+            "-m",
+            "tests.real_flashinfer.named_writer",
+            str(path),
+            "sparse_mla_sm120_decode_dsv3_2",
+            "_SparseMlaDecodeDsv3Runner",
+        ],
+        env=env,
+        cwd=ROOT,
+        check=True,
+        capture_output=True,
+        timeout=180,
+    )
     return path
 
 

@@ -51,8 +51,9 @@ def test_a_short_rank_is_named_then_aligned_and_a_cold_copy_filled(run, tmp_path
     assert group["aligned"] and group["ranks"] == ["dp0_rank0", "dp1_rank1"]
     assert len(_fingerprints(hdir, cold)) == 1  # what vLLM's gate compares: one on every rank
     assert {p.name for p in cold.iterdir() if p.suffix == ".json"} == {
-        "autotune_configs_dp0_rank0.json", "autotune_configs_dp1_rank1.json"
-    }  # fmt: skip
+        "autotune_configs_dp0_rank0.json",
+        "autotune_configs_dp1_rank1.json",
+    }
     r = run("--format", "json", "doctor", hdir, cold)
     assert not [f for f in r.json()["findings"] if f["check"].startswith("vllm-ranks")]
     assert "already aligned" in run("align", hdir, cold).out

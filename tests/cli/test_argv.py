@@ -18,16 +18,28 @@ OURS = {"--deterministic": False, "--timeout": True, "--no-warm": False, "--port
 @pytest.mark.parametrize(
     "args, ours, theirs, explicit",
     [
-        (["Qwen/Qwen3-8B", "--port", "8000", "-tp", "2"], [], ["Qwen/Qwen3-8B", "--port", "8000",
-         "-tp", "2"], False),
-        (["--deterministic", "--timeout", "60", "m", "-tp", "2"], ["--deterministic", "--timeout",
-         "60"], ["m", "-tp", "2"], False),
-        (["--timeout=60", "--", "m", "--deterministic"], ["--timeout=60"], ["m",
-         "--deterministic"], True),
+        (
+            ["Qwen/Qwen3-8B", "--port", "8000", "-tp", "2"],
+            [],
+            ["Qwen/Qwen3-8B", "--port", "8000", "-tp", "2"],
+            False,
+        ),
+        (
+            ["--deterministic", "--timeout", "60", "m", "-tp", "2"],
+            ["--deterministic", "--timeout", "60"],
+            ["m", "-tp", "2"],
+            False,
+        ),
+        (
+            ["--timeout=60", "--", "m", "--deterministic"],
+            ["--timeout=60"],
+            ["m", "--deterministic"],
+            True,
+        ),
         (["-q", "fp8", "m"], [], ["-q", "fp8", "m"], False),  # -q is not one of ours here
         (["--no-warm=1", "m"], [], ["--no-warm=1", "m"], False),  # a flag takes no value
     ],
-)  # fmt: skip
+)
 def test_our_options_end_at_the_first_word_that_is_not_one(
     args: list[str], ours: list[str], theirs: list[str], explicit: bool
 ) -> None:
@@ -43,8 +55,10 @@ def test_only_names_vllm_lacks_count_as_misplaced() -> None:
 
 def test_an_option_of_ours_after_the_vllm_arguments_is_refused_not_taken(run, monkeypatch) -> None:  # type: ignore[no-untyped-def]
     monkeypatch.setenv("FI_CACHE_VLLM", "/nonexistent/vllm")
-    for command in (["serve", "Qwen/Qwen3-8B", "--port", "8000", "--deterministic"],
-                    ["warm", "Qwen/Qwen3-8B", "--finalize", "unfused"]):  # fmt: skip
+    for command in (
+        ["serve", "Qwen/Qwen3-8B", "--port", "8000", "--deterministic"],
+        ["warm", "Qwen/Qwen3-8B", "--finalize", "unfused"],
+    ):
         r: Result = run(*command)
         assert r.code == 2 and r.err.count("\n") == 1, r.err
         name = command[-2] if command[0] == "warm" else command[-1]
@@ -67,13 +81,19 @@ def test_global_options_work_after_the_command_name(run, store: Path, monkeypatc
 @pytest.mark.parametrize(
     "argv, word, meant",
     [
-        (["serve", "--vllm", "/x/vllm", "--determinstic", "m"], "--determinstic",
-         "--deterministic"),
-        (["serve", "--determinstic", "--vllm", "/x/vllm", "m"], "--determinstic",
-         "--deterministic"),
+        (
+            ["serve", "--vllm", "/x/vllm", "--determinstic", "m"],
+            "--determinstic",
+            "--deterministic",
+        ),
+        (
+            ["serve", "--determinstic", "--vllm", "/x/vllm", "m"],
+            "--determinstic",
+            "--deterministic",
+        ),
         (["warm", "--no-sed", "m"], "--no-sed", "--no-seed"),
     ],
-)  # fmt: skip
+)
 def test_a_misspelled_option_is_refused_before_anything_starts(  # type: ignore[no-untyped-def]
     run, argv, word, meant
 ) -> None:
@@ -102,6 +122,10 @@ def test_no_flag_of_vllm_serve_is_taken_for_a_misspelling() -> None:
 
     for command in (serve_command, warm_command):
         ctx = click.Context(command)
-        ours = {o for p in command.get_params(ctx) if isinstance(p, click.Option)
-                for o in (*p.opts, *p.secondary_opts)} - VLLM_NAMES  # fmt: skip
+        ours = {
+            o
+            for p in command.get_params(ctx)
+            if isinstance(p, click.Option)
+            for o in (*p.opts, *p.secondary_opts)
+        } - VLLM_NAMES
         assert [f for f in flags if f not in ours and misspelled([f], ours)] == []

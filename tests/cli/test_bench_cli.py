@@ -64,10 +64,20 @@ def rig(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     applied = r.run("bench", cache, "--op", "fused_moe", "--rounds", "3", "--apply")
     after = v1.loads(cache.read_text())
     again = r.run("bench", cache, "--op", "fused_moe", "--rounds", "3")
-    return {"rig": r, "cache": cache, "doctored": dict(doctored.entries), "checked": checked,
-            "other": other, "no_plan": no_plan, "json": as_json, "untouched": untouched,
-            "applied": applied, "after": dict(after.entries), "again": again,
-            "outside": outside}  # fmt: skip
+    return {
+        "rig": r,
+        "cache": cache,
+        "doctored": dict(doctored.entries),
+        "checked": checked,
+        "other": other,
+        "no_plan": no_plan,
+        "json": as_json,
+        "untouched": untouched,
+        "applied": applied,
+        "after": dict(after.entries),
+        "again": again,
+        "outside": outside,
+    }
 
 
 def test_entries_slower_than_the_default_are_named_and_nothing_is_written(
@@ -110,8 +120,10 @@ def test_a_cache_for_another_gpu_is_one_skipped_line_per_entry(rig: dict[str, An
 def test_a_cache_with_no_recorded_plan_needs_one(rig: dict[str, Any]) -> None:
     p = rig["no_plan"]
     assert p.returncode == 2
-    assert one_line(p) == f"fi-cache: {rig['outside']}: give --plan PLAN: the shapes to call " \
-        "(no warm recorded one)"  # fmt: skip
+    assert (
+        one_line(p) == f"fi-cache: {rig['outside']}: give --plan PLAN: the shapes to call "
+        "(no warm recorded one)"
+    )
 
 
 def test_json_gives_each_entry_its_samples_and_verdict(rig: dict[str, Any]) -> None:

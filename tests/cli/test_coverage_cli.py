@@ -54,8 +54,10 @@ def test_a_log_that_fell_back_exits_1_naming_why(run, tmp_path: Path) -> None:  
     doc = run("--format", "json", "coverage", MOE / "fused-namespace.json", "--log", log).json()
     assert doc["fell_back"] == 2 and all(e["fell_back"] for e in doc["entries"])
     quiet = tmp_path / "quiet.log"
-    quiet.write_text("2026-12-01 20:55:27,268 - INFO - autotuner.py:2789 - flashinfer.jit: "
-                     "[Autotuner]: Loaded 24 configs from x.json\n")  # fmt: skip
+    quiet.write_text(
+        "2026-12-01 20:55:27,268 - INFO - autotuner.py:2789 - flashinfer.jit: "
+        "[Autotuner]: Loaded 24 configs from x.json\n"
+    )
     clean = run("coverage", MOE / "fused-namespace.json", "--log", quiet)
     assert clean.code == 0 and "no call fell back" in clean.out
 

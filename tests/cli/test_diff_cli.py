@@ -69,8 +69,12 @@ def test_buckets_differ_in_numeric_order(run, tmp_path: Path) -> None:  # type: 
     b = _cache(tmp_path / "b.json", {m: 2 for m in (1024, 2, 128, 1, 16)})
     doc = run("--format", "json", "diff", a, b).json()
     assert [e["bucket"].split()[0] for e in doc["entries"]] == [
-        "1x4096", "2x4096", "16x4096", "128x4096", "1024x4096"
-    ]  # fmt: skip
+        "1x4096",
+        "2x4096",
+        "16x4096",
+        "128x4096",
+        "1024x4096",
+    ]
 
 
 def test_control_characters_of_keys_are_escaped(run, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]

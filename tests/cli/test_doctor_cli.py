@@ -183,9 +183,7 @@ def test_fix_quarantines_with_a_note_and_dry_run_only_prints(
     note = Path(str(moved) + ".why").read_text()
     assert str(stale) in note and "stale-gemm2-profile" in note
     assert not tmpfile.exists()
-    again = run(
-        "--format", "json", "doctor", vllm_root, *MAY_RUN_UNFUSED, "--finalize", "unfused"
-    )  # fmt: skip
+    again = run("--format", "json", "doctor", vllm_root, *MAY_RUN_UNFUSED, "--finalize", "unfused")
     assert ("stale-gemm2-profile", "error") not in _findings(again)
 
 
@@ -353,8 +351,18 @@ def test_doctor_names_the_file_vllm_itself_will_use(  # type: ignore[no-untyped-
     )
     bad = run("doctor", "--", "--model", model, "--no-such-flag")
     assert bad.code == 2 and "vllm: error: unrecognized arguments: --no-such-flag" in bad.err
-    fit = run("--format", "json", "doctor", "--", "--model", model, "--load-format", "dummy",
-              "--max-model-len", "-1")  # fmt: skip
+    fit = run(
+        "--format",
+        "json",
+        "doctor",
+        "--",
+        "--model",
+        model,
+        "--load-format",
+        "dummy",
+        "--max-model-len",
+        "-1",
+    )
     said = [f["message"] for f in fit.json()["findings"] if f["check"] == "cache-location"]
     assert len(said) == 2 and "keeps what it resolves at start as the arguments set it: " in said[1]
     assert "--max-model-len -1 (fitted to free GPU memory at start" in said[1]
@@ -482,8 +490,11 @@ def test_a_named_cache_the_target_never_loads_gets_a_finding(run, vllm_root: Pat
     assert "the target never loads this cache" in found[0]["message"]
     assert "target (FlashInfer 0.6.17) reads .../0.6.17/90a/" in found[0]["message"]
     # the store's own dirs are not named: doctor does not chatter about them
-    assert not [f for f in run("--format", "json", "doctor", *TARGET).json()["findings"]
-                if f["check"] == "not-loaded"]  # fmt: skip
+    assert not [
+        f
+        for f in run("--format", "json", "doctor", *TARGET).json()["findings"]
+        if f["check"] == "not-loaded"
+    ]
 
 
 def test_fix_texts_promise_only_what_fix_does(run, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
@@ -501,9 +512,17 @@ def test_fix_texts_promise_only_what_fix_does(run, tmp_path: Path) -> None:  # t
         "RuntimeError: Invalid gemm2 profile id: 50\n"
     )
     r = run(
-        "--format", "json", "doctor", tmp_path / "c", stray, "--log", log, *MAY_RUN_UNFUSED,
-        "--fix", "--dry-run",
-    )  # fmt: skip
+        "--format",
+        "json",
+        "doctor",
+        tmp_path / "c",
+        stray,
+        "--log",
+        log,
+        *MAY_RUN_UNFUSED,
+        "--fix",
+        "--dry-run",
+    )
     doc = r.json()
     moved = {a["path"] for a in doc["actions"] if a["action"] == "quarantine"}
     assert moved == {str(vllm_named)}
@@ -541,13 +560,24 @@ def _sglang_moe_617(tmp_path: Path) -> Path:
 
 @pytest.mark.parametrize("env_value", ["0", "1"])
 def test_sglang_0_5_18_toggle_on_0_6_17_is_a_stale_gemm2_profile(
-    run, tmp_path, monkeypatch, env_value  # type: ignore[no-untyped-def]
+    run,
+    tmp_path,
+    monkeypatch,
+    env_value,  # type: ignore[no-untyped-def]
 ) -> None:
     """0.5.18 writes both modes to one rank file with the same keys: either way it may crash."""
     rank_file = _sglang_moe_617(tmp_path)
     monkeypatch.setenv("SGLANG_FLASHINFER_MOE_FUSED_FINALIZE", env_value)
-    r = run("--format", "json", "doctor", "--flashinfer-version", "0.6.17",
-            "--sglang-version", "0.5.18", tmp_path)  # fmt: skip
+    r = run(
+        "--format",
+        "json",
+        "doctor",
+        "--flashinfer-version",
+        "0.6.17",
+        "--sglang-version",
+        "0.5.18",
+        tmp_path,
+    )
     doc = r.json()
     stale = [f for f in doc["findings"] if f["check"] == "stale-gemm2-profile"]
     assert r.code == 1 and [f["path"] for f in stale] == [str(rank_file)]
@@ -558,18 +588,44 @@ def test_sglang_0_5_18_toggle_on_0_6_17_is_a_stale_gemm2_profile(
 
 def test_sglang_deterministic_makes_the_target_unfused_and_tunes_nothing(run, tmp_path) -> None:  # type: ignore[no-untyped-def]
     _sglang_moe_617(tmp_path)
-    doc = run("--format", "json", "doctor", "--flashinfer-version", "0.6.17", "--sglang-version",
-              "0.5.18", tmp_path, "--", "--enable-deterministic-inference").json()  # fmt: skip
+    doc = run(
+        "--format",
+        "json",
+        "doctor",
+        "--flashinfer-version",
+        "0.6.17",
+        "--sglang-version",
+        "0.5.18",
+        tmp_path,
+        "--",
+        "--enable-deterministic-inference",
+    ).json()
     assert doc["target"]["finalize"] == "unfused"
     assert "sglang-nothing-tuned" in {f["check"] for f in doc["findings"]}
 
 
 @pytest.mark.parametrize("version, warned", [("0.5.18", False), ("0.5.19", True), ("0.5.23", True)])
 def test_sglang_expert_parallel_cache_is_discarded_every_boot_from_0_5_19(
-    run, version, warned  # type: ignore[no-untyped-def]
+    run,
+    version,
+    warned,  # type: ignore[no-untyped-def]
 ) -> None:
-    doc = run("--format", "json", "doctor", "--flashinfer-version", "0.6.18", "--sglang-version",
-              version, "--", "--model-path", "M", "--tp-size", "4", "--ep", "4").json()  # fmt: skip
+    doc = run(
+        "--format",
+        "json",
+        "doctor",
+        "--flashinfer-version",
+        "0.6.18",
+        "--sglang-version",
+        version,
+        "--",
+        "--model-path",
+        "M",
+        "--tp-size",
+        "4",
+        "--ep",
+        "4",
+    ).json()
     found = [f for f in doc["findings"] if f["check"] == "sglang-ep-cache-discarded"]
     assert bool(found) is warned and (not found or found[0]["severity"] == "warning")
 
@@ -610,12 +666,14 @@ def test_real_vllm_0_26_on_the_h200_its_crash_and_its_files(run) -> None:  # typ
     assert "start-up died with `Invalid gemm2 profile id: 104` after loading" in crash["message"]
     assert "start-failed" not in checks  # the crash is the root cause, said once
     target = ("--flashinfer-version", "0.6.17", "--gpu", "NVIDIA H200", "--finalize", "unfused")
-    fused = run("--format", "json", "doctor", here / "vllm-0.26-fused-autotune_configs.json",
-                *target)  # fmt: skip
+    fused = run(
+        "--format", "json", "doctor", here / "vllm-0.26-fused-autotune_configs.json", *target
+    )
     [stale] = [f for f in fused.json()["findings"] if f["check"] == "stale-gemm2-profile"]
     assert fused.code == 1 and stale["severity"] == "error"  # id 104: beyond unfused's list
-    unfused = run("--format", "json", "doctor", here / "vllm-0.26-unfused-autotune_configs.json",
-                  *target)  # fmt: skip
+    unfused = run(
+        "--format", "json", "doctor", here / "vllm-0.26-unfused-autotune_configs.json", *target
+    )
     assert unfused.code == 0  # every id fits: a warning at most (nothing records the mode)
 
 
@@ -630,8 +688,9 @@ def test_gpu_named_as_ls_prints_it_is_the_caches_gpu(run, tmp_path: Path) -> Non
     r = run("--format", "json", "doctor", cache, "--flashinfer-version", "0.6.18", "--gpu", shown)
     assert (r.code, _findings(r)) == (0, [])
     assert r.json()["target"]["gpu"] == "NVIDIA H200"
-    other = run("--format", "json", "doctor", cache, "--flashinfer-version", "0.6.18", "--gpu",
-                "B200")  # fmt: skip
+    other = run(
+        "--format", "json", "doctor", cache, "--flashinfer-version", "0.6.18", "--gpu", "B200"
+    )
     assert other.code == 1 and other.json()["target"]["gpu"] == "NVIDIA B200"
 
 
@@ -645,4 +704,3 @@ def test_a_gpu_short_name_of_several_caches_gpus_is_refused(run, tmp_path: Path)
     r = run("doctor", tmp_path, "--flashinfer-version", "0.6.18", "--gpu", "H100")
     assert r.code == 2 and len(r.err.strip().splitlines()) == 1
     assert "NVIDIA H100 80GB HBM3, NVIDIA H100 PCIe" in r.err
-

@@ -148,9 +148,12 @@ def test_quiet_silences_notes_and_keeps_errors(tmp_path: Path, monkeypatch, caps
     from fi_cache.model.fingerprint import Fingerprint
 
     env = Environment(
-        Fingerprint(flashinfer_version="0.7.2.post1"), (), VllmInfo(None, None, None), None,
+        Fingerprint(flashinfer_version="0.7.2.post1"),
+        (),
+        VllmInfo(None, None, None),
+        None,
         notes=("FlashInfer is not installed: fields from package metadata",),
-    )  # fmt: skip
+    )
     monkeypatch.setattr(environment, "detect", lambda *a, **k: env)
     store = ["--store", str(tmp_path / "s")]
     cli_main_exit([*store, "env", "--no-exact"])

@@ -27,9 +27,15 @@ for _command in COMMANDS:
     cli.add_command(_command)  # the lead registers it in fi_cache.cli; idempotent here
 
 MERGE_FIELDS = {
-    "dry_run", "output", "sources", "entries", "new", "conflicts", "generation",
+    "dry_run",
+    "output",
+    "sources",
+    "entries",
+    "new",
+    "conflicts",
+    "generation",
     "gemm2_finalize_conflicts",
-}  # fmt: skip
+}
 CONFLICT_FIELDS = {"key", "kept", "dropped", "kept_from", "dropped_from"}
 
 
@@ -53,9 +59,17 @@ def test_json_follows_the_contract(run, tmp_path: Path) -> None:  # type: ignore
 def test_prefer_last_keeps_the_later_file(run, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
     out = tmp_path / "out.json"
     r = run(
-        "--format", "json", "merge", MOE_617_FUSED, MOE_617_UNFUSED, "-o", out, "--prefer", "last",
+        "--format",
+        "json",
+        "merge",
+        MOE_617_FUSED,
+        MOE_617_UNFUSED,
+        "-o",
+        out,
+        "--prefer",
+        "last",
         "--allow-mixed-finalize",
-    )  # fmt: skip
+    )
     assert r.code == 0
     assert all(c["kept_from"] == str(MOE_617_UNFUSED) for c in r.json()["conflicts"])
     assert out.read_bytes() == MOE_617_UNFUSED.read_bytes()

@@ -28,8 +28,11 @@ def test_plan_from_a_hf_config_is_a_plan_check_accepts(tmp_path: Path) -> None:
     assert doc["modes"] == ["fused", "unfused"] and doc["calls"] == {"fused": 4, "unfused": 4}
     [op] = doc["ops"]
     assert (op["op"], op["hidden_size"], op["num_experts"], op["top_k"]) == (
-        "cutlass_fused_moe", 2048, 128, 8,
-    )  # fmt: skip
+        "cutlass_fused_moe",
+        2048,
+        128,
+        8,
+    )
 
 
 @pytest.mark.parametrize("dtype", [[], ["--dtype", "bf16"]])

@@ -113,13 +113,17 @@ intermediate_size = 128
         (_MOE + "num_experts = 2\ntop_k = 4\n", "top_k = 4 is more than num_experts = 2"),
         ("tokens = [1, 16\n", "not valid TOML"),
         # The fake GPU is an H200 (SM90).
-        ('[[ops]]\nop = "mm_fp8"\nn = 128\nk = 128\n', "trtllm_low_latency backend does not "
-         "run on NVIDIA H200 (SM90)"),
-        ('[[ops]]\nop = "mm_bf16"\nn = 64\nk = 64\nbackends = ["cutlass"]\n', "cutlass backend "
-         "does not run on NVIDIA H200 (SM90)"),
+        (
+            '[[ops]]\nop = "mm_fp8"\nn = 128\nk = 128\n',
+            "trtllm_low_latency backend does not run on NVIDIA H200 (SM90)",
+        ),
+        (
+            '[[ops]]\nop = "mm_bf16"\nn = 64\nk = 64\nbackends = ["cutlass"]\n',
+            "cutlass backend does not run on NVIDIA H200 (SM90)",
+        ),
     ],
     ids=["unknown-op", "top-k-over-experts", "invalid-toml", "mm-fp8-on-sm90", "cutlass-on-sm90"],
-)  # fmt: skip
+)
 def test_a_plan_that_cannot_run_is_refused_naming_the_plan(
     refusing: TuneRig, plan: str, words: str
 ) -> None:
@@ -154,15 +158,21 @@ def test_a_missing_plan_file_is_refused(refusing: TuneRig) -> None:
         (["--engine", "flashinfer"], "--engine flashinfer needs --plan PLAN"),
         (["--engine", "flashinfer", "--plan", "PLAN", "--port", "8000"], "--port applies to"),
         (["--engine", "flashinfer", "--plan", "PLAN", "--vllm", "/bin/true"], "--vllm applies to"),
-        (["--engine", "flashinfer", "--plan", "PLAN", "--", "Qwen/Qwen3-30B-A3B"],
-         "VLLM_SERVE_ARGS applies to --engine vllm only"),
-        (["--plan", "PLAN", "--", "Qwen/Qwen3-30B-A3B"], "--plan and --python apply to --engine "
-         "flashinfer only"),
-        (["--engine", "vllm", "--plan", "PLAN", "--", "Qwen/Qwen3-30B-A3B"], "--plan and "
-         "--python apply"),
+        (
+            ["--engine", "flashinfer", "--plan", "PLAN", "--", "Qwen/Qwen3-30B-A3B"],
+            "VLLM_SERVE_ARGS applies to --engine vllm only",
+        ),
+        (
+            ["--plan", "PLAN", "--", "Qwen/Qwen3-30B-A3B"],
+            "--plan and --python apply to --engine flashinfer only",
+        ),
+        (
+            ["--engine", "vllm", "--plan", "PLAN", "--", "Qwen/Qwen3-30B-A3B"],
+            "--plan and --python apply",
+        ),
     ],
     ids=["no-plan", "port", "vllm", "vllm-args", "plan-default-engine", "plan-engine-vllm"],
-)  # fmt: skip
+)
 def test_options_of_the_other_engine_are_refused(
     refusing: TuneRig, args: list[str], words: str
 ) -> None:
@@ -211,8 +221,15 @@ def test_a_child_that_fails_after_ready_is_a_failed_warm(
     python = write_script(tmp_path / "python", f'#!/bin/sh\nexec "{sys.executable}" "{child}"\n')
     rig = TuneRig.make(tmp_path, python=python)
     meta = json.dumps(h200_metadata("0.6.17"))
-    p = rig.run("warm", "--engine", "flashinfer", "--plan", rig.plan(),
-                FAKE_CHILD=how, FAKE_CHILD_METADATA=meta)  # fmt: skip
+    p = rig.run(
+        "warm",
+        "--engine",
+        "flashinfer",
+        "--plan",
+        rig.plan(),
+        FAKE_CHILD=how,
+        FAKE_CHILD_METADATA=meta,
+    )
     assert p.returncode == 1, p.stderr
     assert p.stderr.splitlines()[-1] == last
     assert "--- last 1 lines of the tuning process ---" in p.stderr
@@ -286,9 +303,14 @@ def _vllm_also(root: Path, first: Warm) -> VllmAlsoWarmed:
     vllm = write_script(root / "vllm", f'#!/bin/sh\nexec "{sys.executable}" "{FAKE_VLLM}" "$@"\n')
     rig = TuneRig(root, store, first.rig.env)
     warm = rig.run(
-        "warm", "--finalize", "unfused", "--", "Qwen/Qwen3-30B-A3B",
-        FI_CACHE_VLLM=str(vllm), FAKE_VLLM_CACHE_SOURCE=str(fused_file),
-    )  # fmt: skip
+        "warm",
+        "--finalize",
+        "unfused",
+        "--",
+        "Qwen/Qwen3-30B-A3B",
+        FI_CACHE_VLLM=str(vllm),
+        FAKE_VLLM_CACHE_SOURCE=str(fused_file),
+    )
     doctor = rig.run("--format", "json", "doctor", "--finalize", "unfused")
     return VllmAlsoWarmed(store, fused_file, warm, doctor)
 
@@ -570,11 +592,13 @@ finalize = ["fused"]
 
 @pytest.mark.parametrize(
     "extra, advice",
-    [("", "--finalize unfused"),
-     # --finalize unfused would be refused: an op lists fused only.
-     (FUSED_ONLY_MOE, "the same plan (tuned shapes are cached)")],
+    [
+        ("", "--finalize unfused"),
+        # --finalize unfused would be refused: an op lists fused only.
+        (FUSED_ONLY_MOE, "the same plan (tuned shapes are cached)"),
+    ],
     ids=["both-modes", "an-op-fused-only"],
-)  # fmt: skip
+)
 def test_an_interrupt_says_which_modes_were_recorded(
     tmp_path: Path, extra: str, advice: str
 ) -> None:
@@ -625,13 +649,19 @@ def _status_lines(
 
 
 _MOE_CALL = [
-    {"event": "call", "i": 3, "n": 4, "op": "cutlass_fused_moe bf16 h=256 i=128 e=8 top_k=2",
-     "backend": "cutlass, fused finalize", "tokens": 1},
+    {
+        "event": "call",
+        "i": 3,
+        "n": 4,
+        "op": "cutlass_fused_moe bf16 h=256 i=128 e=8 top_k=2",
+        "backend": "cutlass, fused finalize",
+        "tokens": 1,
+    },
     {"event": "bucket", "i": 3, "step": 1, "total": 3, "bucket": 1},
     {"event": "bucket", "i": 3, "step": 2, "total": 3, "bucket": 2},
     {"event": "bucket", "i": 3, "step": 3, "total": 3, "bucket": 4},
     {"event": "called", "i": 3, "seconds": 61.5},
-]  # fmt: skip
+]
 
 
 LINE = (
@@ -651,8 +681,9 @@ def test_a_log_shows_the_bucket_of_a_call_that_has_been_quiet(
     """A MoE call tunes every bucket at once: a log shows where it is every 10 s or more."""
     timed = list(zip([30.0, 35.0, 41.0, 45.0, 92.0], _MOE_CALL, strict=True))
     assert _status_lines(timed, capsys) == [
-        f"{LINE} bucket 2 (2/3) …", f"{LINE} 61.50s",
-    ]  # fmt: skip
+        f"{LINE} bucket 2 (2/3) …",
+        f"{LINE} 61.50s",
+    ]
 
 
 @pytest.mark.parametrize("kind", ["fifo", "/dev/zero"])

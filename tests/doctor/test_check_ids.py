@@ -105,8 +105,16 @@ def test_check_selects_an_id_a_check_emits_beside_its_own(run, tmp_path: Path) -
 
     _two_ranks(tmp_path)
     tail = ["--", "--model-path", "M", "--tp-size", "4", "--nnodes", "2", "--node-rank", "0"]
-    argv = ["--format", "json", "doctor", "--flashinfer-version", "0.6.18", "--sglang-version",
-            "0.5.23", tmp_path]  # fmt: skip
+    argv = [
+        "--format",
+        "json",
+        "doctor",
+        "--flashinfer-version",
+        "0.6.18",
+        "--sglang-version",
+        "0.5.23",
+        tmp_path,
+    ]
     r = run(*argv, "--check", "ranks-not-given", *tail)
     assert r.code == 0, r.err
     assert [f["check"] for f in r.json()["findings"]] == ["ranks-not-given"]

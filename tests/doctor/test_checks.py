@@ -55,8 +55,10 @@ def test_the_collision_unrecorded_0617_moe_cache_and_an_unfused_target() -> None
 
 def test_the_stale_message_says_why_it_was_fused_in_plain_words() -> None:
     [f] = doctor.run(Inputs(_target(finalize="unfused"), (_view(MOE_617_FUSED),)))[:1]
-    assert "were tuned fused (most likely: nothing records how this file was tuned, and every " \
-        "vLLM release up to 0.34.0 tunes fused" in f.message  # fmt: skip
+    assert (
+        "were tuned fused (most likely: nothing records how this file was tuned, and every "
+        "vLLM release up to 0.34.0 tunes fused" in f.message
+    )
     assert "probably (no record" not in f.message
 
 

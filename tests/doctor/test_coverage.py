@@ -49,12 +49,16 @@ print(json.dumps([[list(get_hybrid_num_tokens_buckets(x)) for x in n],
 def test_the_bucket_rule_is_flashinfers_own() -> None:
     versions = ("0.6.17", "0.6.18", "0.7.2.post1")
     jobs = [
-        {"args": [sys.executable, "-c", _CHECK],
-         "env": {**os.environ, "PYTHONPATH": str(flashinfer_dir(v))}}
+        {
+            "args": [sys.executable, "-c", _CHECK],
+            "env": {**os.environ, "PYTHONPATH": str(flashinfer_dir(v))},
+        }
         for v in versions
-    ]  # fmt: skip
-    ours = [[list(tuned_buckets(x)) for x in range(1, 20000, 7)],
-            [bucket_of(x) for x in range(1, 20000)]]  # fmt: skip
+    ]
+    ours = [
+        [list(tuned_buckets(x)) for x in range(1, 20000, 7)],
+        [bucket_of(x) for x in range(1, 20000)],
+    ]
     for version, p in zip(versions, run_parallel(*jobs), strict=True):
         assert p.returncode == 0, p.stderr[-2000:]
         assert json.loads(p.stdout.strip().splitlines()[-1]) == ours, version
@@ -74,15 +78,19 @@ def test_each_missing_pair_says_why() -> None:
     c = _judge(cache, longer)
     assert c.tuned == 24 and len(c.pairs) == 32  # 1280, 1536, 1792, 2048 of both ops
     assert set(_reasons(c)) == {1280, 1536, 1792, 2048}
-    assert all(r and r.startswith("bucket never warmed") and "above the largest" in r
-               for r in _reasons(c).values())  # fmt: skip
-    wider = GEMM_PLAN.replace("n = 2048\nk = 4096\nbackends = [\"cublas\"]",
-                              "n = 4096\nk = 4096\nbackends = [\"cublas\"]")  # fmt: skip
+    assert all(
+        r and r.startswith("bucket never warmed") and "above the largest" in r
+        for r in _reasons(c).values()
+    )
+    wider = GEMM_PLAN.replace(
+        'n = 2048\nk = 4096\nbackends = ["cublas"]', 'n = 4096\nk = 4096\nbackends = ["cublas"]'
+    )
     c = _judge(cache, wider)
     assert c.tuned == 12 and all(
-        p.reason and p.reason.startswith("shape never warmed: fp8_gemm") for p in c.pairs
+        p.reason and p.reason.startswith("shape never warmed: fp8_gemm")
+        for p in c.pairs
         if not p.tuned
-    )  # fmt: skip
+    )
     other = '[[ops]]\nop = "mm_fp8"\nn = 2048\nk = 4096\ntokens = [16]\n'
     c = _judge(cache, other)
     assert c.tuned == 0 and set(_reasons(c).values()) == {
@@ -114,10 +122,12 @@ def test_a_start_that_fell_back_is_explained_from_its_log() -> None:
     facts = read_log(MOE / "0.6.18" / "call-unfused-under-fused.log")
     c = cov.judge(_cache(MOE / "0.6.18" / "fused-namespace.json"), cov.from_log(facts.fallbacks))
     assert [(p.want.op, p.want.bucket, p.tuned) for p in c.pairs] == [
-        ("trtllm::fused_moe::gemm1", 1, False), ("trtllm::fused_moe::gemm2", 1, False),
-    ]  # fmt: skip
-    assert all(p.reason and p.reason.startswith("finalize-mode miss: tuned fused only")
-               for p in c.pairs)  # fmt: skip
+        ("trtllm::fused_moe::gemm1", 1, False),
+        ("trtllm::fused_moe::gemm2", 1, False),
+    ]
+    assert all(
+        p.reason and p.reason.startswith("finalize-mode miss: tuned fused only") for p in c.pairs
+    )
     replay = read_log(MOE / "0.6.18" / "replay-unfused-under-fused.log")
     wants = cov.from_log(replay.fallbacks)
     assert sorted({w.bucket for w in wants}) == list(tuned_buckets(1024))  # every bucket missed

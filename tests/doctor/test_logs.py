@@ -322,10 +322,11 @@ def test_a_megabyte_line_of_near_miss_messages_is_read_in_time_and_its_messages_
     with no_hang(10.0):  # a hang guard, not a timing (it takes ~0.02 s)
         facts = read_log(log)
     assert facts.events == (
-        CacheEvent("ignored", CACHE, 2, hard=True,
-                   mismatches=(("gpu", "NVIDIA H200", "NVIDIA H100"),)),
+        CacheEvent(
+            "ignored", CACHE, 2, hard=True, mismatches=(("gpu", "NVIDIA H200", "NVIDIA H100"),)
+        ),
         CacheEvent("saved", CACHE, 3, count=38),
-    )  # fmt: skip
+    )
     assert facts.fallbacks == (Fallback("bf16_gemm", -1, 2, "[(1, 4096)]"),)
 
 

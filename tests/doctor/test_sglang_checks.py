@@ -29,8 +29,14 @@ def _findings(doc: dict[str, Any], check: str) -> list[dict[str, Any]]:
 
 def _cutedsl_file(path: Path, mode: str) -> None:
     env = {**os.environ, "PYTHONPATH": str(flashinfer_dir("0.6.18"))}
-    subprocess.run([sys.executable, "-m", "tests.real_flashinfer.cutedsl_writer", str(path), mode],
-                   env=env, cwd=ROOT, check=True, capture_output=True, timeout=180)  # fmt: skip
+    subprocess.run(
+        [sys.executable, "-m", "tests.real_flashinfer.cutedsl_writer", str(path), mode],
+        env=env,
+        cwd=ROOT,
+        check=True,
+        capture_output=True,
+        timeout=180,
+    )
 
 
 def test_cutedsl_nvfp4_entries_are_shared_by_both_modes_on_0_6_18(run, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
@@ -39,8 +45,16 @@ def test_cutedsl_nvfp4_entries_are_shared_by_both_modes_on_0_6_18(run, tmp_path:
     fused = rank.read_text()
     _cutedsl_file(rank, "unfused")  # an unfused start, e.g. after the upgrade to 0.5.21
     assert rank.read_text() == fused  # FlashInfer found every key: nothing was re-tuned
-    r = run("--format", "json", "doctor", "--flashinfer-version", "0.6.18",
-            "--sglang-version", "0.5.21", tmp_path)  # fmt: skip
+    r = run(
+        "--format",
+        "json",
+        "doctor",
+        "--flashinfer-version",
+        "0.6.18",
+        "--sglang-version",
+        "0.5.21",
+        tmp_path,
+    )
     [f] = _findings(r.json(), "sglang-cutedsl-mode-blind")
     assert f["path"] == str(rank) and f["details"]["entries"] == 8
     assert "do not carry the finalize mode" in f["message"] and "unfused start" in f["message"]
@@ -51,8 +65,16 @@ def test_cutedsl_entries_in_a_0_7_flashinfer_dir_are_not_flagged(run, tmp_path: 
     """The version gate: the file is 0.6.18's, placed where SGLang keeps FlashInfer 0.7.x's."""
     rank, _ = sglang_paths("0.5.23", tmp_path, flashinfer=fi, backend="flashinfer_cutedsl")
     _cutedsl_file(rank, "fused")
-    r = run("--format", "json", "doctor", "--flashinfer-version", fi,
-            "--sglang-version", "0.5.23", tmp_path)  # fmt: skip
+    r = run(
+        "--format",
+        "json",
+        "doctor",
+        "--flashinfer-version",
+        fi,
+        "--sglang-version",
+        "0.5.23",
+        tmp_path,
+    )
     assert _findings(r.json(), "sglang-cutedsl-mode-blind") == []
 
 
@@ -78,8 +100,16 @@ def test_tp_ranks_that_differ_are_deleted_at_start_from_0_5_19(run, tmp_path: Pa
 
 def test_identical_tp_ranks_are_kept(run, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
     _two_ranks(tmp_path)
-    doc = run("--format", "json", "doctor", "--flashinfer-version", "0.6.18", "--sglang-version",
-              "0.5.23", tmp_path).json()  # fmt: skip
+    doc = run(
+        "--format",
+        "json",
+        "doctor",
+        "--flashinfer-version",
+        "0.6.18",
+        "--sglang-version",
+        "0.5.23",
+        tmp_path,
+    ).json()
     assert _findings(doc, "sglang-ranks-disagree") == []
 
 
@@ -90,8 +120,17 @@ def test_ranks_or_nodes_from_different_stacks_are_named(run, tmp_path: Path) -> 
     data = json.loads(MOE_618_FUSED.read_text())
     data["_metadata"]["cuda_version"] = "12.9"  # node 1 runs another CUDA
     b.write_text(json.dumps(data, indent=2))
-    doc = run("--format", "json", "doctor", "--flashinfer-version", "0.6.18", "--sglang-version",
-              "0.5.18", tmp_path / "node0", tmp_path / "node1").json()  # fmt: skip
+    doc = run(
+        "--format",
+        "json",
+        "doctor",
+        "--flashinfer-version",
+        "0.6.18",
+        "--sglang-version",
+        "0.5.18",
+        tmp_path / "node0",
+        tmp_path / "node1",
+    ).json()
     [f] = _findings(doc, "sglang-ranks-disagree")
     assert f["details"]["fields"] == ["cuda_version"]
     assert "different environments" in f["message"]
@@ -99,13 +138,21 @@ def test_ranks_or_nodes_from_different_stacks_are_named(run, tmp_path: Path) -> 
 
 def test_servers_are_told_apart_by_session_cache_dir_and_gpus() -> None:
     rows = [
-        (10, 10, ["/v/bin/python", "/v/bin/sglang", "serve", "--model-path", "M"],
-         {"HOME": "/h", "CUDA_VISIBLE_DEVICES": "0,1"}),
+        (
+            10,
+            10,
+            ["/v/bin/python", "/v/bin/sglang", "serve", "--model-path", "M"],
+            {"HOME": "/h", "CUDA_VISIBLE_DEVICES": "0,1"},
+        ),
         (11, 10, ["sglang::scheduler_TP0"], {"HOME": "/h", "CUDA_VISIBLE_DEVICES": "0,1"}),
-        (20, 20, ["python", "-m", "sglang.launch_server", "--model-path", "M"],
-         {"HOME": "/h", "CUDA_VISIBLE_DEVICES": "1"}),
+        (
+            20,
+            20,
+            ["python", "-m", "sglang.launch_server", "--model-path", "M"],
+            {"HOME": "/h", "CUDA_VISIBLE_DEVICES": "1"},
+        ),
         (30, 30, ["python", "-m", "vllm.entrypoints.openai.api_server"], {"HOME": "/h"}),
-    ]  # fmt: skip
+    ]
     found = live.engines(rows)
     assert [(e.pid, e.gpus) for e in found] == [(10, "0,1"), (20, "1")]
     assert found[0].cache_dir == os.path.realpath("/h/.cache/sglang")
@@ -114,8 +161,12 @@ def test_servers_are_told_apart_by_session_cache_dir_and_gpus() -> None:
     assert live.sharing(found, "/h/.cache/sglang", frozenset({"1"}), "flashinfer_cutlass") == []
     assert live.sharing(found, "/h/.cache/sglang", frozenset({"2"}), mega) == []
     assert live.sharing(found, "/elsewhere", None, mega) == []
-    row = (40, 40, ["sglang", "serve", "--model-path", "M", "--moe-runner-backend", mega],
-           {"HOME": "/h"})  # fmt: skip
+    row = (
+        40,
+        40,
+        ["sglang", "serve", "--model-path", "M", "--moe-runner-backend", mega],
+        {"HOME": "/h"},
+    )
     assert live.engines([row])[0].backend == mega
 
 
@@ -126,10 +177,20 @@ def test_a_running_megamoe_sglang_on_the_same_cache_dir_and_gpus_is_named(  # ty
     cache = tmp_path / "sglang-cache"
     port = free_port()
     env = {**os.environ, "SGLANG_CACHE_DIR": str(cache), "CUDA_VISIBLE_DEVICES": "0"}
-    argv = [str(sglang), "serve", "--model-path", "M", "--port", str(port),
-            "--moe-runner-backend", "flashinfer_megamoe", "--disable-flashinfer-autotune"]
-    server = subprocess.Popen(argv, env=env, start_new_session=True, stdout=subprocess.DEVNULL,
-                              stderr=subprocess.DEVNULL)  # fmt: skip
+    argv = [
+        str(sglang),
+        "serve",
+        "--model-path",
+        "M",
+        "--port",
+        str(port),
+        "--moe-runner-backend",
+        "flashinfer_megamoe",
+        "--disable-flashinfer-autotune",
+    ]
+    server = subprocess.Popen(
+        argv, env=env, start_new_session=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
+    )
     try:
         deadline = time.monotonic() + 60
         while not health_ok(port):
@@ -160,8 +221,9 @@ def test_doctor_reads_sglangs_own_cache_dir_for_the_target_version_only(  # type
     other, _ = sglang_paths("0.5.18", cache, flashinfer="0.6.17", backend="flashinfer_cutedsl")
     _cutedsl_file(ours, "fused")
     shutil.copy(ours, other)
-    doc = run("--format", "json", "doctor", "--flashinfer-version", "0.6.18",
-              "--sglang-version", "0.5.21").json()  # fmt: skip
+    doc = run(
+        "--format", "json", "doctor", "--flashinfer-version", "0.6.18", "--sglang-version", "0.5.21"
+    ).json()
     assert [f["path"] for f in _findings(doc, "sglang-cutedsl-mode-blind")] == [str(ours)]
     listed = run("--format", "json", "ls").json()
     rows = listed["caches"] if isinstance(listed, dict) else listed
@@ -180,8 +242,17 @@ def test_an_sglang_start_that_died_on_a_gemm2_id_is_named_with_the_sglang_cure( 
         "[2026-12-01 10:00:03 TP0] Scheduler hit an exception: Traceback (most recent call last):\n"
         "RuntimeError: [TensorRT-LLM][ERROR] Assertion failed: Invalid gemm2 profile id: 40\n"
     )
-    doc = run("--format", "json", "doctor", "--log", log, "--sglang-version", "0.5.18",
-              "--flashinfer-version", "0.6.17").json()  # fmt: skip
+    doc = run(
+        "--format",
+        "json",
+        "doctor",
+        "--log",
+        log,
+        "--sglang-version",
+        "0.5.18",
+        "--flashinfer-version",
+        "0.6.17",
+    ).json()
     [f] = _findings(doc, "stale-gemm2-profile")
     assert f["severity"] == "error" and f"after loading {rank}" in f["message"]
     assert "fi-cache serve --engine sglang --deterministic" in f["fix"]
@@ -189,18 +260,38 @@ def test_an_sglang_start_that_died_on_a_gemm2_id_is_named_with_the_sglang_cure( 
 
 @pytest.mark.parametrize(
     "version, flashinfer, warned",
-    [("0.5.18", None, False), ("0.5.19", None, True), ("0.5.22", None, True),
-     ("0.5.23", None, False), ("0.5.23", "0.6.18", True)],
-)  # fmt: skip
+    [
+        ("0.5.18", None, False),
+        ("0.5.19", None, True),
+        ("0.5.22", None, True),
+        ("0.5.23", None, False),
+        ("0.5.23", "0.6.18", True),
+    ],
+)
 def test_tp_cutlass_moe_loses_its_cache_every_boot_where_flashinfer_keys_carry_the_rank(
-    run, version, flashinfer, warned  # type: ignore[no-untyped-def]
+    run,
+    version,
+    flashinfer,
+    warned,  # type: ignore[no-untyped-def]
 ) -> None:
     """No EP: FlashInfer 0.6.18-0.7.1 (0.5.19-0.5.22's pins) key CUTLASS MoE entries by tp_rank,
     so two TP ranks' files never agree; 0.5.23's FlashInfer 0.7.2 keys carry no rank."""
     fi = ("--flashinfer-version", flashinfer) if flashinfer else ()
-    doc = run("--format", "json", "doctor", *fi, "--sglang-version", version, "--",
-              "--model-path", "M", "--tp-size", "2", "--moe-runner-backend",
-              "flashinfer_cutlass").json()  # fmt: skip
+    doc = run(
+        "--format",
+        "json",
+        "doctor",
+        *fi,
+        "--sglang-version",
+        version,
+        "--",
+        "--model-path",
+        "M",
+        "--tp-size",
+        "2",
+        "--moe-runner-backend",
+        "flashinfer_cutlass",
+    ).json()
     found = _findings(doc, "sglang-ep-cache-discarded")
     assert bool(found) is warned
     if found:
@@ -215,8 +306,21 @@ def test_rank_keyed_tp_files_are_named_and_align_makes_sglang_keep_them(  # type
     for path, rank in ((a, 0), (b, 1)):  # each rank's own keys, as FlashInfer 0.6.18 makes them
         keyed = path.read_text().replace(", 8, 1, 0, 1, 0, 1, 0,", f", 8, 2, {rank}, 1, 0, 1, 0,")
         path.write_text(keyed)
-    argv = ["--format", "json", "doctor", "--flashinfer-version", "0.6.18", "--sglang-version",
-            "0.5.21", tmp_path, "--", "--model-path", "M", "--tp-size", "2"]  # fmt: skip
+    argv = [
+        "--format",
+        "json",
+        "doctor",
+        "--flashinfer-version",
+        "0.6.18",
+        "--sglang-version",
+        "0.5.21",
+        tmp_path,
+        "--",
+        "--model-path",
+        "M",
+        "--tp-size",
+        "2",
+    ]
     [f] = _findings(run(*argv).json(), "sglang-ranks-disagree")
     assert f["details"]["differs"] == ["tp1_pp0_dp0"] and "fi-cache align" in f["fix"]
     assert run("align", a.parent).code == 0
@@ -228,17 +332,44 @@ def test_another_nodes_ranks_not_given_are_said_not_to_be_known(run, tmp_path: P
     """--tp-size 4 over two nodes: this node writes tp0 and tp1; tp2 and tp3 are node 1's."""
     _two_ranks(tmp_path)
     tail = ["--", "--model-path", "M", "--tp-size", "4", "--nnodes", "2", "--node-rank", "0"]
-    doc = run("--format", "json", "doctor", "--flashinfer-version", "0.6.18", "--sglang-version",
-              "0.5.23", tmp_path, *tail).json()  # fmt: skip
+    doc = run(
+        "--format",
+        "json",
+        "doctor",
+        "--flashinfer-version",
+        "0.6.18",
+        "--sglang-version",
+        "0.5.23",
+        tmp_path,
+        *tail,
+    ).json()
     assert _findings(doc, "sglang-ranks-disagree") == []
     [f] = _findings(doc, "ranks-not-given")
     assert f["severity"] == "info" and f["details"]["ranks"] == ["tp2_pp0_dp0", "tp3_pp0_dp0"]
 
 
 def test_doctor_names_this_nodes_rank_files_and_what_only_the_worker_knows(run) -> None:  # type: ignore[no-untyped-def]
-    doc = run("--format", "json", "doctor", "--sglang-version", "0.5.23", "--", "--model-path",
-              "M", "--tp-size", "4", "--dp-size", "2", "--enable-dp-attention", "--nnodes", "2",
-              "--node-rank", "1", "--moe-runner-backend", "flashinfer_megamoe").json()  # fmt: skip
+    doc = run(
+        "--format",
+        "json",
+        "doctor",
+        "--sglang-version",
+        "0.5.23",
+        "--",
+        "--model-path",
+        "M",
+        "--tp-size",
+        "4",
+        "--dp-size",
+        "2",
+        "--enable-dp-attention",
+        "--nnodes",
+        "2",
+        "--node-rank",
+        "1",
+        "--moe-runner-backend",
+        "flashinfer_megamoe",
+    ).json()
     [f] = _findings(doc, "sglang-rank-files")
     assert f["details"]["node"] == ["rank_tp2_pp0_dp1.json", "rank_tp3_pp0_dp1.json"]
     assert len(f["details"]["ranks"]) == 4 and "on node 1 of 2" in f["message"]

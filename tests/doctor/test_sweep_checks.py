@@ -21,16 +21,22 @@ VLLM_MOE = FIXTURES / "h200-vllm" / "vllm-0.26-fused-autotune_configs.json"
 RANKS = ("autotune_configs_dp0_rank0.json", "autotune_configs_dp0_rank1.json")
 
 
-def _findings(tmp_path: Path, version: str, tokens: tuple[int, ...] | None,
-              ranks: tuple[str, ...] = RANKS, present: int = 2) -> list[Finding]:  # fmt: skip
+def _findings(
+    tmp_path: Path,
+    version: str,
+    tokens: tuple[int, ...] | None,
+    ranks: tuple[str, ...] = RANKS,
+    present: int = 2,
+) -> list[Finding]:
     hash_dir = tmp_path / "vllm-root" / ("c" * 64)
     hash_dir.mkdir(parents=True)
     for name in ranks[:present]:
         shutil.copy(VLLM_MOE, hash_dir / name)
     meta = v1.loads(VLLM_MOE.read_text()).metadata or {}
     target = Target(Fingerprint.from_metadata(meta, "90a"), vllm_version=version)
-    where = CacheLocation(version, "c" * 64, str(hash_dir), ranks, "VLLM_CACHE_ROOT",
-                          sweep_tokens=tokens)  # fmt: skip
+    where = CacheLocation(
+        version, "c" * 64, str(hash_dir), ranks, "VLLM_CACHE_ROOT", sweep_tokens=tokens
+    )
     inputs = gather(tmp_path / "store", [], [], ["m", "-tp", "2"], target, {}, where, "vLLM")
     return doctor.run(inputs, only=["sweep-gap"])
 
@@ -38,8 +44,9 @@ def _findings(tmp_path: Path, version: str, tokens: tuple[int, ...] | None,
 def test_a_file_vllm_034_will_load_without_its_top_buckets_is_flagged(tmp_path: Path) -> None:
     found = _findings(tmp_path, "0.34.0", (16384,))
     assert [(f.severity, Path(f.path or "").name) for f in found] == [
-        ("warning", RANKS[0]), ("warning", RANKS[1]),
-    ]  # fmt: skip
+        ("warning", RANKS[0]),
+        ("warning", RANKS[1]),
+    ]
     assert found[0].message.startswith(
         "vLLM will not tune these: fallback tactic at M=16384 for trtllm::fused_moe::gemm1, "
         "trtllm::fused_moe::gemm2 (vLLM 0.34.0 loads this file and skips its tuning sweep"

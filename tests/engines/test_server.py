@@ -63,10 +63,19 @@ def test_a_fi_cache_killed_before_the_guard_ran_leaves_no_engine(tmp_path: Path)
     record.mkdir()
     cmd, env = _fake_vllm(record)
     killed = subprocess.run(
-        [sys.executable, "-c", _KILLED_BEFORE_THE_GUARD, json.dumps(cmd), json.dumps(env),
-         str(tmp_path)],
-        capture_output=True, text=True, cwd=ROOT, timeout=60,
-    )  # fmt: skip
+        [
+            sys.executable,
+            "-c",
+            _KILLED_BEFORE_THE_GUARD,
+            json.dumps(cmd),
+            json.dumps(env),
+            str(tmp_path),
+        ],
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+        timeout=60,
+    )
     assert killed.returncode == -signal.SIGKILL, killed.stderr
     pid = int(killed.stdout)
     try:
@@ -95,9 +104,12 @@ def test_the_server_pid_is_the_engines_and_stop_ends_it(tmp_path: Path) -> None:
 
 @pytest.mark.parametrize(
     ("engine", "why"),
-    [("missing", "No such file or directory"), ("not-on-path", "No such file or directory"),
-     ("not-executable", "Permission denied")],
-)  # fmt: skip
+    [
+        ("missing", "No such file or directory"),
+        ("not-on-path", "No such file or directory"),
+        ("not-executable", "Permission denied"),
+    ],
+)
 def test_an_engine_that_cannot_be_executed_is_refused_saying_why(
     tmp_path: Path, engine: str, why: str
 ) -> None:

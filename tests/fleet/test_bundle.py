@@ -378,8 +378,9 @@ def _import_proc(store: Path, path: Path):  # type: ignore[no-untyped-def]
     import sys
 
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
-    return subprocess.Popen([sys.executable, "-c", _IMPORT, str(store), str(path),
-                             json.dumps(FP.__dict__)], env=env)  # fmt: skip
+    return subprocess.Popen(
+        [sys.executable, "-c", _IMPORT, str(store), str(path), json.dumps(FP.__dict__)], env=env
+    )
 
 
 def test_concurrent_imports_into_one_store(tmp_path: Path) -> None:
@@ -511,8 +512,14 @@ def test_export_bundles_the_manifest_and_caches_only(
     here: Fingerprint,
 ) -> None:
     d = _make_namespace(store)
-    for junk in (".fi-cache.lock", ".fi-cache.lock.holder", ".fi-cache.inuse", "warm.sh",
-                 f"vllm/{HASH_A}/.autotuner_1.tmp", f"vllm/{HASH_A}/notes.txt"):  # fmt: skip
+    for junk in (
+        ".fi-cache.lock",
+        ".fi-cache.lock.holder",
+        ".fi-cache.inuse",
+        "warm.sh",
+        f"vllm/{HASH_A}/.autotuner_1.tmp",
+        f"vllm/{HASH_A}/notes.txt",
+    ):
         (d / junk).write_text("x")
     out = tmp_path / "b.tar.gz"
     assert run("export", "-o", out).code == 0
@@ -771,10 +778,13 @@ def _bundle_of(tmp_path: Path, caches: dict[str, bytes]) -> Path:
             (f"{rel}/vllm/{HASH_A}/autotune_configs.json", data),
         ]
     man = {
-        "format": "fi-cache-bundle", "schema": 1, "fi_cache_version": "0", "created": 1.0,
+        "format": "fi-cache-bundle",
+        "schema": 1,
+        "fi_cache_version": "0",
+        "created": 1.0,
         "namespaces": namespaces,
         "files": [{"path": n, "size": len(b), "sha256": _sha(b)} for n, b in files],
-    }  # fmt: skip
+    }
     members = _with_manifest(man, [_file(n, b) for n, b in files])
     return _tar(tmp_path / "b.tar.gz", members)
 
@@ -819,8 +829,14 @@ def _with_namespace_manifest(tmp_path: Path, store: Path, edit) -> Path:  # type
     return _tar(tmp_path / "b.tar.gz", _with_manifest(man, members))
 
 
-_WARM_RECORD = {"started": 1.0, "seconds": 1.0, "vllm_version": "0.30.0", "argv": ["m"],
-                "argv_key": "m", "supports_finalize_env": None}  # fmt: skip
+_WARM_RECORD = {
+    "started": 1.0,
+    "seconds": 1.0,
+    "vllm_version": "0.30.0",
+    "argv": ["m"],
+    "argv_key": "m",
+    "supports_finalize_env": None,
+}
 
 
 @pytest.mark.parametrize(

@@ -92,8 +92,10 @@ def test_rank_keyed_moe_entries_are_not_faked_for_this_node(
     """FlashInfer 0.6.18 keys CUTLASS MoE entries by tp_rank: rank 0's cannot stand in for
     rank 1's; the import says so and writes nothing for this node."""
     moe = v1.loads(MOE_618_FUSED.read_bytes())
-    keyed = {k.replace(", 8, 1, 0, 1, 0, 1, 0,", ", 8, 2, 0, 1, 0, 1, 0,"): v
-             for k, v in moe.entries.items()}  # fmt: skip
+    keyed = {
+        k.replace(", 8, 1, 0, 1, 0, 1, 0,", ", 8, 2, 0, 1, 0, 1, 0,"): v
+        for k, v in moe.entries.items()
+    }
     head = v1.dumps(v1.CacheFile(moe.metadata, keyed, None, None)).encode()
     fp = Fingerprint.from_metadata(moe.metadata, "90a")
     env = Environment(fp, (), VllmInfo(None, None, None), None)

@@ -293,9 +293,14 @@ def test_a_sidecar_that_is_not_json_or_missing_is_refused(
 @pytest.mark.parametrize("what", ["sidecar", "bundle"])
 @pytest.mark.parametrize("kind", ["fifo", "link-to-/dev/zero"])
 def test_a_fifo_or_endless_device_on_a_file_remote_is_refused_at_once(
-    run: Run, monkeypatch: pytest.MonkeyPatch, store: Path, store_b: Path, tmp_path: Path,
-    what: str, kind: str,
-) -> None:  # fmt: skip
+    run: Run,
+    monkeypatch: pytest.MonkeyPatch,
+    store: Path,
+    store_b: Path,
+    tmp_path: Path,
+    what: str,
+    kind: str,
+) -> None:
     url = (tmp_path / "remote").as_uri()
     _pushed(run, monkeypatch, store, url)
     path = tmp_path / "remote" / (remote_key(H200) + (".json" if what == "sidecar" else ""))
@@ -720,8 +725,14 @@ def test_a_pulled_namespace_manifest_naming_a_file_outside_it_is_refused(
     fused = _warm(store, H200)[0]
     data = json.loads((fused / manifests.MANIFEST_NAME).read_text())
     outside = {"path": "../../../../../../victim2/x/autotune_configs.json", "entries": 1, "size": 1}
-    warm = {"started": 1.0, "seconds": 1.0, "vllm_version": "0.30.0", "argv": ["m"],
-            "argv_key": "m", "supports_finalize_env": None}  # fmt: skip
+    warm = {
+        "started": 1.0,
+        "seconds": 1.0,
+        "vllm_version": "0.30.0",
+        "argv": ["m"],
+        "argv_key": "m",
+        "supports_finalize_env": None,
+    }
     data["warms"] = [{**warm, "files": [outside]}]
     (fused / manifests.MANIFEST_NAME).write_text(json.dumps(data))
     with monkeypatch.context() as older:  # the older fi-cache's push: it read any path

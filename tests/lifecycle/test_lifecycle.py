@@ -48,9 +48,12 @@ def test_a_third_engine_is_seeded_from_its_own_earlier_warm(store: Path) -> None
     warm(Third(), _request("m"), WarmOptions(timeout=60), store, Report())
     heard = Heard()
     _, second = warm(
-        Third(), _request("m", "--max-num-seqs", "8"), WarmOptions(timeout=60), store,
+        Third(),
+        _request("m", "--max-num-seqs", "8"),
+        WarmOptions(timeout=60),
+        store,
         heard.report(),
-    )  # fmt: skip
+    )
     [f] = second.files
     assert f.seeded == 1 and f.entries == 1  # the new config started from the first's entries
     assert any(n.startswith("seeded 1 entries from 1 earlier file(s)") for n in heard.noted)
@@ -95,8 +98,9 @@ def test_a_warm_leaves_every_rank_the_same_file(
     _, result = warm(Third(), _request("m"), WarmOptions(timeout=60), store, heard.report())
     whole = len(v1.loads(GEMM_618.read_bytes()).entries)
     assert sorted((Path(f.path).name, f.entries) for f in result.files) == [
-        ("autotune_configs_dp0_rank0.json", whole), ("autotune_configs_dp0_rank1.json", whole),
-    ]  # fmt: skip
+        ("autotune_configs_dp0_rank0.json", whole),
+        ("autotune_configs_dp0_rank1.json", whole),
+    ]
     a, b = (result.namespace_dir / f.path for f in result.files)
     assert a.read_bytes() == b.read_bytes()
     assert any(n.startswith("aligned the rank files of") for n in heard.noted)
@@ -121,12 +125,15 @@ def test_serve_fills_this_nodes_missing_rank_file_from_the_other_ranks(
     rank0, rank1 = sorted(result.namespace_dir / f.path for f in result.files)
     rank1.unlink()  # this node pulled a bundle holding only the other node's rank
     heard = Heard()
-    handover = serve(TwoRanks(), _request("m", warm=False), ServeOptions(timeout=60), store,
-                     heard.report())  # fmt: skip
+    handover = serve(
+        TwoRanks(), _request("m", warm=False), ServeOptions(timeout=60), store, heard.report()
+    )
     assert handover.warmed is None  # warm already: the engine starts once, and does not re-tune
     assert rank1.read_bytes() == rank0.read_bytes()
-    assert any("this node's rank files autotune_configs_dp0_rank1.json were missing" in n
-               for n in heard.noted)  # fmt: skip
+    assert any(
+        "this node's rank files autotune_configs_dp0_rank1.json were missing" in n
+        for n in heard.noted
+    )
 
 
 def test_a_second_warm_of_the_same_arguments_starts_nothing(
@@ -164,8 +171,9 @@ def test_serve_pull_starts_a_node_with_an_empty_store_warm(
     url = (tmp_path / "bucket").as_uri()
     transfer.push(head, url, [result.namespace_dir], None, False)
     heard = Heard()
-    handover = serve(TwoRanks(), _request("m"), ServeOptions(timeout=60, pull=url), store,
-                     heard.report())  # fmt: skip
+    handover = serve(
+        TwoRanks(), _request("m"), ServeOptions(timeout=60, pull=url), store, heard.report()
+    )
     assert handover.warmed is None  # warm from the bundle: the engine starts once
     here = store / result.namespace_dir.relative_to(head)
     assert (here / rank1.relative_to(result.namespace_dir)).read_bytes() == rank0.read_bytes()
@@ -177,8 +185,9 @@ def test_a_failed_pull_is_a_warning_and_serve_goes_on(
 ) -> None:
     heard = Heard()
     url = (tmp_path / "no-such-bucket").as_uri()
-    handover = serve(Third(), _request("m"), ServeOptions(timeout=60, pull=url), store,
-                     heard.report())  # fmt: skip
+    handover = serve(
+        Third(), _request("m"), ServeOptions(timeout=60, pull=url), store, heard.report()
+    )
     assert handover.warmed is not None  # cold: warmed as without --pull
     assert any(w.startswith(f"pull from {url} failed") for w in heard.warned)
 
@@ -205,8 +214,11 @@ def test_serve_fills_a_rank_file_only_under_the_namespace_lock_and_pin(
     monkeypatch.setattr(align, "plan", pinned_meanwhile)
     heard = Heard()
     with pytest.raises(Refused, match="pinned"):  # then the pinned namespace is no warm's either
-        serve(TwoRanks(), _request("m", warm=False), ServeOptions(timeout=60), store,
-              heard.report())  # fmt: skip
+        serve(
+            TwoRanks(), _request("m", warm=False), ServeOptions(timeout=60), store, heard.report()
+        )
     assert not rank1.exists()
-    assert any("rank files autotune_configs_dp0_rank1.json are missing" in w and "pinned" in w
-               for w in heard.warned)  # fmt: skip
+    assert any(
+        "rank files autotune_configs_dp0_rank1.json are missing" in w and "pinned" in w
+        for w in heard.warned
+    )

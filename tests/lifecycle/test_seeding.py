@@ -51,9 +51,12 @@ def store(tmp_path: Path) -> Path:
 def _second(store: Path, seconds: float) -> tuple[WarmResult, list[str], float]:
     heard, started = Heard(), time.monotonic()
     _, result = warm(
-        SlowToAnswer(seconds), request("m", "--max-num-seqs", "8"), WarmOptions(timeout=60),
-        store, heard.report(),
-    )  # fmt: skip
+        SlowToAnswer(seconds),
+        request("m", "--max-num-seqs", "8"),
+        WarmOptions(timeout=60),
+        store,
+        heard.report(),
+    )
     return result, heard.noted, time.monotonic() - started
 
 
@@ -79,8 +82,10 @@ def test_an_engine_that_saved_first_keeps_its_own_file(
     result, noted, _ = _second(store, 1.5)
     [f] = result.files
     assert f.seeded == 0
-    assert any(n.startswith(f"not seeding {result.namespace_dir / f.path}: Third wrote it first")
-               for n in noted)  # fmt: skip
+    assert any(
+        n.startswith(f"not seeding {result.namespace_dir / f.path}: Third wrote it first")
+        for n in noted
+    )
 
 
 def test_a_seed_the_engine_did_not_read_is_not_counted(
@@ -95,7 +100,8 @@ def test_a_seed_the_engine_did_not_read_is_not_counted(
     assert f.seeded == 0 and f.entries == len(v1.loads(GEMM_618.read_bytes()).entries)
     assert any(n.startswith(f"seeded 1 entries from 1 earlier file(s): {target} (") for n in noted)
     assert f"Third tuned {target} itself: it looked for the file before the seed landed" in (
-        " ".join(noted))
+        " ".join(noted)
+    )
     assert json.loads(target.read_bytes()) == json.loads(GEMM_618.read_bytes())  # its own
 
 
@@ -103,8 +109,10 @@ def test_a_healthy_engine_does_not_wait_for_the_answer(store: Path) -> None:
     result, noted, seconds = _second(store, 60)
     [f] = result.files
     assert f.seeded == 0 and seconds < 30
-    assert ("not seeding: Third was healthy before fi-cache knew which file it reads (it tuned "
-            "without one)") in noted  # fmt: skip
+    assert (
+        "not seeding: Third was healthy before fi-cache knew which file it reads (it tuned "
+        "without one)"
+    ) in noted
 
 
 class Mispredicts(Third):
@@ -119,8 +127,13 @@ class Mispredicts(Third):
 
 def test_a_seed_in_a_dir_the_engine_did_not_use_is_removed_and_said(store: Path) -> None:
     heard = Heard()
-    _, result = warm(Mispredicts(), request("m", "--max-num-seqs", "8"), WarmOptions(timeout=60),
-                     store, heard.report())  # fmt: skip
+    _, result = warm(
+        Mispredicts(),
+        request("m", "--max-num-seqs", "8"),
+        WarmOptions(timeout=60),
+        store,
+        heard.report(),
+    )
     [f] = result.files
     assert f.seeded == 0 and "f" * 64 not in f.path  # the file it tuned, not the stray seed
     stray = result.namespace_dir / "third" / ("f" * 64)
@@ -141,8 +154,13 @@ def test_a_seeding_thread_that_breaks_is_one_note_and_no_traceback(
     store: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     heard = Heard()
-    _, result = warm(Breaks(0), request("m", "--max-num-seqs", "8"), WarmOptions(timeout=60),
-                     store, heard.report())  # fmt: skip
+    _, result = warm(
+        Breaks(0),
+        request("m", "--max-num-seqs", "8"),
+        WarmOptions(timeout=60),
+        store,
+        heard.report(),
+    )
     assert [f.seeded for f in result.files] == [0]
     assert "not seeding: RuntimeError: boom" in heard.noted
     assert "Traceback" not in capsys.readouterr().err

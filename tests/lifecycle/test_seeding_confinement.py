@@ -55,8 +55,13 @@ def test_a_planted_answer_outside_the_namespace_is_one_note_and_no_write(
 ) -> None:
     outside = tmp_path / "outside-seed"
     heard = Heard()
-    _, result = warm(Planted(outside, known), request("m", "--max-num-seqs", "8"),
-                     WarmOptions(timeout=60), store, heard.report())  # fmt: skip
+    _, result = warm(
+        Planted(outside, known),
+        request("m", "--max-num-seqs", "8"),
+        WarmOptions(timeout=60),
+        store,
+        heard.report(),
+    )
     assert not outside.exists() and not (result.namespace_dir.parent / "up").exists()
     assert [f.seeded for f in result.files] == [0]  # the engine tuned as it would have
     [said] = [n for n in heard.noted if "not inside the namespace" in n]
@@ -94,8 +99,13 @@ def test_a_planted_vllm_answer_outside_its_cache_dir_is_not_used(tmp_path: Path)
     kept = state / f"vllm-cache-{cache_key(*asked)}.json"
 
     def plant(directory: str, files: list[str]) -> None:
-        answer = {"vllm_version": "0.32.0", "hash": "x", "dir": directory, "files": files,
-                  "root_from": "VLLM_FLASHINFER_AUTOTUNE_CACHE_DIR"}  # fmt: skip
+        answer = {
+            "vllm_version": "0.32.0",
+            "hash": "x",
+            "dir": directory,
+            "files": files,
+            "root_from": "VLLM_FLASHINFER_AUTOTUNE_CACHE_DIR",
+        }
         kept.write_text(json.dumps(answer))
 
     plant(str(cache_dir / "abc"), ["autotune_configs.json"])

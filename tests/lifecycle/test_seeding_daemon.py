@@ -19,9 +19,12 @@ def test_seeding_skips_a_dir_a_running_daemon_writes(tmp_path: Path) -> None:
     heard = Heard()
     with preload_daemon(tmp_path, env) as proc:
         _, result = warm(
-            Third(), request("m", "--max-num-seqs", "8"), WarmOptions(timeout=60), store,
+            Third(),
+            request("m", "--max-num-seqs", "8"),
+            WarmOptions(timeout=60),
+            store,
             heard.report(),
-        )  # fmt: skip
+        )
     [f] = result.files
     assert f.seeded == 0
     [said] = [n for n in heard.noted if n.startswith("not seeding: ")]

@@ -48,8 +48,9 @@ def store(tmp_path: Path) -> Path:
 
 def _second(store: Path, engine: Third) -> tuple[list[int], list[str]]:
     heard = Heard()
-    _, result = warm(engine, request("m", "--max-num-seqs", "8"), WarmOptions(timeout=60),
-                     store, heard.report())  # fmt: skip
+    _, result = warm(
+        engine, request("m", "--max-num-seqs", "8"), WarmOptions(timeout=60), store, heard.report()
+    )
     return [f.seeded for f in result.files], heard.noted
 
 
@@ -94,9 +95,12 @@ def _vllm_gap(tmp_path: Path, version: str, sweep: dict[str, object] | None) -> 
     env = ENGINE.environment(run, ns_dir, os.environ, warm=False)  # type: ignore[arg-type]
     key = cache_key(run.env.python, version, ["m"], env)
     answer: dict[str, object] = {
-        "vllm_version": version, "hash": "h" * 64, "dir": str(ns_dir / "vllm" / ("h" * 64)),
-        "files": ["autotune_configs_dp0_rank0.json"], "root_from": "x",
-    }  # fmt: skip
+        "vllm_version": version,
+        "hash": "h" * 64,
+        "dir": str(ns_dir / "vllm" / ("h" * 64)),
+        "files": ["autotune_configs_dp0_rank0.json"],
+        "root_from": "x",
+    }
     if sweep is not None:
         answer["sweep"] = sweep
     state_dir(store).mkdir(parents=True)

@@ -106,9 +106,18 @@ def names(p: prune.Plan) -> list[str]:
 
 @pytest.mark.parametrize(
     ("text", "seconds"),
-    [("30d", 30 * DAY), ("12h", 43200), ("90m", 5400), ("3600s", 3600), ("2w", 14 * DAY),
-     ("0", 0), ("0s", 0), ("1.5D", 1.5 * DAY), (" 7d ", 7 * DAY)],
-)  # fmt: skip
+    [
+        ("30d", 30 * DAY),
+        ("12h", 43200),
+        ("90m", 5400),
+        ("3600s", 3600),
+        ("2w", 14 * DAY),
+        ("0", 0),
+        ("0s", 0),
+        ("1.5D", 1.5 * DAY),
+        (" 7d ", 7 * DAY),
+    ],
+)
 def test_durations(text: str, seconds: float) -> None:
     assert prune.parse_duration(text) == seconds
 
@@ -121,10 +130,20 @@ def test_bad_durations_are_refused(text: str) -> None:
 
 @pytest.mark.parametrize(
     ("text", "size"),
-    [("20GB", 20 * 10**9), ("500MB", 500 * 10**6), ("1.5GiB", 1536 * 2**20), ("0", 0),
-     ("20gb", 20 * 10**9), ("2 TiB", 2 * 2**40), ("10k", 10_000), ("4KiB", 4096), ("123", 123),
-     ("1g", 10**9), ("7B", 7)],
-)  # fmt: skip
+    [
+        ("20GB", 20 * 10**9),
+        ("500MB", 500 * 10**6),
+        ("1.5GiB", 1536 * 2**20),
+        ("0", 0),
+        ("20gb", 20 * 10**9),
+        ("2 TiB", 2 * 2**40),
+        ("10k", 10_000),
+        ("4KiB", 4096),
+        ("123", 123),
+        ("1g", 10**9),
+        ("7B", 7),
+    ],
+)
 def test_sizes(text: str, size: int) -> None:
     assert prune.parse_size(text) == size
 
@@ -139,8 +158,11 @@ def test_bad_sizes_are_refused(text: str) -> None:
 
 
 def test_older_than_selects_by_last_use_least_recent_first() -> None:
-    spaces = [info("new", last_used=NOW - DAY), info("old", last_used=NOW - 40 * DAY),
-              info("older", last_used=NOW - 90 * DAY)]  # fmt: skip
+    spaces = [
+        info("new", last_used=NOW - DAY),
+        info("old", last_used=NOW - 40 * DAY),
+        info("older", last_used=NOW - 90 * DAY),
+    ]
     p = prune.plan(spaces, prune.Selection(older_than=30 * DAY), NOW)
     assert names(p) == ["older", "old"]
     assert p.namespaces[0][1] == ["unused for 90d"]
@@ -154,8 +176,12 @@ def test_max_size_evicts_least_recently_used_until_the_rest_fits() -> None:
     assert all(r == ["over --max-size (least recently used)"] for _, r in p.namespaces)
     assert p.kept_bytes == 200
     assert names(prune.plan(spaces, prune.Selection(max_size=0), NOW)) == [
-        "n4", "n3", "n2", "n1", "n0"
-    ]  # fmt: skip
+        "n4",
+        "n3",
+        "n2",
+        "n1",
+        "n0",
+    ]
     assert prune.plan(spaces, prune.Selection(max_size=500), NOW).empty
 
 
@@ -173,8 +199,11 @@ def test_max_size_counts_what_other_selectors_free() -> None:
 
 
 def test_locked_namespaces_are_never_planned_and_count_against_the_budget() -> None:
-    spaces = [info("busy", 200, NOW - 50 * DAY, locked=True), info("a", 100, NOW),
-              info("b", 100, NOW - DAY)]  # fmt: skip
+    spaces = [
+        info("busy", 200, NOW - 50 * DAY, locked=True),
+        info("a", 100, NOW),
+        info("b", 100, NOW - DAY),
+    ]
     p = prune.plan(spaces, prune.Selection(max_size=300), NOW)
     assert names(p) == ["b"]  # busy (200) stays whatever happens; a fits next to it
     assert [ns.dir.name for ns, _ in p.skipped_locked] == ["fused-busy"]
@@ -183,8 +212,13 @@ def test_locked_namespaces_are_never_planned_and_count_against_the_budget() -> N
 
 
 def test_foreign_by_flashinfer_version_or_gpu() -> None:
-    spaces = [info("same"), info("oldfi", fi="0.6.17"), info("a100", gpu="nvidia-a100-sxm4-80gb"),
-              info("nofi", fi="unknown"), info("nogpu", gpu="unknown")]  # fmt: skip
+    spaces = [
+        info("same"),
+        info("oldfi", fi="0.6.17"),
+        info("a100", gpu="nvidia-a100-sxm4-80gb"),
+        info("nofi", fi="unknown"),
+        info("nogpu", gpu="unknown"),
+    ]
     here = prune.Here("0.6.18", ("NVIDIA H200", "NVIDIA H200"))
     p = prune.plan(spaces, prune.Selection(foreign=True), NOW, here)
     assert sorted(names(p)) == ["a100", "oldfi"]
@@ -196,8 +230,10 @@ def test_foreign_by_flashinfer_version_or_gpu() -> None:
     assert names(no_gpu) == ["oldfi"]
     a100 = prune.Here(None, ("NVIDIA A100-SXM4-80GB",))  # compared as the path's slug
     assert sorted(names(prune.plan(spaces, prune.Selection(foreign=True), NOW, a100))) == [
-        "nofi", "oldfi", "same"
-    ]  # fmt: skip
+        "nofi",
+        "oldfi",
+        "same",
+    ]
 
 
 def test_foreign_needs_flashinfer_or_a_gpu() -> None:
@@ -216,8 +252,9 @@ def test_no_selector_plans_old_temp_files_only() -> None:
     ]
     p = prune.plan(spaces, prune.Selection(), NOW, tmp=tmp)
     assert p.namespaces == [] and [t.path.name for t in p.tmp] == [
-        ".fi-cache-x.tmp", ".autotune_configs.json.tmp"
-    ]  # fmt: skip
+        ".fi-cache-x.tmp",
+        ".autotune_configs.json.tmp",
+    ]
     # With its namespace planned, a temp file goes with it (counted once).
     p = prune.plan(spaces, prune.Selection(older_than=DAY), NOW, tmp=tmp)
     assert [t.path.name for t in p.tmp] == [".fi-cache-x.tmp"]
@@ -238,8 +275,11 @@ def test_scan_reads_size_last_use_and_falls_back_to_file_times(store: Path) -> N
     assert fa.last_used == NOW - 5 * DAY and fa.last_used_from == "manifest"
     assert fa.fingerprint is not None and fa.fingerprint.gpu == H200
     assert (fa.flashinfer_version, fa.arch, fa.gpu, fa.finalize) == (
-        "0.6.18", "90a", "nvidia-h200", "fused"
-    )  # fmt: skip
+        "0.6.18",
+        "90a",
+        "nvidia-h200",
+        "fused",
+    )
     files = [p for p in a.rglob("*") if p.is_file()]
     assert fa.size == sum(p.stat().st_size for p in files)
     assert fb.last_used == NOW - 9 * DAY and fb.last_used_from == "mtime"

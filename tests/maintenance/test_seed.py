@@ -85,9 +85,11 @@ def test_an_existing_file_is_never_overwritten(tmp_path: Path) -> None:
 def test_flagged_corrupt_and_failed_sources_are_never_used(tmp_path: Path) -> None:
     a, b, c = (f"vllm/{h * 64}/{RANK0}" for h in "cde")
     ns_dir, m = _ns(
-        tmp_path, _warm(["m"], a, started=1), _warm(["m"], b, started=2),
+        tmp_path,
+        _warm(["m"], a, started=1),
+        _warm(["m"], b, started=2),
         _warm(["m"], c, started=3, ok=False),
-    )  # fmt: skip
+    )
     _put(ns_dir, a, GEMM_618)
     (ns_dir / b).parent.mkdir(parents=True)
     (ns_dir / b).write_text('{"_metadata": {')  # torn
@@ -131,11 +133,13 @@ def test_real_flashinfer_loads_every_seeded_entry(
     env = {**os.environ, "PYTHONPATH": str(flashinfer_dir(version))}
     p = subprocess.run(
         [sys.executable, str(FIXTURES / "fi_load.py"), str(target)],
-        env=env, capture_output=True, text=True, timeout=300, check=False,
-    )  # fmt: skip
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=False,
+    )
     result = json.loads(p.stdout.strip().splitlines()[-1])
     assert "error" not in result and result["loaded"] == s.entries == len(
         v1.loads(source.read_bytes()).entries
     )
-
-

@@ -17,8 +17,9 @@ def _cf(name: str) -> v1.CacheFile:
 
 
 def test_two_finalize_modes_of_one_model_pick_other_tactics_for_the_same_keys() -> None:
-    d = diff(_cf("vllm-0.26-fused-autotune_configs.json"),
-             _cf("vllm-0.26-unfused-autotune_configs.json"))  # fmt: skip
+    d = diff(
+        _cf("vllm-0.26-fused-autotune_configs.json"), _cf("vllm-0.26-unfused-autotune_configs.json")
+    )
     assert (d.count("only-a"), d.count("only-b"), d.count("changed"), d.same) == (0, 0, 25, 17)
     gemm2 = [e for e in d.entries if e.op == "trtllm::fused_moe::gemm2"]
     assert len(gemm2) == 21 and not d.metadata

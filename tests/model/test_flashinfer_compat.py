@@ -239,9 +239,10 @@ def test_fi_cache_says_corrupt_exactly_where_flashinfer_crashes_or_ignores(
     verify = {r["path"]: r for r in _cli_json(tmp_path, "verify", *paths)["results"]}
     doctor = _cli_json(tmp_path, "doctor", "--flashinfer-version", "0.6.17", *paths)
     errors = {  # the load-path ids; a 0.6.17 target, so records-unreadable is asked too
-        f["path"] for f in doctor["findings"]
+        f["path"]
+        for f in doctor["findings"]
         if f["check"] in ("corrupt-file", "records-unreadable") and f["severity"] == "error"
-    }  # fmt: skip
+    }
     disagree = []
     for name, shape in load_shapes.items():
         data = shape["path"].read_bytes()

@@ -107,23 +107,28 @@ def _autotune(version: str, cache_dir: Path) -> tuple[list[str], Tuner]:
     tuner, swept = Tuner(), []
     world = ns(world_size=1, rank_in_group=0, barrier=lambda: None)
     stand_ins = {
-        "flashinfer.autotuner": ns(AutoTuner=ns(get=lambda: tuner),
-                                   set_autotune_process_group=lambda g: None),
+        "flashinfer.autotuner": ns(
+            AutoTuner=ns(get=lambda: tuner), set_autotune_process_group=lambda g: None
+        ),
         "vllm": ns(utils=ns(flashinfer=ns(autotune=lambda **k: contextlib.nullcontext()))),
         "vllm.utils.flashinfer": None,
-        "vllm.distributed.parallel_state": ns(get_world_group=lambda: world,
-                                              get_pp_group=lambda: world,
-                                              get_tp_group=lambda: world),
-    }  # fmt: skip
+        "vllm.distributed.parallel_state": ns(
+            get_world_group=lambda: world, get_pp_group=lambda: world, get_tp_group=lambda: world
+        ),
+    }
     stand_ins["vllm.utils.flashinfer"] = stand_ins["vllm"].utils.flashinfer
     runner = ns(
-        vllm_config=ns(attention_config=ns(hisparse_config=None),
-                       parallel_config=ns(data_parallel_rank=0)),
+        vllm_config=ns(
+            attention_config=ns(hisparse_config=None), parallel_config=ns(data_parallel_rank=0)
+        ),
         get_model=lambda: None,
-    )  # fmt: skip
+    )
     space = _run(
-        _source(text, *names), stand_ins,
-        json=json, Path=Path, torch=ns(inference_mode=contextlib.nullcontext),
+        _source(text, *names),
+        stand_ins,
+        json=json,
+        Path=Path,
+        torch=ns(inference_mode=contextlib.nullcontext),
         logger=ns(info_once=lambda *a: None, info=lambda *a: None),
         _flashinfer_autotune_skip_ops=lambda r: None,
         use_flashinfer_autotune_v2=lambda r: False,
@@ -133,7 +138,7 @@ def _autotune(version: str, cache_dir: Path) -> tuple[list[str], Tuner]:
         replayssm_autotune_warmup=lambda r: None,
         _autotune_kimi_k3_kda_qkvg=lambda m: None,
         autotune_hisparse_flashinfer_attention=lambda r: None,
-    )  # fmt: skip
+    )
     space["flashinfer_autotune"](runner)
     return swept, tuner
 
@@ -163,8 +168,9 @@ def test_032_runs_the_sweep_over_a_loaded_file(tmp_path: Path) -> None:
 def _hybrid() -> Callable[[int], tuple[int, ...]]:
     """FlashInfer 0.7.4's own get_hybrid_num_tokens_buckets, from its wheel."""
     text = flashinfer_text("flashinfer/fused_moe/utils.py")
-    phases = [n for n in ("_PHASE1_END", "_PHASE2_STEP", "_PHASE2_END", "_PHASE3_STEP",
-                          "_PHASE3_END")]  # fmt: skip
+    phases = [
+        n for n in ("_PHASE1_END", "_PHASE2_STEP", "_PHASE2_END", "_PHASE3_STEP", "_PHASE3_END")
+    ]
     source = _source(text, *phases, "get_hybrid_num_tokens_buckets")
     space = _run(source, {}, Tuple=tuple, List=list)
     return space["get_hybrid_num_tokens_buckets"]  # type: ignore[no-any-return]
@@ -172,16 +178,20 @@ def _hybrid() -> Callable[[int], tuple[int, ...]]:
 
 class MoERunner:
     def __init__(self, deferred: bool, bound: int) -> None:
-        self.moe_config = ns(use_deferred_moe_finalize=deferred,
-                             defer_moe_finalize_max_num_tokens=bound)  # fmt: skip
+        self.moe_config = ns(
+            use_deferred_moe_finalize=deferred, defer_moe_finalize_max_num_tokens=bound
+        )
 
 
 def _sweep_buckets(version: str, max_tokens: int, layers: list[Any]) -> tuple[list[int], set[int]]:
     """(the passes' token counts, every bucket the passes tune) by the wheel's own loop, its
     buckets from FlashInfer 0.7.4's function."""
     text = _text(version)
-    names = ("_flashinfer_deferred_moe_token_counts", "_flashinfer_autotune_token_counts",
-             "_run_flashinfer_autotune_dummy_runs")  # fmt: skip
+    names = (
+        "_flashinfer_deferred_moe_token_counts",
+        "_flashinfer_autotune_token_counts",
+        "_run_flashinfer_autotune_dummy_runs",
+    )
     source = _source(text, *names)
     tuned: set[int] = set()
     runs: list[int] = []
@@ -285,8 +295,9 @@ def test_the_prediction_child_reports_the_wheels_pass_tokens(version: str) -> No
 
     names = ("_flashinfer_deferred_moe_token_counts", "_flashinfer_autotune_token_counts")
     stand_ins = {"vllm.model_executor.layers.fused_moe": ns(MoERunner=MoERunner)}
-    warmup = ns(**{n: f for n, f in _run(_source(_text(version), *names), stand_ins).items()
-                   if n in names})  # fmt: skip
+    warmup = ns(
+        **{n: f for n, f in _run(_source(_text(version), *names), stand_ins).items() if n in names}
+    )
     model = ns(modules=lambda: iter([object(), MoERunner(True, 3000)]))
     cfg = ns(scheduler_config=ns(max_num_batched_tokens=16384), speculative_config=None)
     assert predict_child._sweep(cfg, model, warmup) == {"tokens": [16384, 3000]}

@@ -11,10 +11,11 @@ from typing import Any
 def run_ranks(argvs: Sequence[Sequence[str]], env: Mapping[str, str]) -> list[dict[str, Any]]:
     """Every rank's last stdout line, parsed, in rank order; a rank that fails fails the test."""
     procs = [
-        subprocess.Popen(list(argv), env=dict(env), stdout=subprocess.PIPE,
-                         stderr=subprocess.PIPE, text=True)
+        subprocess.Popen(
+            list(argv), env=dict(env), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+        )
         for argv in argvs
-    ]  # fmt: skip
+    ]
     out = []
     for p in procs:
         stdout, stderr = p.communicate(timeout=300)

@@ -54,8 +54,14 @@ def _sglang(source: Path, cache: Path, said: list[str]) -> dict:
         kernel=types.SimpleNamespace(flashinfer_autotune_skip_ops=()),
     )
     code: dict = {
-        "contextlib": contextlib, "datetime": datetime, "hashlib": hashlib, "json": json,
-        "uuid": uuid, "Path": Path, "torch": torch, "logger": logging.getLogger("sglang"),
+        "contextlib": contextlib,
+        "datetime": datetime,
+        "hashlib": hashlib,
+        "json": json,
+        "uuid": uuid,
+        "Path": Path,
+        "torch": torch,
+        "logger": logging.getLogger("sglang"),
         "log_info_on_rank0": lambda lg, msg: said.append(msg),
         "envs": types.SimpleNamespace(
             SGLANG_FLASHINFER_AUTOTUNE_CACHE=types.SimpleNamespace(get=lambda: True)
@@ -65,7 +71,7 @@ def _sglang(source: Path, cache: Path, said: list[str]) -> dict:
         "flashinfer_autotune_cache_path": lambda mr: cache,
         "get_flashinfer_autotune_skip_ops": lambda mr: set(),
         "empty_context": contextlib.nullcontext,
-    }  # fmt: skip
+    }
     flags = __future__.annotations.compiler_flag  # the module's own `from __future__`
     exec(compile(ast.Module(body=body, type_ignores=[]), str(source), "exec", flags), code)
     return code
@@ -83,11 +89,13 @@ def _no_gpu() -> types.SimpleNamespace:
         setattr(module, attr, lambda *a, **k: contextlib.nullcontext())
         sys.modules[name] = module
     return types.SimpleNamespace(
-        device="cpu", forward_stream=stream, is_draft_worker=False,
+        device="cpu",
+        forward_stream=stream,
+        is_draft_worker=False,
         tp_group=types.SimpleNamespace(
             world_size=dist.get_world_size(), cpu_group=dist.group.WORLD
         ),
-    )  # fmt: skip
+    )
 
 
 def main() -> None:
@@ -117,10 +125,20 @@ def main() -> None:
     dist.barrier()  # every rank has saved: the next boot's digest sees them all
     after = code["_autotune_cache_digest"](cache, env)
     dist.destroy_process_group()
-    print(json.dumps({
-        "rank": int(rank), "before": before, "discarded": bool(said), "loaded": loads,
-        "hits": hits, "own": len(own), "after": after, "saved": cache.is_file(),
-    }))  # fmt: skip
+    print(
+        json.dumps(
+            {
+                "rank": int(rank),
+                "before": before,
+                "discarded": bool(said),
+                "loaded": loads,
+                "hits": hits,
+                "own": len(own),
+                "after": after,
+                "saved": cache.is_file(),
+            }
+        )
+    )
 
 
 if __name__ == "__main__":

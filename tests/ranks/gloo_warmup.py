@@ -41,14 +41,17 @@ def _vllm(source: Path, base: Path) -> dict:
     log = logging.getLogger("vllm")
     log.info_once = log.info  # type: ignore[attr-defined]
     code: dict = {
-        "json": json, "Path": Path, "torch": torch, "logger": log,
+        "json": json,
+        "Path": Path,
+        "torch": torch,
+        "logger": log,
         "_flashinfer_autotune_skip_ops": lambda runner: None,
         "resolve_flashinfer_autotune_file": lambda runner: base,
         "_run_flashinfer_autotune_dummy_runs": lambda runner, skip_attn: None,
         "replayssm_autotune_warmup": lambda runner: None,
         "_autotune_kimi_k3_kda_qkvg": lambda model: None,
         "autotune_hisparse_flashinfer_attention": lambda runner: None,
-    }  # fmt: skip
+    }
     flags = __future__.annotations.compiler_flag
     exec(compile(ast.Module(body=body, type_ignores=[]), str(source), "exec", flags), code)
     return code
@@ -59,9 +62,11 @@ def _groups(rank: int, world: int) -> None:
     import flashinfer
 
     group = types.SimpleNamespace(
-        world_size=world, rank_in_group=rank, cpu_group=dist.group.WORLD,
+        world_size=world,
+        rank_in_group=rank,
+        cpu_group=dist.group.WORLD,
         barrier=lambda: dist.barrier(),
-    )  # fmt: skip
+    )
     state = types.ModuleType("vllm.distributed.parallel_state")
     state.get_world_group = lambda: group  # type: ignore[attr-defined]
     state.get_tp_group = lambda: group  # type: ignore[attr-defined]

@@ -22,9 +22,11 @@ RANKS = ("dp0_rank0", "dp1_rank1")  # MoE -dp 2 on vLLM 0.32: one world group of
 
 
 def _kernel_warmup() -> Path:
-    found = sorted(Path(VLLM_PYTHON).parent.parent.glob(
-        "lib/python*/site-packages/vllm/model_executor/warmup/kernel_warmup.py"
-    ))  # fmt: skip
+    found = sorted(
+        Path(VLLM_PYTHON).parent.parent.glob(
+            "lib/python*/site-packages/vllm/model_executor/warmup/kernel_warmup.py"
+        )
+    )
     if not found:
         pytest.fail(f"no vLLM kernel_warmup.py next to {VLLM_PYTHON}")
     return found[0]
@@ -35,10 +37,12 @@ def _gate(hdir: Path, tmp: Path) -> list[dict[str, object]]:
     env = {**os.environ, "PYTHONPATH": str(flashinfer_dir("0.6.18"))}
     argv = [sys.executable, str(WORKER), str(_kernel_warmup()), str(init)]
     return run_ranks(
-        [[*argv, str(i), "2", str(hdir / f"autotune_configs_{rank}.json")]
-         for i, rank in enumerate(RANKS)],
+        [
+            [*argv, str(i), "2", str(hdir / f"autotune_configs_{rank}.json")]
+            for i, rank in enumerate(RANKS)
+        ],
         env,
-    )  # fmt: skip
+    )
 
 
 @needs_vllm
@@ -65,13 +69,19 @@ def _start(hdir: Path, tmp: Path, own: dict[str, list[object]]) -> list[dict[str
     init, keys = tmp / f"start-{n}", tmp / f"keys-{n}.json"
     keys.write_text(json.dumps(own))
     env = {**os.environ, "PYTHONPATH": str(flashinfer_dir("0.6.18"))}
-    argv = [sys.executable, str(WORKER.with_name("gloo_warmup.py")), str(_kernel_warmup()),
-            str(init)]  # fmt: skip
+    argv = [
+        sys.executable,
+        str(WORKER.with_name("gloo_warmup.py")),
+        str(_kernel_warmup()),
+        str(init),
+    ]
     return run_ranks(
-        [[*argv, str(i), "2", str(hdir), rank.removeprefix("dp")[0], str(keys)]
-         for i, rank in enumerate(RANKS)],
+        [
+            [*argv, str(i), "2", str(hdir), rank.removeprefix("dp")[0], str(keys)]
+            for i, rank in enumerate(RANKS)
+        ],
         env,
-    )  # fmt: skip
+    )
 
 
 @needs_vllm

@@ -39,8 +39,19 @@ def _boot(version: str, fi: str, hdir: Path, own: list[v1.CacheFile], tmp: Path)
     for i, rank in enumerate(RANKS):
         keys = tmp / f"keys-{n}-{i}.json"
         keys.write_text(json.dumps(own[i].entries))
-        argvs.append([sys.executable, str(WORKER), str(source), str(tmp / f"gloo-{n}"), str(i),
-                      "2", str(hdir / f"rank_{rank}.json"), str(env_file), str(keys)])  # fmt: skip
+        argvs.append(
+            [
+                sys.executable,
+                str(WORKER),
+                str(source),
+                str(tmp / f"gloo-{n}"),
+                str(i),
+                "2",
+                str(hdir / f"rank_{rank}.json"),
+                str(env_file),
+                str(keys),
+            ]
+        )
     env = {**os.environ, "PYTHONPATH": f"{flashinfer_dir(fi)}{os.pathsep}{Path.cwd()}"}
     return run_ranks(argvs, env)
 

@@ -35,8 +35,10 @@ def _cf(path: Path) -> v1.CacheFile:
 
 def _as_rank(cf: v1.CacheFile, tp_rank: int) -> v1.CacheFile:
     """The same tuning as rank `tp_rank` of tp 2 would key it (tp_size 2, tp_rank r)."""
-    entries = {k.replace(", 8, 1, 0, 1, 0, 1, 0,", f", 8, 2, {tp_rank}, 1, 0, 1, 0,"): v
-               for k, v in cf.entries.items()}  # fmt: skip
+    entries = {
+        k.replace(", 8, 1, 0, 1, 0, 1, 0,", f", 8, 2, {tp_rank}, 1, 0, 1, 0,"): v
+        for k, v in cf.entries.items()
+    }
     return v1.CacheFile(cf.metadata, entries, cf.records, cf.generation, cf.unknown, cf.reserved)
 
 
@@ -62,8 +64,10 @@ def test_vllms_gate_counts_every_top_level_field_and_compares_metadata() -> None
     same = [RankFile("dp0_rank0", "a", cf), RankFile("dp0_rank1", "b", cf)]
     assert vllm_gate(same).loads
     short = vllm_gate([RankFile("dp0_rank0", "a", cf), RankFile("dp0_rank1", "b", _drop(cf, 1))])
-    assert not short.loads and short.counts == {"dp0_rank0": len(cf.entries) + 1,
-                                                "dp0_rank1": len(cf.entries) - 1}  # fmt: skip
+    assert not short.loads and short.counts == {
+        "dp0_rank0": len(cf.entries) + 1,
+        "dp0_rank1": len(cf.entries) - 1,
+    }
     other = v1.CacheFile({**(cf.metadata or {}), "cudnn_version": "1"}, cf.entries)
     verdict = vllm_gate([RankFile("dp0_rank0", "a", cf), RankFile("dp1_rank1", "b", other)])
     assert not verdict.loads and "cudnn_version" in verdict.reason()
@@ -131,12 +135,16 @@ STRAY = "rank 2000000 is beyond any real world (max 4096): not inferring missing
 @pytest.mark.parametrize(
     ("where", "names"),
     [
-        ("0.6.18/90a/" + "a" * 64,
-         ["autotune_configs_dp0_rank0", "autotune_configs_dp0_rank2000000"]),
-        ("flashinfer/autotune/0.6.18/sm90/0123456789abcdef",
-         ["rank_tp0_pp0_dp0", "rank_tp2000000_pp0_dp0"]),
+        (
+            "0.6.18/90a/" + "a" * 64,
+            ["autotune_configs_dp0_rank0", "autotune_configs_dp0_rank2000000"],
+        ),
+        (
+            "flashinfer/autotune/0.6.18/sm90/0123456789abcdef",
+            ["rank_tp0_pp0_dp0", "rank_tp2000000_pp0_dp0"],
+        ),
     ],
-)  # fmt: skip
+)
 def test_a_stray_rank_number_infers_nothing_and_says_so(
     run,  # type: ignore[no-untyped-def]
     tmp_path: Path,
@@ -169,8 +177,12 @@ def test_the_aligned_moe_files_load_whole_in_real_flashinfer(tmp_path: Path) -> 
     env = {**os.environ, "PYTHONPATH": str(flashinfer_dir("0.6.18"))}
     p = subprocess.run(
         [sys.executable, str(FIXTURES / "fi_load.py"), str(path)],
-        env=env, capture_output=True, text=True, timeout=300, check=False,
-    )  # fmt: skip
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=False,
+    )
     result = json.loads(p.stdout.strip().splitlines()[-1])
     # Both ranks' keys are in the one file every rank gets: each rank finds its own.
     assert result["returned"] is True and result["loaded"] == 2 * len(moe.entries)
@@ -197,8 +209,9 @@ def test_sglang_groups_span_attention_dp_ranks_and_split_replicas(tmp_path: Path
     [dep] = gather(inventory.scan([plain]).caches)
     assert dep.inferred == ("tp1_pp0_dp1",)
     assert [[rf.rank for rf in g] for g in dep.groups()] == [
-        ["tp0_pp0_dp0", "tp1_pp0_dp0"], ["tp0_pp0_dp1", "tp1_pp0_dp1"],
-    ]  # fmt: skip
+        ["tp0_pp0_dp0", "tp1_pp0_dp0"],
+        ["tp0_pp0_dp1", "tp1_pp0_dp1"],
+    ]
 
 
 def test_sglangs_digest_keeps_equal_content_whatever_its_layout() -> None:

@@ -34,8 +34,14 @@ class CuteDslFusedMoENvfp4Runner(TunableRunner):  # CPU STAND-IN: the real one's
         self.situ_beta = self.situ_linear_beta = None
 
     def get_cache_key_extras(self, inputs: list[torch.Tensor]) -> tuple[Any, ...]:
-        return (int(self.activation_type), self.swiglu_alpha, self.swiglu_beta,
-                self.swiglu_limit, self.situ_beta, self.situ_linear_beta)  # fmt: skip
+        return (
+            int(self.activation_type),
+            self.swiglu_alpha,
+            self.swiglu_beta,
+            self.swiglu_limit,
+            self.situ_beta,
+            self.situ_linear_beta,
+        )
 
     def get_valid_tactics(self, inputs: list[torch.Tensor], profile: Any) -> list[int]:
         return [0, 1, 2, 3] if self.use_fused_finalize else [0, 1]
@@ -53,9 +59,11 @@ def main() -> int:
     with flashinfer.autotune(True, cache=path):
         for m in (1, 16, 128):
             fi_at.AutoTuner.get().choose_one(
-                "CuteDslMoEWrapper::run::Swiglu", [runner], cpu_tune_child.CPU_GEMM_CONFIG,
+                "CuteDslMoEWrapper::run::Swiglu",
+                [runner],
+                cpu_tune_child.CPU_GEMM_CONFIG,
                 [torch.randn(m, 64), b],
-            )  # fmt: skip
+            )
     print(flashinfer.__version__)
     return 0
 

@@ -18,11 +18,22 @@ WORDS = ["<unk>", "<s>", "</s>", "<pad>"] + [f"w{i}" for i in range(252)]
 def build(out: Path) -> Path:
     out.mkdir(parents=True, exist_ok=True)
     config = Qwen3MoeConfig(
-        vocab_size=len(WORDS), hidden_size=128, intermediate_size=128, moe_intermediate_size=32,
-        num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2, head_dim=32,
-        num_experts=8, num_experts_per_tok=2, max_position_embeddings=512,
-        bos_token_id=1, eos_token_id=2, pad_token_id=3, torch_dtype="bfloat16",
-    )  # fmt: skip
+        vocab_size=len(WORDS),
+        hidden_size=128,
+        intermediate_size=128,
+        moe_intermediate_size=32,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        head_dim=32,
+        num_experts=8,
+        num_experts_per_tok=2,
+        max_position_embeddings=512,
+        bos_token_id=1,
+        eos_token_id=2,
+        pad_token_id=3,
+        torch_dtype="bfloat16",
+    )
     config.architectures = ["Qwen3MoeForCausalLM"]
     config.save_pretrained(out)
     tokenizer = Tokenizer(models.WordLevel({w: i for i, w in enumerate(WORDS)}, unk_token="<unk>"))

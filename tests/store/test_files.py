@@ -108,8 +108,11 @@ def test_a_symlink_at_a_lock_name_is_refused_and_nothing_is_made_at_its_target(
         ):
             pass
     else:
-        argv = ["evict", cache, "--tactic", "0"] if command == "evict" else [
-            "merge", GEMM_618, "-o", cache]  # fmt: skip
+        argv = (
+            ["evict", cache, "--tactic", "0"]
+            if command == "evict"
+            else ["merge", GEMM_618, "-o", cache]
+        )
         result = run(*argv)
         assert result.code == 2 and result.err.count("\n") == 1, result.err
         assert "is a symlink" in result.err

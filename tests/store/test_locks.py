@@ -138,8 +138,12 @@ def test_a_dead_holders_lock_that_cannot_be_moved_times_out(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """Another user's lock file in a sticky dir: waiting ends at the timeout, no busy loop."""
-    dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"],
-                          capture_output=True, text=True, check=True)  # fmt: skip
+    dead = subprocess.run(
+        [sys.executable, "-c", "import os; print(os.getpid())"],
+        capture_output=True,
+        text=True,
+        check=True,
+    )
     holder = {"pid": int(dead.stdout), "host": os.uname().nodename, "since": 0.0, "purpose": "warm"}
     (tmp_path / locks.LOCK_NAME).write_text(json.dumps(holder))
 
@@ -372,9 +376,11 @@ def test_a_live_pid_that_is_not_the_holder_does_not_hold_the_lock(
     began = process.started_at(newcomer)
     assert began is not None
     values = {
-        "now": time.time(), "before-it-started": began - 60, "this": process.boot_id(),
+        "now": time.time(),
+        "before-it-started": began - 60,
+        "this": process.boot_id(),
         "not-its-start": (process.start_ticks(newcomer) or 0) + 1,
-    }  # fmt: skip
+    }
     planted = {k: values.get(v, v) if isinstance(v, str) else v for k, v in record.items()}
     _plant(tmp_path, **{**planted, "pid": pid})
     assert locks.probe_namespace_lock(tmp_path, "lockfile")[0] is False

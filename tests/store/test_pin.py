@@ -97,8 +97,16 @@ def test_unpin_changes_no_mode_outside_the_namespace_and_adds_no_setuid(tmp_path
     (ns / "vllm" / "out").symlink_to(victim)  # a link planted in the namespace
     pin.pin(ns)
     escape = os.path.relpath(victim, ns)  # ../../../../../../victim
-    _tamper(ns, {str(victim / "file"): 0o6777, escape: 0o777, "vllm/out/file": 0o777,
-                 REL: 0o6777, "vllm/./x": 0o777})  # fmt: skip
+    _tamper(
+        ns,
+        {
+            str(victim / "file"): 0o6777,
+            escape: 0o777,
+            "vllm/out/file": 0o777,
+            REL: 0o6777,
+            "vllm/./x": 0o777,
+        },
+    )
     _, done, skipped = pin.unpin(ns)
     assert done
     assert _mode(victim) == 0o755 and _mode(victim / "file") == 0o600  # untouched

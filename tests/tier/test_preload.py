@@ -24,9 +24,18 @@ def test_the_daemon_options_are_the_wheels() -> None:
 
 def test_a_preload_line_splits_into_the_engine_and_the_daemon() -> None:
     p = split_preload(
-        ["/opt/bin/vllm", "preload", "--model", "Qwen/Qwen3-8B", "-tp", "2",
-         "--warmup-cache-stores=mooncake, disk2", "--seed-token", "s3cret"]
-    )  # fmt: skip
+        [
+            "/opt/bin/vllm",
+            "preload",
+            "--model",
+            "Qwen/Qwen3-8B",
+            "-tp",
+            "2",
+            "--warmup-cache-stores=mooncake, disk2",
+            "--seed-token",
+            "s3cret",
+        ]
+    )
     assert p is not None
     assert p.serve_argv() == ["/opt/bin/vllm", "serve", "--model", "Qwen/Qwen3-8B", "-tp", "2"]
     assert p.stores == ("mooncake", "disk2") and p.seeds
@@ -37,9 +46,23 @@ def test_a_preload_line_splits_into_the_engine_and_the_daemon() -> None:
 
 def test_doctor_reads_vllm_preload_as_the_daemons_of_that_engine(run: Run) -> None:
     doctor = ["doctor", "--flashinfer-version", "0.7.4", "--vllm-version", "0.33.0", "--"]
-    r = run(*doctor, "vllm", "preload", "--model", "Qwen/Qwen3-30B-A3B", "-dp", "2",
-            "--warmup-cache-stores", "mooncake", "--seed-token", "t",
-            "--seed-listen-host", "127.0.0.1", "--seed-listen-port", "9000")  # fmt: skip
+    r = run(
+        *doctor,
+        "vllm",
+        "preload",
+        "--model",
+        "Qwen/Qwen3-30B-A3B",
+        "-dp",
+        "2",
+        "--warmup-cache-stores",
+        "mooncake",
+        "--seed-token",
+        "t",
+        "--seed-listen-host",
+        "127.0.0.1",
+        "--seed-listen-port",
+        "9000",
+    )
     assert r.code == 0, r.err
     assert "autotune_configs_dp0_rank0.json, autotune_configs_dp1_rank1.json" in r.out
     assert "info    vllm-preload  `vllm preload` daemons tune FlashInfer" in r.out

@@ -83,10 +83,11 @@ def test_tied_winners_give_the_same_pick_whichever_is_fastest_this_run() -> None
     first = robust_winner(field)
     # Swap the two tied tactics' samples: run 2 saw tactic 0 as the fastest, run 1 tactic 1.
     swapped = [
-        Candidate(c.runner, c.tactic, field[3 - c.order].samples, c.order) if c.order in (1, 2)
+        Candidate(c.runner, c.tactic, field[3 - c.order].samples, c.order)
+        if c.order in (1, 2)
         else c
         for c in field
-    ]  # fmt: skip
+    ]
     assert min(field[1:3], key=lambda c: c.median) != min(swapped[1:3], key=lambda c: c.median)
     assert first.tactic == robust_winner(swapped).tactic == 0  # FlashInfer's order breaks the tie
 

@@ -64,9 +64,13 @@ def read(store: Path, paths: Sequence[Path], predicted: Path) -> Scanned:
     }
     bad_given = [p for p in given.problems if not (p.check == "corrupt-file" and p.path in as_logs)]
     return Scanned(
-        tuple(inv.caches), tuple(given.caches), (*inv.problems, *bad_given), tuple(roots),
-        tuple(given.empty), tuple(sorted(as_logs)),
-    )  # fmt: skip
+        tuple(inv.caches),
+        tuple(given.caches),
+        (*inv.problems, *bad_given),
+        tuple(roots),
+        tuple(given.empty),
+        tuple(sorted(as_logs)),
+    )
 
 
 def judged(scanned: Scanned, store: Path, paths: Sequence[Path], target: Target) -> Files:
@@ -106,10 +110,16 @@ def judged(scanned: Scanned, store: Path, paths: Sequence[Path], target: Target)
         why_not = _applies(cache, ns_dir, ours, target)
         views.append(
             CacheView(
-                cache, ns_dir, finalize, manifest, cache.defects(), why_not is None,
-                why_not or "", key in named,
+                cache,
+                ns_dir,
+                finalize,
+                manifest,
+                cache.defects(),
+                why_not is None,
+                why_not or "",
+                key in named,
             )
-        )  # fmt: skip
+        )
     tmp = _leftovers([store, *(r for r in scanned.roots if store not in r.parents), *paths])
     return Files(tuple(views), tuple(problems), tmp, modes, scanned.empty, scanned.logs_as_paths)
 

@@ -44,8 +44,12 @@ class BenchSettings:
         return cls(entries, int(data.get("rounds", 5)), budget, int(data.get("alternatives", 3)))
 
     def to_json(self) -> dict[str, Any]:
-        return {"entries": self.entries, "rounds": self.rounds, "budget_ms": self.budget_ms,
-                "alternatives": self.alternatives}  # fmt: skip
+        return {
+            "entries": self.entries,
+            "rounds": self.rounds,
+            "budget_ms": self.budget_ms,
+            "alternatives": self.alternatives,
+        }
 
 
 @dataclass
@@ -61,8 +65,13 @@ class _Slot:
     error: str = ""
 
     def candidate(self) -> Candidate:
-        return Candidate(type(self.runner).__name__, self.tactic, tuple(self.samples),
-                         self.order, self.role == "default")  # fmt: skip
+        return Candidate(
+            type(self.runner).__name__,
+            self.tactic,
+            tuple(self.samples),
+            self.order,
+            self.role == "default",
+        )
 
     def to_json(self) -> dict[str, Any]:
         out: dict[str, Any] = {
@@ -93,9 +102,14 @@ def _key(tuner: Any, op: str, runner: Any, shapes: Any, config: Any, inputs: Any
 
 
 def _time(
-    tuner: Any, slots: list[_Slot], tensors: Any, config: Any, kwargs: dict[str, Any],
-    rounds: int, budget_s: float,
-) -> int:  # fmt: skip
+    tuner: Any,
+    slots: list[_Slot],
+    tensors: Any,
+    config: Any,
+    kwargs: dict[str, Any],
+    rounds: int,
+    budget_s: float,
+) -> int:
     """One sample per slot per round, rounds interleaved; a failing tactic records inf.
     Returns the rounds made."""
     started = time.perf_counter()
@@ -132,8 +146,9 @@ def _clear_cuda_error() -> None:
         pass
 
 
-def _prepare(tuner: Any, runners: Any, profile: Any, inputs: Any, config: Any,
-             kwargs: dict[str, Any]) -> Any:  # fmt: skip
+def _prepare(
+    tuner: Any, runners: Any, profile: Any, inputs: Any, config: Any, kwargs: dict[str, Any]
+) -> Any:
     tensors = tuner._prepare_input_tensors(profile, inputs)
     hook = getattr(config, "inputs_pre_hook", None)
     if hook is not None:
@@ -195,8 +210,16 @@ def install_bench(tuner: Any, settings: BenchSettings, emit: Emit) -> None:
                     emit({"event": "timed", "key": key, "op": op, "error": error})
         return runners[0], -1  # the fallback: nothing here is cached in FlashInfer itself
 
-    def _bench_one(op: str, runners: Any, rid: int, profile: Any, config: Any, inputs: Any,
-                   kwargs: dict[str, Any], key: str) -> None:  # fmt: skip
+    def _bench_one(
+        op: str,
+        runners: Any,
+        rid: int,
+        profile: Any,
+        config: Any,
+        inputs: Any,
+        kwargs: dict[str, Any],
+        key: str,
+    ) -> None:
         name, raw = settings.entries[key][:2]  # 0.7.x adds the measurement policy
         runner = runners[rid]
         if name != type(runner).__name__:
@@ -218,10 +241,18 @@ def install_bench(tuner: Any, settings: BenchSettings, emit: Emit) -> None:
             slots.append(_Slot(rid, runner, t, "alternative", 1 + rid * 10_000 + valid.index(t)))
         t0 = time.perf_counter()
         rounds = _time(tuner, slots, tensors, config, kwargs, settings.rounds, budget_s)
-        emit({**base, "runner": name, "tactic": raw, "rounds": rounds,
-              "valid": len(valid), "cached_valid": cached in valid or cached == -1,
-              "seconds": round(time.perf_counter() - t0, 4),
-              "candidates": [s.to_json() for s in slots]})  # fmt: skip
+        emit(
+            {
+                **base,
+                "runner": name,
+                "tactic": raw,
+                "rounds": rounds,
+                "valid": len(valid),
+                "cached_valid": cached in valid or cached == -1,
+                "seconds": round(time.perf_counter() - t0, 4),
+                "candidates": [s.to_json() for s in slots],
+            }
+        )
 
     tuner.choose_one = choose_one
 
@@ -245,8 +276,9 @@ def install_repeat(tuner: Any, rounds: int, emit: Emit) -> None:
                 _keep_robust(op, runners, profile, config, inputs, kwargs)
         return original(op, runners, config, inputs, **kwargs)
 
-    def _keep_robust(op: str, runners: Any, profile: Any, config: Any, inputs: Any,
-                     kwargs: dict[str, Any]) -> None:  # fmt: skip
+    def _keep_robust(
+        op: str, runners: Any, profile: Any, config: Any, inputs: Any, kwargs: dict[str, Any]
+    ) -> None:
         tensors = _prepare(tuner, runners, profile, inputs, config, kwargs)
         slots = [_Slot(0, runners[0], -1, "default", 0)]
         for rid, r in enumerate(runners):
@@ -257,15 +289,29 @@ def install_repeat(tuner: Any, rounds: int, emit: Emit) -> None:
         win = robust_winner(candidates)
         slot = slots[candidates.index(win)]
         fastest = min(slots, key=lambda s: (s.candidate().median, s.order))
-        key = tuner._get_cache_key(op, slot.runner, profile.get_opt_shapes(), config,
-                                   slot.runner.get_cache_key_extras(tensors))  # fmt: skip
+        key = tuner._get_cache_key(
+            op,
+            slot.runner,
+            profile.get_opt_shapes(),
+            config,
+            slot.runner.get_cache_key_extras(tensors),
+        )
         _store_winner(tuner, key, slot.tactic, profile, config)
         tuner._dirty = True
         if hasattr(tuner, "_dirty_seq"):
             tuner._dirty_seq += 1
-        emit({"event": "robust", "op": op, "bucket": _bucket(profile), "rounds": made,
-              "candidates": len(slots), "runner": type(slot.runner).__name__,
-              "tactic": _jsonable(slot.tactic), "default": slot.role == "default",
-              "fastest": [type(fastest.runner).__name__, _jsonable(fastest.tactic)]})  # fmt: skip
+        emit(
+            {
+                "event": "robust",
+                "op": op,
+                "bucket": _bucket(profile),
+                "rounds": made,
+                "candidates": len(slots),
+                "runner": type(slot.runner).__name__,
+                "tactic": _jsonable(slot.tactic),
+                "default": slot.role == "default",
+                "fastest": [type(fastest.runner).__name__, _jsonable(fastest.tactic)],
+            }
+        )
 
     tuner.choose_one = choose_one

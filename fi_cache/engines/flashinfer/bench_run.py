@@ -63,8 +63,11 @@ def recorded_plan(cache_path: Path, store: Path) -> tuple[Path | None, str | Non
     if parts is None:
         return None, None
     m = manifests.load(Path(parts["dir"]))
-    plans = [w.argv[1] for w in (m.warms if m else []) if w.engine == "flashinfer" and
-             len(w.argv) >= 2 and w.argv[0] == "--plan"]  # fmt: skip
+    plans = [
+        w.argv[1]
+        for w in (m.warms if m else [])
+        if w.engine == "flashinfer" and len(w.argv) >= 2 and w.argv[0] == "--plan"
+    ]
     return (Path(plans[-1]) if plans else None), parts["finalize"]
 
 
@@ -78,9 +81,15 @@ def selected(cf: v1.CacheFile, ops: Sequence[str]) -> dict[str, Any]:
 
 
 def run_bench(
-    store: Path, cache_path: Path, plan: Plan, mode: FinalizeMode, ops: Sequence[str],
-    env: Environment, options: BenchOptions, progress: TuneProgress,
-) -> BenchRun:  # fmt: skip
+    store: Path,
+    cache_path: Path,
+    plan: Plan,
+    mode: FinalizeMode,
+    ops: Sequence[str],
+    env: Environment,
+    options: BenchOptions,
+    progress: TuneProgress,
+) -> BenchRun:
     """Time the entries in a tuning child; per entry a result (timed or why not)."""
     cf = read_cache(cache_path)
     entries = selected(cf, ops)
@@ -90,8 +99,10 @@ def run_bench(
     job = Job(mode, plan.for_mode(mode), stage="bench", bench=settings.to_json())
     t = options.tune
     started = time.monotonic()
-    with _gpu_lock(store, env, t, progress) as gpu_dir, \
-            TuningChild(t.python, t.timeout, t.grace, gpu_dir) as child:  # fmt: skip
+    with (
+        _gpu_lock(store, env, t, progress) as gpu_dir,
+        TuningChild(t.python, t.timeout, t.grace, gpu_dir) as child,
+    ):
         child.send(job.to_json())
         before = list(child.until("ready"))
         ready = before[-1]
@@ -109,8 +120,15 @@ def run_bench(
         child.send({"bench": True})
         events = list(child.until("done", progress.call))
     results = assemble(entries, events, options.noise)
-    return BenchRun(cache_path, plan.source, mode, *about, results, notes + _notes(events),
-                    round(time.monotonic() - started, 1))  # fmt: skip
+    return BenchRun(
+        cache_path,
+        plan.source,
+        mode,
+        *about,
+        results,
+        notes + _notes(events),
+        round(time.monotonic() - started, 1),
+    )
 
 
 def _notes(events: Sequence[dict[str, object]]) -> list[str]:

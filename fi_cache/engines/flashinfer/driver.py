@@ -50,14 +50,26 @@ class Job:
     def from_json(cls, data: dict[str, Any]) -> Job:
         ops = tuple(op_from_json(o) for o in data["ops"])
         bench = data.get("bench")
-        return cls(str(data["mode"]), ops, bool(data.get("tune", True)),
-                   str(data.get("device", "cuda")), str(data.get("stage", "tune")),
-                   int(data.get("repeat", 1)), dict(bench) if bench else None)  # fmt: skip
+        return cls(
+            str(data["mode"]),
+            ops,
+            bool(data.get("tune", True)),
+            str(data.get("device", "cuda")),
+            str(data.get("stage", "tune")),
+            int(data.get("repeat", 1)),
+            dict(bench) if bench else None,
+        )
 
     def to_json(self) -> dict[str, Any]:
         ops = [op_to_json(o) for o in self.ops]
-        out = {"mode": self.mode, "ops": ops, "tune": self.tune, "device": self.device,
-               "stage": self.stage, "repeat": self.repeat}  # fmt: skip
+        out = {
+            "mode": self.mode,
+            "ops": ops,
+            "tune": self.tune,
+            "device": self.device,
+            "stage": self.stage,
+            "repeat": self.repeat,
+        }
         if self.bench is not None:
             out["bench"] = self.bench
         return out
@@ -81,9 +93,16 @@ class _OpClock:
 
     def finish(self) -> None:
         if self.op is not None:
-            self.emit({"event": "op_done", "op_i": self.position, "ops": self.total,
-                       "op": self.op.label, "calls": self.calls,
-                       "seconds": round(time.perf_counter() - self.started, 3)})  # fmt: skip
+            self.emit(
+                {
+                    "event": "op_done",
+                    "op_i": self.position,
+                    "ops": self.total,
+                    "op": self.op.label,
+                    "calls": self.calls,
+                    "seconds": round(time.perf_counter() - self.started, 3),
+                }
+            )
         self.op = None
 
 
@@ -169,9 +188,18 @@ def _run(job: Job, emit: Emit, receive: Receive, adapters: dict[str, Any] | None
             for i, call in enumerate(_calls(job, adapters, device), 1):
                 current["i"] = i
                 ops.starts(call.op)
-                emit({"event": "call", "i": i, "n": n, "op": call.op.label,
-                      "backend": call.backend, "tokens": call.tokens,
-                      "op_i": ops.position, "ops": len(job.ops)})  # fmt: skip
+                emit(
+                    {
+                        "event": "call",
+                        "i": i,
+                        "n": n,
+                        "op": call.op.label,
+                        "backend": call.backend,
+                        "tokens": call.tokens,
+                        "op_i": ops.position,
+                        "ops": len(job.ops),
+                    }
+                )
                 t0 = time.perf_counter()
                 try:
                     call.run()
@@ -245,16 +273,32 @@ def _bench(job: Job, adapters: dict[str, Any], device: Any, torch: Any, emit: Em
                 emit({"event": "op_skipped", "op": op.label, "why": _first_line(exc)})
                 break
             i += 1
-            emit({"event": "call", "i": i, "n": n, "op": op.label, "backend": call.backend,
-                  "tokens": call.tokens, "op_i": k, "ops": len(job.ops)})  # fmt: skip
+            emit(
+                {
+                    "event": "call",
+                    "i": i,
+                    "n": n,
+                    "op": op.label,
+                    "backend": call.backend,
+                    "tokens": call.tokens,
+                    "op_i": k,
+                    "ops": len(job.ops),
+                }
+            )
             t0 = time.perf_counter()
             try:
                 call.run()
                 if device.type == "cuda":
                     torch.cuda.synchronize(device)
             except Exception as exc:  # this call's entries stay untimed; the others go on
-                emit({"event": "call_failed", "op": call.label, "tokens": call.tokens,
-                      "message": _first_line(exc)})  # fmt: skip
+                emit(
+                    {
+                        "event": "call_failed",
+                        "op": call.label,
+                        "tokens": call.tokens,
+                        "message": _first_line(exc),
+                    }
+                )
             emit({"event": "called", "i": i, "seconds": round(time.perf_counter() - t0, 4)})
     emit({"event": "done", "seconds": round(time.perf_counter() - started, 3)})
 
@@ -264,8 +308,11 @@ def _device(torch: Any, device: Any) -> tuple[int, str]:
         return 0, str(device)  # tests: CPU runners under FlashInfer's real AutoTuner
     if not torch.cuda.is_available():
         why = "torch has no CUDA" if torch.version.cuda is None else "no CUDA device is visible"
-        raise Stop("no-gpu", f"{why} (torch {torch.__version__}): tuning needs the GPU "
-                   "the cache is for", EXIT_REFUSED)  # fmt: skip
+        raise Stop(
+            "no-gpu",
+            f"{why} (torch {torch.__version__}): tuning needs the GPU the cache is for",
+            EXIT_REFUSED,
+        )
     major, minor = torch.cuda.get_device_capability(device)
     return major * 10 + minor, str(torch.cuda.get_device_name(device))
 
@@ -291,8 +338,11 @@ def _check(job: Job, adapters: dict[str, Any], cc: int, torch: Any, device: Any)
                 )
     if problems:
         more = f" (+{len(problems) - 1} more)" if len(problems) > 1 else ""
-        raise Stop("unsupported", "; ".join(problems) if len(problems) <= 3 else
-                   problems[0] + more, EXIT_REFUSED)  # fmt: skip
+        raise Stop(
+            "unsupported",
+            "; ".join(problems) if len(problems) <= 3 else problems[0] + more,
+            EXIT_REFUSED,
+        )
 
 
 def _probe(job: Job, adapters: dict[str, Any], device: Any, torch: Any, emit: Emit) -> None:
@@ -311,8 +361,9 @@ def _probe(job: Job, adapters: dict[str, Any], device: Any, torch: Any, emit: Em
                 if device.type == "cuda":
                     torch.cuda.synchronize(device)
             except Exception as exc:
-                raise Stop("unsupported", f"{call.label} cannot run here: {_first_line(exc)}",
-                           EXIT_REFUSED) from None  # fmt: skip
+                raise Stop(
+                    "unsupported", f"{call.label} cannot run here: {_first_line(exc)}", EXIT_REFUSED
+                ) from None
 
 
 def _first_line(exc: BaseException) -> str:

@@ -209,9 +209,20 @@ _GEMM_EXTRA_KEYS = {
 }
 OUT_DTYPES = ("bf16", "fp16")  # what mm_bf16 and bmm_fp8 can write (mm_bf16: not every backend)
 _MOE_KEYS = {
-    "op", "dtype", "hidden_size", "intermediate_size", "num_experts", "top_k", "finalize",
-    "tokens", "tune_max_num_tokens", "tp_size", "tp_rank", "ep_size", "ep_rank",
-}  # fmt: skip
+    "op",
+    "dtype",
+    "hidden_size",
+    "intermediate_size",
+    "num_experts",
+    "top_k",
+    "finalize",
+    "tokens",
+    "tune_max_num_tokens",
+    "tp_size",
+    "tp_rank",
+    "ep_size",
+    "ep_rank",
+}
 
 
 def _gemm(f: _Fields, name: str, tokens: tuple[int, ...], index: int) -> GemmOp:
@@ -268,9 +279,20 @@ def _moe(f: _Fields, tokens: tuple[int, ...], index: int) -> MoeOp:
         f.fail(f"tune_max_num_tokens = {tune_max} is below the largest token count {max(tokens)}")
     modes = tuple(m for m in FINALIZE_MODES if m in finalize)
     return MoeOp(
-        dtype, hidden, inter, experts, top_k, tokens, modes, tune_max, tp, tp_rank, ep, ep_rank,
+        dtype,
+        hidden,
+        inter,
+        experts,
+        top_k,
+        tokens,
+        modes,
+        tune_max,
+        tp,
+        tp_rank,
+        ep,
+        ep_rank,
         index,
-    )  # fmt: skip
+    )
 
 
 class _Fields:

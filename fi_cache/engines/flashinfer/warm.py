@@ -221,8 +221,10 @@ def _one_mode(
         ns = Namespace(fp, mode)
         ns_dir = ns.path(store)
         child.disarm()  # waiting for the lock is --lock-timeout's business, not --timeout's
-        with locks.namespace_lock(ns_dir, "warm", options.lock_timeout, progress.waiting), \
-                child.stopped_on_error():  # fmt: skip
+        with (
+            locks.namespace_lock(ns_dir, "warm", options.lock_timeout, progress.waiting),
+            child.stopped_on_error(),
+        ):
             child.arm()
             if pins.pinned(ns_dir) is not None:
                 raise pins.refusal(ns_dir, "a warm (FlashInfer saves its tuning there)")
@@ -238,8 +240,19 @@ def _one_mode(
                 events = list(child.until("done", progress.call))
             except KeyboardInterrupt:
                 child.stop()  # SIGINT: the child saves what it tuned to `partial`, then exits
-                _keep_partial(partial, target, ns, ns_dir, store, started, plan, plan_text,
-                              mode, options, progress)  # fmt: skip
+                _keep_partial(
+                    partial,
+                    target,
+                    ns,
+                    ns_dir,
+                    store,
+                    started,
+                    plan,
+                    plan_text,
+                    mode,
+                    options,
+                    progress,
+                )
                 raise
             done = events[-1]
             counts = _counts(events)
@@ -248,16 +261,28 @@ def _one_mode(
             m = manifests.load(ns_dir) or Manifest.new(ns, started)
             manifests.save(ns_dir, _with_counts(m.with_warm(record), counts))
     return TuneResult(
-        mode, ns_dir, record, counts, str(ready.get("flashinfer_version")),
-        str(ready.get("device")), sum(1 for e in events if e["event"] == "called"),
-        float(done.get("seconds", 0.0)), _robust(events),
-    )  # fmt: skip
+        mode,
+        ns_dir,
+        record,
+        counts,
+        str(ready.get("flashinfer_version")),
+        str(ready.get("device")),
+        sum(1 for e in events if e["event"] == "called"),
+        float(done.get("seconds", 0.0)),
+        _robust(events),
+    )
 
 
 def _record(
-    started: float, plan: Plan, plan_text: str, mode: FinalizeMode, options: TuneOptions,
-    target: Path, ns_dir: Path, ok: bool = True,
-) -> WarmRecord:  # fmt: skip
+    started: float,
+    plan: Plan,
+    plan_text: str,
+    mode: FinalizeMode,
+    options: TuneOptions,
+    target: Path,
+    ns_dir: Path,
+    ok: bool = True,
+) -> WarmRecord:
     return WarmRecord(
         started=started,
         seconds=round(time.time() - started, 3),
@@ -272,9 +297,18 @@ def _record(
 
 
 def _keep_partial(
-    partial: Path, target: Path, ns: Namespace, ns_dir: Path, store: Path, started: float,
-    plan: Plan, plan_text: str, mode: FinalizeMode, options: TuneOptions, progress: TuneProgress,
-) -> None:  # fmt: skip
+    partial: Path,
+    target: Path,
+    ns: Namespace,
+    ns_dir: Path,
+    store: Path,
+    started: float,
+    plan: Plan,
+    plan_text: str,
+    mode: FinalizeMode,
+    options: TuneOptions,
+    progress: TuneProgress,
+) -> None:
     """An interrupted tune: what the child saved beside the cache (FlashInfer's save_configs:
     the file's entries and the buckets tuned so far) becomes the cache, written by the store's
     writer under the namespace lock still held, and the manifest records the warm as not ok (a
@@ -296,8 +330,10 @@ def _keep_partial(
         record = _record(started, plan, plan_text, mode, options, target, ns_dir, ok=False)
         m = manifests.load(ns_dir) or Manifest.new(ns, started)
         manifests.save(ns_dir, m.with_warm(record))
-        progress.note(f"interrupted: kept {len(entries)} entries tuned so far in {target}; "
-                      "run the same warm again to tune the rest")  # fmt: skip
+        progress.note(
+            f"interrupted: kept {len(entries)} entries tuned so far in {target}; "
+            "run the same warm again to tune the rest"
+        )
     finally:
         remove_file(partial)
 

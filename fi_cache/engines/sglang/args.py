@@ -30,17 +30,41 @@ from fi_cache.versions import (
     SGLANG_WATERFILL_KEEPS,
 )
 
-_SIZES = {"--tp-size": "tp", "--tensor-parallel-size": "tp", "--ep-size": "ep",
-          "--expert-parallel-size": "ep", "--ep": "ep", "--pp-size": "pp",
-          "--pipeline-parallel-size": "pp", "--dp-size": "dp", "--data-parallel-size": "dp",
-          "--attn-dp-size": "attn_dp", "--attention-data-parallel-size": "attn_dp",
-          "--nnodes": "nnodes"}  # fmt: skip
-_VALUED = (*_SIZES, "--model-path", "--model", "--moe-runner-backend", "--moe-a2a-backend",
-           "--host", "--port", "--node-rank", "--dtype", "--quantization",
-           "--cp-strategy")  # fmt: skip
+_SIZES = {
+    "--tp-size": "tp",
+    "--tensor-parallel-size": "tp",
+    "--ep-size": "ep",
+    "--expert-parallel-size": "ep",
+    "--ep": "ep",
+    "--pp-size": "pp",
+    "--pipeline-parallel-size": "pp",
+    "--dp-size": "dp",
+    "--data-parallel-size": "dp",
+    "--attn-dp-size": "attn_dp",
+    "--attention-data-parallel-size": "attn_dp",
+    "--nnodes": "nnodes",
+}
+_VALUED = (
+    *_SIZES,
+    "--model-path",
+    "--model",
+    "--moe-runner-backend",
+    "--moe-a2a-backend",
+    "--host",
+    "--port",
+    "--node-rank",
+    "--dtype",
+    "--quantization",
+    "--cp-strategy",
+)
 _SKIP_OPS = "--flashinfer-autotune-skip-ops"  # one or more values (argparse nargs="+")
-_SWITCHES = (SGLANG_DETERMINISTIC_FLAG, SGLANG_DISABLE_AUTOTUNE_FLAG, "--enable-dp-attention",
-             SGLANG_WATERFILL_FLAG, SGLANG_PREFILL_CP_FLAG)  # fmt: skip
+_SWITCHES = (
+    SGLANG_DETERMINISTIC_FLAG,
+    SGLANG_DISABLE_AUTOTUNE_FLAG,
+    "--enable-dp-attention",
+    SGLANG_WATERFILL_FLAG,
+    SGLANG_PREFILL_CP_FLAG,
+)
 _CONFIG = "--config"  # a YAML file of more arguments (server_args.py 0.5.23:402-405, 683-686)
 
 
@@ -52,6 +76,8 @@ def _spelled(flag: str) -> str:
         return flag
     matches = {f for f in (*_VALUED, *_SWITCHES, _SKIP_OPS) if f.startswith(flag)}
     return matches.pop() if len(matches) == 1 else flag
+
+
 _ADDRESS_FLAGS = ("--host", "--port")  # where the server listens: not part of a warm's identity
 
 

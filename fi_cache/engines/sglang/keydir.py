@@ -26,15 +26,32 @@ from fi_cache.engines.sglang.args import SglangArgs
 from fi_cache.versions import SGLANG_KEY_DIR, SGLANG_WORKAROUND_SKIPS
 
 # --dtype words (fields/model.py 0.5.23:160-176) -> str() of the torch dtype the key hashes.
-DTYPES = {"half": "torch.float16", "float16": "torch.float16", "bfloat16": "torch.bfloat16",
-          "float": "torch.float32", "float32": "torch.float32"}  # fmt: skip
+DTYPES = {
+    "half": "torch.float16",
+    "float16": "torch.float16",
+    "bfloat16": "torch.bfloat16",
+    "float": "torch.float32",
+    "float32": "torch.float32",
+}
 # The MoE runner backends under which SGLang tunes (its `auto` resolves to one of them, or to
 # another backend when FlashInfer FP4/FP8 GEMMs are what it tunes).
-BACKENDS = ("flashinfer_cutlass", "flashinfer_trtllm", "flashinfer_trtllm_routed",
-            "flashinfer_cutedsl", "flashinfer_mxfp4", "auto", "triton", "triton_kernel",
-            "deep_gemm", "cutlass")  # fmt: skip
-_NEEDED = ("FLASHINFER_AUTOTUNE_WORKAROUND_SKIPS", "get_flashinfer_autotune_skip_ops",
-           "flashinfer_autotune_cache_path")  # fmt: skip
+BACKENDS = (
+    "flashinfer_cutlass",
+    "flashinfer_trtllm",
+    "flashinfer_trtllm_routed",
+    "flashinfer_cutedsl",
+    "flashinfer_mxfp4",
+    "auto",
+    "triton",
+    "triton_kernel",
+    "deep_gemm",
+    "cutlass",
+)
+_NEEDED = (
+    "FLASHINFER_AUTOTUNE_WORKAROUND_SKIPS",
+    "get_flashinfer_autotune_skip_ops",
+    "flashinfer_autotune_cache_path",
+)
 
 
 class KeyCodeChanged(ValueError):
@@ -76,8 +93,10 @@ class KeyCode:
             with tempfile.TemporaryDirectory(prefix="fi-cache-sglang-key-") as tmp:
                 return self.key(inputs, Path(tmp))
         rel = self._call(inputs, base).relative_to(base).parts
-        if len(rel) != 6 or rel[:2] != ("flashinfer", "autotune") or not SGLANG_KEY_DIR.match(
-            rel[4]
+        if (
+            len(rel) != 6
+            or rel[:2] != ("flashinfer", "autotune")
+            or not SGLANG_KEY_DIR.match(rel[4])
         ):
             raise KeyCodeChanged(f"{self.where} names {'/'.join(rel)}: not a key dir")
         return rel[4]
@@ -122,20 +141,43 @@ def _stand_ins(inputs: KeyInputs, base: Path) -> tuple[Any, dict[str, Any]]:
     (server_args in 0.5.17, runtime-context bags from 0.5.18, mr.* sizes in 0.5.21)."""
     ns = SimpleNamespace
     skips = sorted(inputs.skip_ops) or None
-    parallel = ns(tp_size=inputs.tp, pp_size=inputs.pp, attn_dp_size=inputs.attn_dp,
-                  moe_ep_size=inputs.ep, tp_rank=0, pp_rank=0, dp_rank=0)  # fmt: skip
-    server_args = ns(model_path=inputs.model_path, quantization=inputs.quantization,
-                     moe_runner_backend=inputs.moe_backend,
-                     flashinfer_autotune_skip_ops=skips)  # fmt: skip
-    model_config = ns(quantization=inputs.quantization,
-                      hf_config=type(inputs.hf_class or "Config", (), {})())  # fmt: skip
-    runner = ns(device="cuda", dtype=inputs.dtype, ps=parallel, server_args=server_args,
-                model_config=model_config, is_draft_worker=False, gpu_id=0,
-                tp_size=inputs.tp, attn_dp_size=inputs.attn_dp, moe_ep_size=inputs.ep,
-                tp_rank=0, dp_rank=0)  # fmt: skip
+    parallel = ns(
+        tp_size=inputs.tp,
+        pp_size=inputs.pp,
+        attn_dp_size=inputs.attn_dp,
+        moe_ep_size=inputs.ep,
+        tp_rank=0,
+        pp_rank=0,
+        dp_rank=0,
+    )
+    server_args = ns(
+        model_path=inputs.model_path,
+        quantization=inputs.quantization,
+        moe_runner_backend=inputs.moe_backend,
+        flashinfer_autotune_skip_ops=skips,
+    )
+    model_config = ns(
+        quantization=inputs.quantization, hf_config=type(inputs.hf_class or "Config", (), {})()
+    )
+    runner = ns(
+        device="cuda",
+        dtype=inputs.dtype,
+        ps=parallel,
+        server_args=server_args,
+        model_config=model_config,
+        is_draft_worker=False,
+        gpu_id=0,
+        tp_size=inputs.tp,
+        attn_dp_size=inputs.attn_dp,
+        moe_ep_size=inputs.ep,
+        tp_rank=0,
+        dp_rank=0,
+    )
     platform = ns(get_device_uuid=lambda _i: "0")
-    modules = {"flashinfer": ns(__version__="0"),
-               "sglang.srt.platforms": ns(current_platform=platform)}  # fmt: skip
+    modules = {
+        "flashinfer": ns(__version__="0"),
+        "sglang.srt.platforms": ns(current_platform=platform),
+    }
 
     def only_stand_ins(name: str, *args: Any, **kwargs: Any) -> Any:
         if name in modules:
@@ -146,13 +188,18 @@ def _stand_ins(inputs: KeyInputs, base: Path) -> tuple[Any, dict[str, Any]]:
 
     glb: dict[str, Any] = {
         "__builtins__": {**vars(builtins), "__import__": only_stand_ins},
-        "Path": Path, "hashlib": hashlib, "torch": ns(cuda=ns(get_device_capability=lambda _d:
-        (9, 0))), "envs": ns(SGLANG_CACHE_DIR=ns(get=lambda: str(base))),
+        "Path": Path,
+        "hashlib": hashlib,
+        "torch": ns(cuda=ns(get_device_capability=lambda _d: (9, 0))),
+        "envs": ns(SGLANG_CACHE_DIR=ns(get=lambda: str(base))),
         "get_model": lambda: ns(model_path=inputs.model_path, quantization=inputs.quantization),
-        "get_exec": lambda: ns(moe=ns(moe_runner_backend=inputs.moe_backend),
-                               kernel=ns(flashinfer_autotune_skip_ops=skips)),
-        "get_parallel": lambda: parallel, "get_server_args": lambda: server_args,
-    }  # fmt: skip
+        "get_exec": lambda: ns(
+            moe=ns(moe_runner_backend=inputs.moe_backend),
+            kernel=ns(flashinfer_autotune_skip_ops=skips),
+        ),
+        "get_parallel": lambda: parallel,
+        "get_server_args": lambda: server_args,
+    }
     return runner, glb
 
 
@@ -212,8 +259,9 @@ def solve(
         for cls, dtype, quant, moe, skips in itertools.product(
             config_classes(config), dtypes, quantizations(args, config), backends, skip_sets
         ):
-            guess = replace(base, hf_class=cls, dtype=dtype, quantization=quant,
-                            moe_backend=moe, skip_ops=skips)  # fmt: skip
+            guess = replace(
+                base, hf_class=cls, dtype=dtype, quantization=quant, moe_backend=moe, skip_ops=skips
+            )
             if code.key(guess, Path(tmp)) == key:
                 return guess
     return None
@@ -239,9 +287,16 @@ def carried(
             "keys a different skip policy apart so that its tactics are not reused"
         )
     n = sizes(args)
-    inputs = replace(solved, model_path=args.model or "", moe_backend=backend,
-                     skip_ops=frozenset(args.skip_ops), tp=n["tp"], pp=n["pp"],
-                     attn_dp=n["attn_dp"], ep=n["ep"])  # fmt: skip
+    inputs = replace(
+        solved,
+        model_path=args.model or "",
+        moe_backend=backend,
+        skip_ops=frozenset(args.skip_ops),
+        tp=n["tp"],
+        pp=n["pp"],
+        attn_dp=n["attn_dp"],
+        ep=n["ep"],
+    )
     return inputs, None
 
 

@@ -121,8 +121,10 @@ def choose_finalize(
             )
         theirs = "fused" if said else "unfused"
     implied: FinalizeMode | None = "unfused" if args.deterministic and reads else None
-    for what, mode in ((f"{SGLANG_FINALIZE_ENV}={raw}", theirs),
-                       ("--enable-deterministic-inference", implied)):  # fmt: skip
+    for what, mode in (
+        (f"{SGLANG_FINALIZE_ENV}={raw}", theirs),
+        ("--enable-deterministic-inference", implied),
+    ):
         if asked is not None and mode is not None and mode != asked:
             raise Refused(
                 f"{what} asks SGLang for {mode} finalize and {given} for {asked}: drop one"

@@ -71,8 +71,10 @@ def rank_layout(args: SglangArgs) -> RankLayout:
     attn_tp = max(args.tp // attn_dp, 1)
     every = [
         f"tp{t}_pp{p}_dp{t // attn_tp if attn_dp > 1 else d}"
-        for d in range(replicas) for p in range(args.pp) for t in range(args.tp)
-    ]  # fmt: skip
+        for d in range(replicas)
+        for p in range(args.pp)
+        for t in range(args.tp)
+    ]
     per_pp = max(args.pp // args.nnodes, 1)
     nodes_per_pp = max(args.nnodes // args.pp, 1)
     stage = args.node_rank // nodes_per_pp
@@ -81,8 +83,10 @@ def rank_layout(args: SglangArgs) -> RankLayout:
     pps = range(per_pp * stage, per_pp * (stage + 1))
     tps = range(per_node_tp * share, per_node_tp * (share + 1))
     node = [r for r in every if _tp_pp(r)[0] in tps and _tp_pp(r)[1] in pps]
-    worker = ["the key dir (sha256 of model path, dtype, quantization, sizes and the HF config "
-              "class: flashinfer_autotune.py 0.5.23:172-191)"]  # fmt: skip
+    worker = [
+        "the key dir (sha256 of model path, dtype, quantization, sizes and the HF config "
+        "class: flashinfer_autotune.py 0.5.23:172-191)"
+    ]
     if args.moe_backend == "flashinfer_megamoe":  # as args resolve it
         worker.append("the `_gpu<uuid>` suffix of MegaMoE's files (0.5.22+: each GPU's UUID)")
     return RankLayout(tuple(every), tuple(node), tuple(worker))

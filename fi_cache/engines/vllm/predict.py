@@ -26,10 +26,16 @@ from fi_cache.versions import VLLM_IR_PROVIDER_FILES
 CHILD = Path(__file__).with_name("predict_child.py")
 # What vLLM (envs.py) and FlashInfer (jit/env.py) read to place the file.
 _PATH_ENV = (
-    "VLLM_FLASHINFER_AUTOTUNE_CACHE_DIR", "VLLM_CACHE_ROOT", "XDG_CACHE_HOME", "HOME",
-    "FLASHINFER_WORKSPACE_BASE", "FLASHINFER_CUDA_ARCH_LIST", "CUDA_VISIBLE_DEVICES", "CUDA_HOME",
+    "VLLM_FLASHINFER_AUTOTUNE_CACHE_DIR",
+    "VLLM_CACHE_ROOT",
+    "XDG_CACHE_HOME",
+    "HOME",
+    "FLASHINFER_WORKSPACE_BASE",
+    "FLASHINFER_CUDA_ARCH_LIST",
+    "CUDA_VISIBLE_DEVICES",
+    "CUDA_HOME",
     "FLASHINFER_AUTOTUNE_CACHE_DIR",
-)  # fmt: skip
+)
 
 
 SWEEP_NOT_REPORTED = "not reported (an answer from an earlier fi-cache)"
@@ -228,12 +234,16 @@ def _from_json(data: dict[str, object]) -> CacheLocation:
     if not isinstance(files, list) or not isinstance(every, list):
         raise TypeError("files")
     return CacheLocation(
-        str(data["vllm_version"]), str(data["hash"]),
+        str(data["vllm_version"]),
+        str(data["hash"]),
         None if data["dir"] is None else str(data["dir"]),
-        tuple(str(f) for f in files), str(data["root_from"]), str(data.get("store", "v1")),
-        tuple(str(f) for f in every), tuple(str(d) for d in _listed(data, "depends_on")),
+        tuple(str(f) for f in files),
+        str(data["root_from"]),
+        str(data.get("store", "v1")),
+        tuple(str(f) for f in every),
+        tuple(str(d) for d in _listed(data, "depends_on")),
         *_sweep(data),
-    )  # fmt: skip
+    )
 
 
 def _sweep(data: dict[str, object]) -> tuple[tuple[int, ...] | None, str]:
@@ -267,9 +277,12 @@ def _ask(
     try:
         child = subprocess.Popen(
             [python, str(CHILD), json.dumps({"argv": list(argv)})],
-            stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-            text=True, env=dict(env),
-        )  # fmt: skip
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+            env=dict(env),
+        )
     except OSError as exc:
         raise FiCacheError(f"cannot run: {exc.strerror}", python) from None
     try:

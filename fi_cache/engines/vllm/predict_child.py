@@ -39,8 +39,13 @@ def _config(argv: list[str]) -> Any:
 
 # The fields that make init_distributed_environment fold DP into the world group: reset to one
 # node and one DP rank while the model is built here in a one-rank group, then restored.
-_ONE_RANK = {"data_parallel_size": 1, "data_parallel_size_local": 1, "data_parallel_rank": 0,
-             "nnodes": 1, "node_rank": 0}  # fmt: skip
+_ONE_RANK = {
+    "data_parallel_size": 1,
+    "data_parallel_size_local": 1,
+    "data_parallel_rank": 0,
+    "nnodes": 1,
+    "node_rank": 0,
+}
 
 
 def _build_model_on_meta(cfg: Any) -> Any:
@@ -59,9 +64,12 @@ def _build_model_on_meta(cfg: Any) -> Any:
             tempfile.TemporaryDirectory(prefix="fi-cache-predict-") as rdv,  # torch's rendezvous
         ):
             init_distributed_environment(
-                world_size=1, rank=0, local_rank=0, backend="gloo",
+                world_size=1,
+                rank=0,
+                local_rank=0,
+                backend="gloo",
                 distributed_init_method=f"file://{rdv}/rendezvous",
-            )  # fmt: skip
+            )
             initialize_model_parallel(1, 1)
             with torch.device("meta"):
                 return initialize_model(cfg)  # names every FusedMoE layer, whatever the sharding
@@ -198,8 +206,10 @@ def _block_size(cfg: Any) -> list[str]:
     if getattr(cache, "user_specified_block_size", False) and not hybrid:
         return []
     why = ", aligned to this hybrid model's mamba page size" if hybrid else ""
-    return [f"the KV-cache block size ({said}; the GPU worker picks it from its attention "
-            f"backends{why}: --block-size N fixes it for a model that is not hybrid)"]  # fmt: skip
+    return [
+        f"the KV-cache block size ({said}; the GPU worker picks it from its attention "
+        f"backends{why}: --block-size N fixes it for a model that is not hybrid)"
+    ]
 
 
 def _worker_resolved(cfg: Any) -> list[str]:
@@ -212,11 +222,15 @@ def _worker_resolved(cfg: Any) -> list[str]:
     out = []
     mode = getattr(cfg.compilation_config, "cudagraph_mode", None)
     if mode is not None and getattr(mode, "name", str(mode)) != "NONE":
-        out.append(f"CUDA-graph mode {getattr(mode, 'name', mode)} and its capture sizes (the "
-                   "GPU worker resolves them from its attention backend)")  # fmt: skip
+        out.append(
+            f"CUDA-graph mode {getattr(mode, 'name', mode)} and its capture sizes (the "
+            "GPU worker resolves them from its attention backend)"
+        )
     if getattr(cfg.model_config, "original_max_model_len", None) == -1:
-        out.append("--max-model-len -1 (fitted to free GPU memory at start: "
-                   "--gpu-memory-utilization and --kv-cache-memory-bytes decide it)")  # fmt: skip
+        out.append(
+            "--max-model-len -1 (fitted to free GPU memory at start: "
+            "--gpu-memory-utilization and --kv-cache-memory-bytes decide it)"
+        )
     return out
 
 
@@ -233,16 +247,27 @@ def predict(argv: list[str]) -> dict[str, Any]:
     digest = fac.flashinfer_autotune_cache_hash(types.SimpleNamespace(vllm_config=cfg))
     moe_layers = list(cfg.compilation_config.static_all_moe_layers)
     par = cfg.parallel_config
-    facts = {"dp": par.data_parallel_size, "world": _world(par), "moe": bool(moe_layers),
-             "depends_on": [*block, *_worker_resolved(cfg)],
-             "sweep": _sweep(cfg, model, kernel_warmup)}  # fmt: skip
+    facts = {
+        "dp": par.data_parallel_size,
+        "world": _world(par),
+        "moe": bool(moe_layers),
+        "depends_on": [*block, *_worker_resolved(cfg)],
+        "sweep": _sweep(cfg, model, kernel_warmup),
+    }
     v2 = _v2_root(fac, cfg)
     if v2 is not None:
         return {
-            "vllm_version": vllm.__version__, "hash": digest, "root": v2, "dir": v2,
+            "vllm_version": vllm.__version__,
+            "hash": digest,
+            "root": v2,
+            "dir": v2,
             "root_from": "VLLM_FLASHINFER_AUTOTUNE_CACHE_DIR or FlashInfer's default root",
-            "files": [], "all_files": [], "store": "v2", "moe_layers": moe_layers, **facts,
-        }  # fmt: skip
+            "files": [],
+            "all_files": [],
+            "store": "v2",
+            "moe_layers": moe_layers,
+            **facts,
+        }
     root, root_from = _root(envs)
     # 0.32+ reads per-rank files and gates on them; 0.30/0.31 already have
     # sync_flashinfer_autotune_cache but still read one autotune_configs.json (0.30:436).

@@ -164,9 +164,13 @@ def this_holder(purpose: str) -> Holder:
     pid = os.getpid()
     # uname's nodename is what gethostname() answers, without loading socket on every command
     return Holder(
-        pid, os.uname().nodename, time.time(), purpose,
-        boot=process.boot_id(), start=process.start_ticks(pid),
-    )  # fmt: skip
+        pid,
+        os.uname().nodename,
+        time.time(),
+        purpose,
+        boot=process.boot_id(),
+        start=process.start_ticks(pid),
+    )
 
 
 def with_guard(holder: Holder, guard: int) -> Holder:
@@ -179,10 +183,15 @@ def read_holder(path: Path) -> Holder | None:
         data = json.loads(read_regular(path, "lock holder record", _MAX_HOLDER_BYTES))
         guard, boot = data.get("guard"), data.get("boot")
         return Holder(
-            int(data["pid"]), str(data["host"]), float(data["since"]), str(data["purpose"]),
-            _int_or_none(guard), str(boot) if boot is not None else None,
-            _int_or_none(data.get("start")), _int_or_none(data.get("guard_start")),
-        )  # fmt: skip
+            int(data["pid"]),
+            str(data["host"]),
+            float(data["since"]),
+            str(data["purpose"]),
+            _int_or_none(guard),
+            str(boot) if boot is not None else None,
+            _int_or_none(data.get("start")),
+            _int_or_none(data.get("guard_start")),
+        )
     except (FiCacheError, OSError, ValueError, KeyError, TypeError, AttributeError, RecursionError):
         return None
 

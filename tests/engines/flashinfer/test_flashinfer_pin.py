@@ -15,12 +15,14 @@ CPU_CHILD = ROOT / "tests" / "engines" / "flashinfer" / "cpu_tune_child.py"
 
 def test_a_pinned_namespace_is_not_tuned_again(tmp_path: Path) -> None:
     flashinfer_dir("0.6.18")
-    python = write_script(tmp_path / "tune-python",
-                          f'#!/bin/sh\nexec "{sys.executable}" "{CPU_CHILD}" "$@"\n')  # fmt: skip
+    python = write_script(
+        tmp_path / "tune-python", f'#!/bin/sh\nexec "{sys.executable}" "{CPU_CHILD}" "$@"\n'
+    )
     rig = TuneRig.make(tmp_path, version="0.6.18", python=python)
     plan = rig.plan()
-    first = rig.run("--format", "json", "warm", "--engine", "flashinfer", "--plan", plan,
-                    "--finalize", "fused")  # fmt: skip
+    first = rig.run(
+        "--format", "json", "warm", "--engine", "flashinfer", "--plan", plan, "--finalize", "fused"
+    )
     assert first.returncode == 0, first.stderr[-2000:]
     [ns] = json.loads(first.stdout)["namespaces"]
     cache = Path(ns["file"])

@@ -59,19 +59,31 @@ def test_a_plan_the_h200_runs_has_no_problem() -> None:
 @pytest.mark.parametrize(
     "gpu, op, words",
     [
-        (H200, 'op = "mm_bf16"\nn = 64\nk = 64\nbackends = ["cutlass"]',
-         "the cutlass backend does not run on NVIDIA H200 (SM90) (runs on SM100, SM103, SM107)"),
-        (H200, 'op = "mm_fp8"\nn = 128\nk = 128',
-         "the trtllm_low_latency backend does not run on NVIDIA H200 (SM90)"),
+        (
+            H200,
+            'op = "mm_bf16"\nn = 64\nk = 64\nbackends = ["cutlass"]',
+            "the cutlass backend does not run on NVIDIA H200 (SM90) (runs on SM100, SM103, SM107)",
+        ),
+        (
+            H200,
+            'op = "mm_fp8"\nn = 128\nk = 128',
+            "the trtllm_low_latency backend does not run on NVIDIA H200 (SM90)",
+        ),
         # FP8 needs SM89 or newer.
-        (A100, 'op = "bmm_fp8"\nn = 64\nk = 64\nbackends = ["cublas"]',
-         "the cublas backend does not run on NVIDIA A100-SXM4-80GB (SM80)"),
-        (A100, 'op = "cutlass_fused_moe"\nhidden_size = 256\nintermediate_size = 128\n'
-         "num_experts = 8\ntop_k = 2", "FlashInfer's CUTLASS MoE does not run on "
-         "NVIDIA A100-SXM4-80GB (SM80)"),
+        (
+            A100,
+            'op = "bmm_fp8"\nn = 64\nk = 64\nbackends = ["cublas"]',
+            "the cublas backend does not run on NVIDIA A100-SXM4-80GB (SM80)",
+        ),
+        (
+            A100,
+            'op = "cutlass_fused_moe"\nhidden_size = 256\nintermediate_size = 128\n'
+            "num_experts = 8\ntop_k = 2",
+            "FlashInfer's CUTLASS MoE does not run on NVIDIA A100-SXM4-80GB (SM80)",
+        ),
     ],
     ids=["mm-bf16-cutlass-sm90", "mm-fp8-sm90", "bmm-fp8-sm80", "moe-sm80"],
-)  # fmt: skip
+)
 def test_what_the_listed_gpu_cannot_run(gpu: Gpu, op: str, words: str) -> None:
     [problem] = static_problems(_op(op), _env(gpu))
     assert problem.startswith("op 1 (") and words in problem
@@ -83,8 +95,11 @@ def test_every_problem_is_listed_with_its_op() -> None:
     )
     problems = static_problems(plan, _env(A100))
     assert [p.split(":")[0] for p in problems] == [
-        "op 2 (bmm_fp8)", "op 3 (cutlass_fused_moe)", "op 4 (mm_bf16)", "op 4 (mm_bf16)",
-    ]  # fmt: skip
+        "op 2 (bmm_fp8)",
+        "op 3 (cutlass_fused_moe)",
+        "op 4 (mm_bf16)",
+        "op 4 (mm_bf16)",
+    ]
 
 
 def test_the_first_listed_gpu_decides() -> None:
@@ -106,8 +121,13 @@ def test_plan_key_differs_by_mode_and_by_text() -> None:
 
 
 def _event(g1: int, fused: int, unfused: int, index: int = 1) -> dict[str, Any]:
-    return {"event": "counts", "index": index, "op": "moe", "gemm1": g1,
-            "gemm2": {"fused": fused, "unfused": unfused}}  # fmt: skip
+    return {
+        "event": "counts",
+        "index": index,
+        "op": "moe",
+        "gemm1": g1,
+        "gemm2": {"fused": fused, "unfused": unfused},
+    }
 
 
 def test_counts_of_agreeing_moe_ops_are_recorded() -> None:

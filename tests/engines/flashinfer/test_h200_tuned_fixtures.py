@@ -160,5 +160,6 @@ def test_a_plans_scale_shape_reached_flashinfers_keys_on_the_h200() -> None:
         assert e["op"] == "fp8_gemm" and b_scale == []
         by_style.setdefault(json.dumps(a_scale), []).append(a[1])
     assert {k: sorted(v) for k, v in by_style.items()} == {
-        "[]": [1, 2, 4, 8, 16], "[1]": [1, 2, 4, 8, 16],
-    }  # fmt: skip
+        "[]": [1, 2, 4, 8, 16],
+        "[1]": [1, 2, 4, 8, 16],
+    }

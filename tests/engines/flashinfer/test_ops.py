@@ -69,7 +69,10 @@ def test_mm_bf16_calls_carry_the_plans_output_dtype(version: str) -> None:
         'backends = ["cublaslt", "cudnn"]\n',
     )
     assert [(c["tokens"], c["backend"]) for c in calls] == [
-        (1, "cublaslt"), (1, "cudnn"), (8, "cublaslt"), (8, "cudnn"),
-    ]  # fmt: skip
+        (1, "cublaslt"),
+        (1, "cudnn"),
+        (8, "cublaslt"),
+        (8, "cudnn"),
+    ]
     assert {json.dumps(c["dtypes"]) for c in calls} == {'["torch.float16"]'}
     assert calls[0]["shapes"] == [[1, 128], [128, 64]]

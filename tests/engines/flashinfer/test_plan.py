@@ -232,8 +232,11 @@ _gemm = st.builds(
     lambda name, n, k, batch, tokens, out, scales: (
         {"op": name, "n": n * 128, "k": k * 128, "tokens": tokens}
         | ({"out_dtype": out} if name != "mm_fp8" else {})
-        | ({"batch": batch, "a_scale_shape": scales[0], "b_scale_shape": scales[1]}
-           if name == "bmm_fp8" else {})
+        | (
+            {"batch": batch, "a_scale_shape": scales[0], "b_scale_shape": scales[1]}
+            if name == "bmm_fp8"
+            else {}
+        )
     ),
     st.sampled_from(["mm_bf16", "bmm_fp8", "mm_fp8"]),
     st.integers(1, MAX_DIM // 128),
@@ -242,7 +245,7 @@ _gemm = st.builds(
     _tokens,
     st.sampled_from(["bf16", "fp16"]),
     st.tuples(st.sampled_from([[], [1]]), st.sampled_from([[], [1]])),
-)  # fmt: skip
+)
 _moe = st.builds(
     lambda tp, ep, k, fin, tokens, extra: {
         **MOE,
@@ -310,7 +313,7 @@ def test_call_style_as_vllm_calls_bmm_fp8() -> None:
         ("a_scale_shape", [True], r"a_scale_shape = \[True\]: expected"),
         ("a_scale_shape", "1", r"a_scale_shape = '1': expected"),
     ],
-)  # fmt: skip
+)
 def test_bad_call_style(key: str, value: Any, match: str) -> None:
     _op_refused({"op": "bmm_fp8", "n": 64, "k": 64, key: value}, match)
 

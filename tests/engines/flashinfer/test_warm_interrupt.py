@@ -25,8 +25,12 @@ def test_a_stopped_tune_keeps_the_ops_it_finished_and_the_next_warm_tunes_the_re
     rig = TuneRig.make(tmp_path, version="0.6.18", python=_tune_python(tmp_path))
     mark = tmp_path / "hanging"
     argv = ("warm", "--engine", "flashinfer", "--finalize", "fused", "--plan", rig.plan())
-    job = rig.job(*argv, FI_CACHE_TEST_HANG_OP="cutlass_fused_moe", FI_CACHE_TEST_MARK=str(mark),
-                  FI_CACHE_STOP_GRACE="5")  # fmt: skip
+    job = rig.job(
+        *argv,
+        FI_CACHE_TEST_HANG_OP="cutlass_fused_moe",
+        FI_CACHE_TEST_MARK=str(mark),
+        FI_CACHE_STOP_GRACE="5",
+    )
     proc = subprocess.Popen(**job, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     deadline = time.monotonic() + 120
     while not mark.exists():

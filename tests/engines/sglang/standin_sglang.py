@@ -55,11 +55,24 @@ sys.path.insert(0, str(ROOT))
 
 from tests import sglang_layout  # noqa: E402
 
-FLASHINFER_MOE = {"flashinfer_cutlass", "flashinfer_trtllm", "flashinfer_cutedsl",
-                  "flashinfer_mxfp4", "flashinfer_megamoe"}  # fmt: skip
-WATCHED = ("SGLANG_CACHE_DIR", "SGLANG_FLASHINFER_MOE_FUSED_FINALIZE", "SGLANG_DG_CACHE_DIR",
-           "SGLANG_CUTE_AOT_CACHE_DIR", "TRITON_CACHE_DIR", "TORCHINDUCTOR_CACHE_DIR",
-           "CUDA_CACHE_PATH", "TILELANG_CACHE_DIR", "FLASHINFER_WORKSPACE_BASE")  # fmt: skip
+FLASHINFER_MOE = {
+    "flashinfer_cutlass",
+    "flashinfer_trtllm",
+    "flashinfer_cutedsl",
+    "flashinfer_mxfp4",
+    "flashinfer_megamoe",
+}
+WATCHED = (
+    "SGLANG_CACHE_DIR",
+    "SGLANG_FLASHINFER_MOE_FUSED_FINALIZE",
+    "SGLANG_DG_CACHE_DIR",
+    "SGLANG_CUTE_AOT_CACHE_DIR",
+    "TRITON_CACHE_DIR",
+    "TORCHINDUCTOR_CACHE_DIR",
+    "CUDA_CACHE_PATH",
+    "TILELANG_CACHE_DIR",
+    "FLASHINFER_WORKSPACE_BASE",
+)
 
 
 def real_environ(version: str) -> types.ModuleType:
@@ -122,8 +135,11 @@ def release_context(version: str, rank_file: Path, reuse: bool) -> Any:
 
     if not hasattr(flashinfer, "autotune_v2"):  # FlashInfer 0.6.x: the v2 store does not exist
         flashinfer.autotune_v2 = lambda **kw: contextlib.nullcontext()  # type: ignore[attr-defined]
-    taken = ("_autotune_tactic_sync_group", "_autotune_process_group",
-             "flashinfer_autotune_context")  # fmt: skip
+    taken = (
+        "_autotune_tactic_sync_group",
+        "_autotune_process_group",
+        "flashinfer_autotune_context",
+    )
     text = sglang_layout.sglang_module(version)
     body = [n for n in ast.parse(text).body if isinstance(n, ast.FunctionDef) and n.name in taken]
     assert {n.name for n in body} == set(taken), f"sglang {version}: the context moved"
@@ -133,22 +149,28 @@ def release_context(version: str, rank_file: Path, reuse: bool) -> Any:
     stream = ns(wait_stream=lambda other: None)
     torch.cuda.current_stream = lambda *a, **k: stream  # type: ignore[assignment]
     torch.get_device_module = lambda device=None: ns(stream=lambda s: contextlib.nullcontext())  # type: ignore[assignment]
-    for name, attr in (("sglang.srt.layers.logits_processor", "autotune_dummy_run_mode"),
-                       ("sglang.srt.layers.moe.flashinfer_megamoe_autotune",
-                        "megamoe_autotune_context")):  # fmt: skip
+    for name, attr in (
+        ("sglang.srt.layers.logits_processor", "autotune_dummy_run_mode"),
+        ("sglang.srt.layers.moe.flashinfer_megamoe_autotune", "megamoe_autotune_context"),
+    ):
         module = types.ModuleType(name)
         setattr(module, attr, lambda *a, **k: contextlib.nullcontext())
         sys.modules[name] = module
     glb: dict[str, Any] = {
-        "contextlib": contextlib, "datetime": datetime, "hashlib": hashlib, "uuid": uuid,
-        "Path": Path, "torch": torch, "logger": logging.getLogger("sglang-standin"),
+        "contextlib": contextlib,
+        "datetime": datetime,
+        "hashlib": hashlib,
+        "uuid": uuid,
+        "Path": Path,
+        "torch": torch,
+        "logger": logging.getLogger("sglang-standin"),
         "envs": ns(SGLANG_FLASHINFER_AUTOTUNE_CACHE=ns(get=lambda: reuse)),
         "get_parallel": lambda: ns(tp_group=one_rank),
         "get_exec": lambda: ns(moe=ns(moe_runner_backend="flashinfer_cutlass")),
         "flashinfer_autotune_cache_path": lambda mr: rank_file,
         "get_flashinfer_autotune_skip_ops": lambda mr: set(),
         "empty_context": contextlib.nullcontext,
-    }  # fmt: skip
+    }
     flags = __future__.annotations.compiler_flag
     where = f"sglang-{version}:{sglang_layout.MODULE}"
     exec(compile(ast.Module(body=body, type_ignores=[]), where, "exec", flags), glb)
@@ -251,9 +273,15 @@ def main() -> int:
     for rank in range(args.tp if tunes else 0):
         fi_version = md.version("flashinfer-python")
         rank_file, runs_file = sglang_layout.sglang_paths(
-            version, cache_dir, flashinfer=fi_version, model=args.model_path, tp=args.tp,
-            ep=args.ep, tp_rank=rank, backend=args.moe_runner_backend,
-        )  # fmt: skip
+            version,
+            cache_dir,
+            flashinfer=fi_version,
+            model=args.model_path,
+            tp=args.tp,
+            ep=args.ep,
+            tp_rank=rank,
+            backend=args.moe_runner_backend,
+        )
         reuse = bool(envs.SGLANG_FLASHINFER_AUTOTUNE_CACHE.get())
         target = rank_file if reuse else runs_file
         existed = target.exists()
@@ -261,8 +289,15 @@ def main() -> int:
         PROFILED[0] = 0
         target, entries = tune(rank_file, runs_file, fused, version, reuse)
         rewritten = existed and target.stat().st_ino != inode  # FlashInfer saves by os.replace
-        report["files"].append({"path": str(target), "existed": existed, "entries": entries,  # type: ignore[attr-defined]
-                                "profiled": PROFILED[0], "rewritten": rewritten})  # fmt: skip
+        report["files"].append(
+            {
+                "path": str(target),
+                "existed": existed,
+                "entries": entries,  # type: ignore[attr-defined]
+                "profiled": PROFILED[0],
+                "rewritten": rewritten,
+            }
+        )
         print(f"[Autotuner]: saved {entries} configs to {target}", flush=True)
     # Triton writes into its cache dir while kernels compile: where it went is what users notice.
     triton = Path(os.environ.get("TRITON_CACHE_DIR") or Path.home() / ".triton" / "cache")

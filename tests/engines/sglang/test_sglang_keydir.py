@@ -28,20 +28,31 @@ def code(version: str) -> keydir.KeyCode:
 
 
 def inputs(**kw: object) -> keydir.KeyInputs:
-    base = dict(model_path=M, dtype="torch.bfloat16", quantization=None,
-                moe_backend="flashinfer_cutlass", tp=1, pp=1, attn_dp=1, ep=1,
-                hf_class="Qwen3MoeConfig", skip_ops=frozenset())  # fmt: skip
+    base = dict(
+        model_path=M,
+        dtype="torch.bfloat16",
+        quantization=None,
+        moe_backend="flashinfer_cutlass",
+        tp=1,
+        pp=1,
+        attn_dp=1,
+        ep=1,
+        hf_class="Qwen3MoeConfig",
+        skip_ops=frozenset(),
+    )
     return keydir.KeyInputs(**{**base, **kw})  # type: ignore[arg-type]
 
 
 @pytest.mark.parametrize("version", ["0.5.18", "0.5.23"])
-@pytest.mark.parametrize(("tp", "ep", "backend"), [(1, 1, "flashinfer_cutlass"),
-                                                   (4, 4, "flashinfer_trtllm")])  # fmt: skip
+@pytest.mark.parametrize(
+    ("tp", "ep", "backend"), [(1, 1, "flashinfer_cutlass"), (4, 4, "flashinfer_trtllm")]
+)
 def test_the_key_dir_is_the_one_sglangs_own_function_names(
     version: str, tp: int, ep: int, backend: str, tmp_path: Path
 ) -> None:
-    rank_file, _ = sglang_layout.sglang_paths(version, tmp_path, model=M, tp=tp, ep=ep,
-                                              backend=backend)  # fmt: skip
+    rank_file, _ = sglang_layout.sglang_paths(
+        version, tmp_path, model=M, tp=tp, ep=ep, backend=backend
+    )
     got = code(version).key(inputs(tp=tp, ep=ep, moe_backend=backend))
     assert got == rank_file.parent.name
 
@@ -62,8 +73,11 @@ def test_the_workers_values_are_solved_from_a_dir_and_a_local_copy_gets_its_key(
     now = parse_sglang_args(["--model-path", "/models/qwen3", "--tp-size", "2"])
     carried, why = keydir.carried(solved, earlier, now, c)
     assert why is None and carried is not None
-    assert c.key(carried) == c.key(inputs(model_path="/models/qwen3", tp=2,
-                                          dtype="torch.float16", moe_backend="flashinfer_trtllm"))
+    assert c.key(carried) == c.key(
+        inputs(
+            model_path="/models/qwen3", tp=2, dtype="torch.float16", moe_backend="flashinfer_trtllm"
+        )
+    )
 
 
 def test_an_0_5_17_dir_seeds_0_5_18_whose_release_stopped_skipping_mxfp8_gemm() -> None:
@@ -97,8 +111,9 @@ def test_auto_is_not_carried_to_other_parallel_sizes() -> None:
     earlier = parse_sglang_args(["--model-path", M])
     solved = keydir.solve(c, earlier, QWEN, c.key(inputs()))
     assert solved is not None and solved.moe_backend == "flashinfer_cutlass"
-    carried, why = keydir.carried(solved, earlier, parse_sglang_args(["--model-path", M, "--tp",
-                                                                      "2"]), c)  # fmt: skip
+    carried, why = keydir.carried(
+        solved, earlier, parse_sglang_args(["--model-path", M, "--tp", "2"]), c
+    )
     assert carried is None and why is not None and "auto" in why
 
 
@@ -109,8 +124,11 @@ def test_config_classes_come_from_architectures_and_model_type() -> None:
     assert keydir.config_classes(None) == []
 
 
-UNRUNNABLE = ["def f(:\n", "x = 1\n",
-              "import os\ndef flashinfer_autotune_cache_path(m):\n    return os.sep\n"]  # fmt: skip
+UNRUNNABLE = [
+    "def f(:\n",
+    "x = 1\n",
+    "import os\ndef flashinfer_autotune_cache_path(m):\n    return os.sep\n",
+]
 
 
 @pytest.mark.parametrize("source", UNRUNNABLE)

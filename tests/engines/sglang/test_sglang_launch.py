@@ -31,10 +31,12 @@ def test_the_release_default_picks_the_namespace_and_says_so(version: str, mode:
 
 
 def test_the_users_variable_picks_the_mode_as_sglang_reads_it() -> None:
-    assert launch.choose_finalize({"SGLANG_FLASHINFER_MOE_FUSED_FINALIZE": "Yes"}, None, "x",
-                                  "0.5.23", ARGS) == ("fused", None)  # fmt: skip
-    assert launch.choose_finalize({"SGLANG_FLASHINFER_MOE_FUSED_FINALIZE": "false"}, None, "x",
-                                  "0.5.18", ARGS) == ("unfused", None)  # fmt: skip
+    assert launch.choose_finalize(
+        {"SGLANG_FLASHINFER_MOE_FUSED_FINALIZE": "Yes"}, None, "x", "0.5.23", ARGS
+    ) == ("fused", None)
+    assert launch.choose_finalize(
+        {"SGLANG_FLASHINFER_MOE_FUSED_FINALIZE": "false"}, None, "x", "0.5.18", ARGS
+    ) == ("unfused", None)
 
 
 def test_a_value_sglang_would_not_read_as_a_boolean_is_refused() -> None:
@@ -129,8 +131,13 @@ def _sglang_resolves(version: str, env: dict[str, str], base: Path) -> dict[str,
             pytest.fail(f"no sglang {version} wheel in {WHEELS}")
         pytest.skip(f"no sglang {version} wheel in {WHEELS} (scripts/test.sh downloads it)")
     assert zipfile.is_zipfile(wheel)
-    out = subprocess.run([sys.executable, "-I", "-c", _DERIVED, str(wheel), str(base)], env=env,
-                         capture_output=True, text=True, check=True)  # fmt: skip
+    out = subprocess.run(
+        [sys.executable, "-I", "-c", _DERIVED, str(wheel), str(base)],
+        env=env,
+        capture_output=True,
+        text=True,
+        check=True,
+    )
     return dict(json.loads(out.stdout))
 
 
@@ -192,8 +199,17 @@ def test_the_links_follow_the_users_dir_and_survive_its_removal(tmp_path: Path) 
 def test_a_positional_model_is_spelled_model_path_for_the_launcher() -> None:
     args = parse_sglang_args(["Qwen/Qwen3-8B", "--tp-size", "2"])
     cmd = launch.Launcher("/v/bin/python", module=True).command(args, ["--port", "1"])
-    assert cmd == ["/v/bin/python", "-m", "sglang.launch_server", "--model-path", "Qwen/Qwen3-8B",
-                   "--tp-size", "2", "--port", "1"]  # fmt: skip
+    assert cmd == [
+        "/v/bin/python",
+        "-m",
+        "sglang.launch_server",
+        "--model-path",
+        "Qwen/Qwen3-8B",
+        "--tp-size",
+        "2",
+        "--port",
+        "1",
+    ]
     same = parse_sglang_args(["--tp-size", "2", "--model-path", "Qwen/Qwen3-8B", "--port", "9"])
     assert args.key == same.key  # where it listens and how the model is spelled: one warm
 
@@ -201,7 +217,9 @@ def test_a_positional_model_is_spelled_model_path_for_the_launcher() -> None:
 def test_pasted_sglang_lines_name_their_launcher() -> None:
     assert split_launcher(["sglang", "serve", "--model-path", "M"]) == ([], ["--model-path", "M"])
     assert split_launcher(["/v/bin/python", "-m", "sglang.launch_server", "--model-path", "M"]) == (
-        ["/v/bin/python", "-m", "sglang.launch_server"], ["--model-path", "M"])  # fmt: skip
+        ["/v/bin/python", "-m", "sglang.launch_server"],
+        ["--model-path", "M"],
+    )
     assert split_launcher(["--model-path", "M"]) == (None, ["--model-path", "M"])
 
 
@@ -213,7 +231,7 @@ def test_no_sglang_is_one_refusal(monkeypatch: pytest.MonkeyPatch) -> None:
 
 def test_an_unreadable_release_is_one_refusal(tmp_path: Path) -> None:
     wrapper = tmp_path / "sglang"
-    wrapper.write_text("#!/bin/sh\nexec /opt/sglang/bin/sglang \"$@\"\n")
+    wrapper.write_text('#!/bin/sh\nexec /opt/sglang/bin/sglang "$@"\n')
     wrapper.chmod(0o755)
     found = launch.find_launcher(str(wrapper))
     with pytest.raises(Refused, match="cannot tell which SGLang release"):
@@ -246,8 +264,13 @@ def test_every_direct_user_of_sglang_cache_dir_is_accounted_for(version: str) ->
         pytest.skip(f"no sglang {version} wheel in {WHEELS}")
     with zipfile.ZipFile(wheel) as z:
         texts = {n: z.read(n).decode(errors="replace") for n in z.namelist() if n.endswith(".py")}
-    readers = ("SGLANG_CACHE_DIR.get()", 'getenv("SGLANG_CACHE_DIR"', 'environ["SGLANG_CACHE_DIR"]',
-               'environ.get("SGLANG_CACHE_DIR"', 'getenv("SGL_CACHE_DIR"')  # fmt: skip
+    readers = (
+        "SGLANG_CACHE_DIR.get()",
+        'getenv("SGLANG_CACHE_DIR"',
+        'environ["SGLANG_CACHE_DIR"]',
+        'environ.get("SGLANG_CACHE_DIR"',
+        'getenv("SGL_CACHE_DIR"',
+    )
     users = {n for n, t in texts.items() if any(r in t for r in readers)}
     assert users <= set(_CALLERS), sorted(users - set(_CALLERS))
 
@@ -268,8 +291,9 @@ def test_a_config_file_is_refused_rather_than_half_read() -> None:
 def test_legacy_sgl_variables_count_as_sglang_reads_them(tmp_path: Path) -> None:
     env = {"SGL_FLASHINFER_MOE_FUSED_FINALIZE": "1", "SGLANG_FLASHINFER_MOE_FUSED_FINALIZE": "0"}
     assert launch.choose_finalize(env, None, "x", "0.5.23", ARGS) == ("fused", None)
-    out = launch.launch_env({"SGL_CACHE_DIR": str(tmp_path / "old")}, tmp_path / "ns", "unfused",
-                            "0.5.23")  # fmt: skip
+    out = launch.launch_env(
+        {"SGL_CACHE_DIR": str(tmp_path / "old")}, tmp_path / "ns", "unfused", "0.5.23"
+    )
     assert out["SGL_CACHE_DIR"] == out["SGLANG_CACHE_DIR"] == str(tmp_path / "ns")
     assert out["TRITON_CACHE_DIR"] == str(tmp_path / "old" / "triton")  # theirs, as SGLang saw it
 
@@ -322,13 +346,22 @@ def test_megamoe_runner_and_a2a_backends_resolve_as_sglang_resolves_them() -> No
     from fi_cache.engines.sglang.args import parse_sglang_args
     from fi_cache.engines.sglang.layout import rank_layout
 
-    deepgemm = parse_sglang_args(["--model-path", "M", "--moe-runner-backend", "megamoe",
-                                  "--tp-size", "4"])  # fmt: skip
+    deepgemm = parse_sglang_args(
+        ["--model-path", "M", "--moe-runner-backend", "megamoe", "--tp-size", "4"]
+    )
     assert deepgemm.moe_backend == "auto" and deepgemm.ep == 4  # megamoe a2a spans the ranks
     assert not any("_gpu" in w for w in rank_layout(deepgemm).on_worker)
     fi = parse_sglang_args(["--model-path", "M", "--moe-a2a-backend", "flashinfer_megamoe"])
     assert fi.moe_backend == "flashinfer_megamoe"
     assert any("_gpu" in w for w in rank_layout(fi).on_worker)
-    kept = parse_sglang_args(["--model-path", "M", "--moe-a2a-backend", "flashinfer_megamoe",
-                              "--moe-runner-backend", "flashinfer_cutlass"])  # fmt: skip
+    kept = parse_sglang_args(
+        [
+            "--model-path",
+            "M",
+            "--moe-a2a-backend",
+            "flashinfer_megamoe",
+            "--moe-runner-backend",
+            "flashinfer_cutlass",
+        ]
+    )
     assert kept.moe_backend == "flashinfer_cutlass"  # SGLang then refuses it itself

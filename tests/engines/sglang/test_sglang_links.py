@@ -45,8 +45,14 @@ def _function(text: str, name: str, glb: dict[str, Any]) -> Any:
     return glb[name]
 
 
-def _sglang_p2p_check(version: str, cache_dir: Path, gpus: int, can: bool, cvd: str | None,
-                      monkeypatch: pytest.MonkeyPatch) -> bool:  # fmt: skip
+def _sglang_p2p_check(
+    version: str,
+    cache_dir: Path,
+    gpus: int,
+    can: bool,
+    cvd: str | None,
+    monkeypatch: pytest.MonkeyPatch,
+) -> bool:
     """SGLang's `gpu_p2p_access_check(0, 1)` on a host of `gpus` GPUs whose probe answers `can`,
     single process (no torch.distributed); the probe child is stood in for."""
     if cvd is None:
@@ -67,16 +73,22 @@ def _sglang_p2p_check(version: str, cache_dir: Path, gpus: int, can: bool, cvd: 
     import tempfile
 
     glb: dict[str, Any] = {
-        "os": os, "json": json, "pickle": pickle, "sys": sys, "tempfile": tempfile,
-        "product": itertools.product, "logger": logging.getLogger("sglang-p2p"),
-        "_gpu_p2p_access_cache": None, "__file__": _P2P,
+        "os": os,
+        "json": json,
+        "pickle": pickle,
+        "sys": sys,
+        "tempfile": tempfile,
+        "product": itertools.product,
+        "logger": logging.getLogger("sglang-p2p"),
+        "_gpu_p2p_access_cache": None,
+        "__file__": _P2P,
         "subprocess": types.SimpleNamespace(run=probe),
         "dist": types.SimpleNamespace(is_initialized=lambda: False),
         "torch": types.SimpleNamespace(cuda=types.SimpleNamespace(device_count=lambda: gpus)),
         "sglang_envs": types.SimpleNamespace(
             SGLANG_CACHE_DIR=types.SimpleNamespace(get=lambda: str(cache_dir))
         ),
-    }  # fmt: skip
+    }
     return bool(_function(_text(version, _P2P), "gpu_p2p_access_check", glb)(0, 1))
 
 
@@ -141,8 +153,13 @@ def test_the_users_kernels_lock_pins_the_fa3_kernels_under_fi_cache_too(
         SGLANG_USE_SGL_FA3_KERNEL=types.SimpleNamespace(get=lambda: False),
         SGLANG_CACHE_DIR=types.SimpleNamespace(get=lambda: env["SGLANG_CACHE_DIR"]),
     )
-    glb: dict[str, Any] = {"os": os, "envs": envs, "DEFAULT_FA3_KERNEL_LOCKFILE": "kernels.lock",
-                           "SGL_FA3_KERNEL_REPO": "r", "SGL_FA3_KERNEL_REVISION": "v1"}  # fmt: skip
+    glb: dict[str, Any] = {
+        "os": os,
+        "envs": envs,
+        "DEFAULT_FA3_KERNEL_LOCKFILE": "kernels.lock",
+        "SGL_FA3_KERNEL_REPO": "r",
+        "SGL_FA3_KERNEL_REVISION": "v1",
+    }
     load = _function(text, "_load_fa3_kernels", glb)
     load()
     assert calls[-1] == ("hub", "v1")  # no lock anywhere: as without fi-cache
@@ -180,8 +197,13 @@ def _sglang_worker_dirs(version: str, env: dict[str, str], root: Path) -> dict[s
     if wheel is None:
         _text(version, _WORKER)  # skips or fails as the wheel's absence asks
     assert wheel is not None and zipfile.is_zipfile(wheel)
-    out = subprocess.run([sys.executable, "-I", "-c", _WORKER_RUN, str(wheel), str(root), _WORKER],
-                         env=env, capture_output=True, text=True, check=True)  # fmt: skip
+    out = subprocess.run(
+        [sys.executable, "-I", "-c", _WORKER_RUN, str(wheel), str(root), _WORKER],
+        env=env,
+        capture_output=True,
+        text=True,
+        check=True,
+    )
     return dict(json.loads(out.stdout))
 
 
@@ -221,14 +243,24 @@ def test_a_link_that_cannot_be_made_pins_the_variable_as_before(tmp_path: Path) 
 def test_deepep_v2_makes_an_auto_runner_deep_gemm_as_sglang_does(version: str) -> None:
     """The key dir hashes the resolved runner: deep_gemm, not auto (and no FlashInfer MoE)."""
     tree = ast.parse(_text(version, _MOE_HOOK))
-    [branch] = [n for n in ast.walk(tree) if isinstance(n, ast.If)
-                and ast.unparse(n.test) == "a2a_backend == 'deepep_v2'"]  # fmt: skip
-    said = {ast.literal_eval(k.value) for n in ast.walk(branch) if isinstance(n, ast.Call)
-            for k in n.keywords if k.arg == "moe_runner_backend"}  # fmt: skip
+    [branch] = [
+        n
+        for n in ast.walk(tree)
+        if isinstance(n, ast.If) and ast.unparse(n.test) == "a2a_backend == 'deepep_v2'"
+    ]
+    said = {
+        ast.literal_eval(k.value)
+        for n in ast.walk(branch)
+        if isinstance(n, ast.Call)
+        for k in n.keywords
+        if k.arg == "moe_runner_backend"
+    }
     assert said == {"deep_gemm"}
-    args = parse_sglang_args(["--model-path", "M", "--moe-a2a-backend", "deepep_v2",
-                              "--tp-size", "4"])  # fmt: skip
+    args = parse_sglang_args(
+        ["--model-path", "M", "--moe-a2a-backend", "deepep_v2", "--tp-size", "4"]
+    )
     assert args.moe_backend == "deep_gemm" and args.ep == 4
-    given = parse_sglang_args(["--model-path", "M", "--moe-a2a-backend", "deepep_v2",
-                               "--moe-runner-backend", "deep_gemm"])  # fmt: skip
+    given = parse_sglang_args(
+        ["--model-path", "M", "--moe-a2a-backend", "deepep_v2", "--moe-runner-backend", "deep_gemm"]
+    )
     assert given.moe_backend == "deep_gemm"

@@ -16,28 +16,45 @@ from tests.engines.sglang.wheel_overrides import a2a_passes, attention_dp, model
 M = ["--model-path", "m"]
 DEEPSEEK_V3 = {"architectures": ["DeepseekV3ForCausalLM"], "kv_lora_rank": 512}
 DEEPSEEK_V32 = {**DEEPSEEK_V3, "architectures": ["DeepseekV32ForCausalLM"], "index_topk": 2048}
-M3_NVFP4 = {"architectures": ["MiniMaxM3SparseForCausalLM"], "quantization_config": {
-    "quant_method": "mxfp8", "moe_quant_algo": "NVFP4", "moe_quant_format": "nvfp4-pack-quantized"}}
+M3_NVFP4 = {
+    "architectures": ["MiniMaxM3SparseForCausalLM"],
+    "quantization_config": {
+        "quant_method": "mxfp8",
+        "moe_quant_algo": "NVFP4",
+        "moe_quant_format": "nvfp4-pack-quantized",
+    },
+}
 
 
 def _fields(argv: list[str]) -> dict[str, Any]:
     """The argument fields SGLang's parser gives for `argv` (the few these passes read)."""
     a = parse_sglang_args([*M, *argv])
     runner, a2a = a.moe_given
-    return {"tp_size": a.tp, "ep_size": a.ep_given, "dp_size": a.dp, "attn_dp_size": a.attn_dp,
-            "moe_a2a_backend": a2a, "moe_runner_backend": runner or "auto",
-            "enable_waterfill": a.waterfill, "enable_prefill_cp": a.prefill_cp,
-            "cp_strategy": a.cp_strategy, "quantization": a.quantization}  # fmt: skip
+    return {
+        "tp_size": a.tp,
+        "ep_size": a.ep_given,
+        "dp_size": a.dp,
+        "attn_dp_size": a.attn_dp,
+        "moe_a2a_backend": a2a,
+        "moe_runner_backend": runner or "auto",
+        "enable_waterfill": a.waterfill,
+        "enable_prefill_cp": a.prefill_cp,
+        "cp_strategy": a.cp_strategy,
+        "quantization": a.quantization,
+    }
 
 
 @pytest.mark.parametrize("version", ["0.5.17", "0.5.18", "0.5.21", "0.5.23"])
-@pytest.mark.parametrize("argv", [
-    ["--tp-size", "4", "--enable-waterfill"],
-    ["--tp-size", "4", "--ep-size", "2", "--enable-waterfill", "--moe-a2a-backend", "mooncake"],
-    ["--tp-size", "8", "--enable-waterfill", "--moe-a2a-backend", "deepep"],
-    ["--tp-size", "4", "--ep-size", "2"],
-    ["--tp-size", "4", "--moe-a2a-backend", "nixl"],
-])  # fmt: skip
+@pytest.mark.parametrize(
+    "argv",
+    [
+        ["--tp-size", "4", "--enable-waterfill"],
+        ["--tp-size", "4", "--ep-size", "2", "--enable-waterfill", "--moe-a2a-backend", "mooncake"],
+        ["--tp-size", "8", "--enable-waterfill", "--moe-a2a-backend", "deepep"],
+        ["--tp-size", "4", "--ep-size", "2"],
+        ["--tp-size", "4", "--moe-a2a-backend", "nixl"],
+    ],
+)
 def test_waterfill_moves_the_a2a_to_deepep_and_ep_to_tp_as_sglang_does(
     version: str, argv: list[str]
 ) -> None:
@@ -47,16 +64,37 @@ def test_waterfill_moves_the_a2a_to_deepep_and_ep_to_tp_as_sglang_does(
 
 
 @pytest.mark.parametrize("version", ["0.5.21", "0.5.23"])
-@pytest.mark.parametrize(("config", "argv", "mla"), [
-    (DEEPSEEK_V3, ["--tp-size", "8", "--enable-prefill-cp", "--cp-strategy", "zigzag"], True),
-    (DEEPSEEK_V3, ["--tp-size", "8", "--dp-size", "2", "--enable-prefill-cp",
-                   "--cp-strategy", "interleave"], True),
-    (DEEPSEEK_V32, ["--tp-size", "8", "--enable-prefill-cp", "--cp-strategy", "zigzag"], True),
-    (DEEPSEEK_V32, ["--tp-size", "8", "--enable-prefill-cp", "--cp-strategy", "interleave"], True),
-    (DEEPSEEK_V3, ["--tp-size", "8", "--ep-size", "2"], True),
-    ({"architectures": ["PixtralForConditionalGeneration"]},
-     ["--tp-size", "4", "--enable-prefill-cp", "--cp-strategy", "zigzag"], False),
-])  # fmt: skip
+@pytest.mark.parametrize(
+    ("config", "argv", "mla"),
+    [
+        (DEEPSEEK_V3, ["--tp-size", "8", "--enable-prefill-cp", "--cp-strategy", "zigzag"], True),
+        (
+            DEEPSEEK_V3,
+            [
+                "--tp-size",
+                "8",
+                "--dp-size",
+                "2",
+                "--enable-prefill-cp",
+                "--cp-strategy",
+                "interleave",
+            ],
+            True,
+        ),
+        (DEEPSEEK_V32, ["--tp-size", "8", "--enable-prefill-cp", "--cp-strategy", "zigzag"], True),
+        (
+            DEEPSEEK_V32,
+            ["--tp-size", "8", "--enable-prefill-cp", "--cp-strategy", "interleave"],
+            True,
+        ),
+        (DEEPSEEK_V3, ["--tp-size", "8", "--ep-size", "2"], True),
+        (
+            {"architectures": ["PixtralForConditionalGeneration"]},
+            ["--tp-size", "4", "--enable-prefill-cp", "--cp-strategy", "zigzag"],
+            False,
+        ),
+    ],
+)
 def test_deepseek_prefill_cp_sets_the_layout_sglangs_override_sets(
     version: str, config: dict[str, Any], argv: list[str], mla: bool
 ) -> None:
@@ -69,11 +107,16 @@ def test_deepseek_prefill_cp_sets_the_layout_sglangs_override_sets(
     assert len(rank_layout(a).ranks) == replicas * sglang["tp_size"]
 
 
-@pytest.mark.parametrize(("blackwell", "argv"), [
-    (True, []), (True, ["--moe-runner-backend", "flashinfer_cutlass"]),
-    (True, ["--moe-runner-backend", "flashinfer_trtllm_routed"]), (False, []),
-    (False, ["--moe-runner-backend", "flashinfer_cutlass"]),
-])  # fmt: skip
+@pytest.mark.parametrize(
+    ("blackwell", "argv"),
+    [
+        (True, []),
+        (True, ["--moe-runner-backend", "flashinfer_cutlass"]),
+        (True, ["--moe-runner-backend", "flashinfer_trtllm_routed"]),
+        (False, []),
+        (False, ["--moe-runner-backend", "flashinfer_cutlass"]),
+    ],
+)
 def test_minimax_m3_nvfp4_moves_to_megamoe_on_blackwell_as_sglang_does(
     blackwell: bool, argv: list[str]
 ) -> None:
@@ -81,7 +124,9 @@ def test_minimax_m3_nvfp4_moves_to_megamoe_on_blackwell_as_sglang_does(
     sglang = model_override("0.5.23", M3_NVFP4, _fields(full), blackwell=blackwell)
     a, _ = models.for_model(parse_sglang_args([*M, *full]), M3_NVFP4, "0.5.23", blackwell)
     assert (a.a2a, a.ep, a.quantization) == (
-        sglang["moe_a2a_backend"], sglang["ep_size"], sglang["quantization"]
+        sglang["moe_a2a_backend"],
+        sglang["ep_size"],
+        sglang["quantization"],
     )
     assert (a.moe_backend or "auto") == sglang["moe_runner_backend"]
 

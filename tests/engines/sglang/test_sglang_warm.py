@@ -43,21 +43,40 @@ class Rig:
         gpu = fake_gpu_bin(root / "bin", H200_ROW)
         theirs = ("SGLANG_", "FI_CACHE_", "TRITON_", "VLLM_FLASHINFER_")
         keep = {k: v for k, v in os.environ.items() if not k.startswith(theirs)}
-        self.env = {**keep, "HOME": str(self.home), "PYTHONPATH": str(ROOT),
-                    "PATH": f"{gpu}{os.pathsep}{os.environ['PATH']}",
-                    "FI_CACHE_STANDIN_REPORT": str(self.report),
-                    "FI_CACHE_STOP_GRACE": "2"}  # fmt: skip
+        self.env = {
+            **keep,
+            "HOME": str(self.home),
+            "PYTHONPATH": str(ROOT),
+            "PATH": f"{gpu}{os.pathsep}{os.environ['PATH']}",
+            "FI_CACHE_STANDIN_REPORT": str(self.report),
+            "FI_CACHE_STOP_GRACE": "2",
+        }
 
     def argv(self, *args: str) -> list[str]:
         return [sys.executable, "-m", "fi_cache", "--store", str(self.store), *args]
 
     def run(self, *args: str, **env: str) -> subprocess.CompletedProcess[str]:
-        return subprocess.run(self.argv(*args), env={**self.env, **env}, cwd=self.root,
-                              capture_output=True, text=True, timeout=300)  # fmt: skip
+        return subprocess.run(
+            self.argv(*args),
+            env={**self.env, **env},
+            cwd=self.root,
+            capture_output=True,
+            text=True,
+            timeout=300,
+        )
 
     def warm(self, *args: str, **env: str) -> subprocess.CompletedProcess[str]:
-        return self.run("--format", "json", "warm", "--engine", "sglang", "--sglang",
-                        str(self.sglang), *args, **env)  # fmt: skip
+        return self.run(
+            "--format",
+            "json",
+            "warm",
+            "--engine",
+            "sglang",
+            "--sglang",
+            str(self.sglang),
+            *args,
+            **env,
+        )
 
     def starts(self) -> list[dict[str, Any]]:
         """What each stand-in start saw (its report lines)."""
@@ -148,15 +167,21 @@ def test_deterministic_inference_tunes_nothing_and_still_starts(rig: Rig) -> Non
 @pytest.mark.parametrize(
     ("args", "env", "said"),
     [
-        (["--finalize", "fused", *MODEL, "--enable-deterministic-inference"], {},
-         "--enable-deterministic-inference asks SGLang for unfused finalize"),
-        (MODEL, {"SGLANG_FLASHINFER_MOE_FUSED_FINALIZE": "maybe"},
-         "SGLANG_FLASHINFER_MOE_FUSED_FINALIZE='maybe'"),
+        (
+            ["--finalize", "fused", *MODEL, "--enable-deterministic-inference"],
+            {},
+            "--enable-deterministic-inference asks SGLang for unfused finalize",
+        ),
+        (
+            MODEL,
+            {"SGLANG_FLASHINFER_MOE_FUSED_FINALIZE": "maybe"},
+            "SGLANG_FLASHINFER_MOE_FUSED_FINALIZE='maybe'",
+        ),
         (["--moe-runner-backend", "flashinfer_cutlass"], {}, "no model in the SGLang arguments"),
         (["--model-path", "M", "--tp-size", "two"], {}, "--tp-size 'two' is not a positive"),
         (["--model-path", "M", "--nnodes", "2"], {}, "--nnodes 2 starts only when every node"),
     ],
-)  # fmt: skip
+)
 def test_bad_input_is_one_line_exit_2_and_nothing_in_the_store(
     rig: Rig, args: list[str], env: dict[str, str], said: str
 ) -> None:
@@ -170,7 +195,7 @@ def test_bad_input_is_one_line_exit_2_and_nothing_in_the_store(
 def test_an_unknown_release_is_refused_before_anything_starts(rig: Rig, tmp_path: Path) -> None:
     wrapper = tmp_path / "wrap" / "sglang"
     wrapper.parent.mkdir()
-    wrapper.write_text(f"#!/bin/sh\nexec {rig.sglang} \"$@\"\n")
+    wrapper.write_text(f'#!/bin/sh\nexec {rig.sglang} "$@"\n')
     wrapper.chmod(0o755)
     p = rig.run("warm", "--engine", "sglang", "--sglang", str(wrapper), *MODEL)
     assert p.returncode == 2
@@ -190,8 +215,10 @@ def test_a_launch_that_fails_is_named_with_sglangs_words(rig: Rig) -> None:
     p = rig.warm(*MODEL, "--no-such-flag")
     assert p.returncode == 1  # a warm that failed (docs/serving.md, exit codes)
     assert "unrecognized arguments: --no-such-flag" in p.stderr  # SGLang's parser said it
-    assert p.stderr.strip().splitlines()[-1].endswith(
-        "SGLang exited with code 2 before it was healthy"
+    assert (
+        p.stderr.strip()
+        .splitlines()[-1]
+        .endswith("SGLang exited with code 2 before it was healthy")
     )
     manifests = list((rig.store / "namespaces").rglob("manifest.json"))
     assert manifests == []  # no warm recorded
@@ -199,8 +226,10 @@ def test_a_launch_that_fails_is_named_with_sglangs_words(rig: Rig) -> None:
     assert (rig.home / ".cache" / "sglang" / "torch_compile_cache").is_dir()  # theirs stays
 
 
-@pytest.mark.skipif("0.6.17" not in FLASHINFER_INSTALLS and not os.environ.get(
-    "FI_CACHE_REQUIRE_FLASHINFER"), reason="FlashInfer 0.6.17 not installed")  # fmt: skip
+@pytest.mark.skipif(
+    "0.6.17" not in FLASHINFER_INSTALLS and not os.environ.get("FI_CACHE_REQUIRE_FLASHINFER"),
+    reason="FlashInfer 0.6.17 not installed",
+)
 def test_0_5_18_defaults_to_fused_and_reads_the_variable(tmp_path: Path) -> None:
     rig = _rig(tmp_path, "0.5.18")
     fused, unfused = rig.warm(*MODEL), rig.warm("--finalize", "unfused", *MODEL)
@@ -211,16 +240,28 @@ def test_0_5_18_defaults_to_fused_and_reads_the_variable(tmp_path: Path) -> None
     a, b = (json.loads(p.stdout)["files"][0]["path"] for p in (fused, unfused))
     assert a != b and Path(a).name == Path(b).name == "rank_tp0_pp0_dp0.json"
     assert rig.warm("--again", *MODEL).returncode == 0  # 0.5.18 saves only what is new
-    assert rig.starts()[-1]["files"][0] | {"profiled": 0, "rewritten": False} == (
-        rig.starts()[-1]["files"][0]
+    assert (
+        rig.starts()[-1]["files"][0] | {"profiled": 0, "rewritten": False}
+        == (rig.starts()[-1]["files"][0])
     )
 
 
 def _serve(rig: Rig, port: int, *args: str) -> subprocess.Popen[str]:
-    argv = rig.argv("--format", "json", "serve", "--engine", "sglang", "--sglang",
-                    str(rig.sglang), *args, "--port", str(port))  # fmt: skip
-    return subprocess.Popen(argv, env=rig.env, cwd=rig.root, stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True)  # fmt: skip
+    argv = rig.argv(
+        "--format",
+        "json",
+        "serve",
+        "--engine",
+        "sglang",
+        "--sglang",
+        str(rig.sglang),
+        *args,
+        "--port",
+        str(port),
+    )
+    return subprocess.Popen(
+        argv, env=rig.env, cwd=rig.root, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+    )
 
 
 def _until_healthy(proc: subprocess.Popen[str], port: int, limit: float = 120) -> None:
@@ -327,14 +368,21 @@ def _alive(pid: int) -> bool:
 
 def _popen_warm(rig: Rig, **env: str) -> subprocess.Popen[str]:
     argv = rig.argv("warm", "--engine", "sglang", "--sglang", str(rig.sglang), *MODEL)
+
     # A shell running the tests in the background (`cmd &`) leaves SIGINT ignored, and Python
     # keeps an ignored SIGINT: give the child the default a terminal user has.
     def default_sigint() -> None:
         signal.signal(signal.SIGINT, signal.default_int_handler)
 
-    return subprocess.Popen(argv, env={**rig.env, **env}, cwd=rig.root, text=True,
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                            preexec_fn=default_sigint)  # fmt: skip
+    return subprocess.Popen(
+        argv,
+        env={**rig.env, **env},
+        cwd=rig.root,
+        text=True,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        preexec_fn=default_sigint,
+    )
 
 
 def _started(rig: Rig) -> int:
@@ -394,8 +442,13 @@ def test_serve_refuses_a_read_only_store_where_sglang_saves_at_every_start(
     assert "SGLang 0.5.23 saves its rank file at every start" in p.stderr
     # What serve spares the user: 0.5.23's own context on that fully warm dir fails the start.
     env = {**rig.env, "SGLANG_CACHE_DIR": rig.starts()[0]["env"]["SGLANG_CACHE_DIR"]}
-    direct = subprocess.run([str(rig.sglang), "serve", *MODEL, "--port", str(free_port())],
-                            env=env, capture_output=True, text=True, timeout=120)  # fmt: skip
+    direct = subprocess.run(
+        [str(rig.sglang), "serve", *MODEL, "--port", str(free_port())],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert direct.returncode != 0 and "Read-only file system" in direct.stderr
 
 
@@ -415,8 +468,12 @@ def _hf_copy(rig: Rig, model: str, config: dict[str, Any]) -> Path:
     return local
 
 
-QWEN3_MOE = {"architectures": ["Qwen3MoeForCausalLM"], "model_type": "qwen3_moe",
-             "torch_dtype": "bfloat16", "num_experts": 128}  # fmt: skip
+QWEN3_MOE = {
+    "architectures": ["Qwen3MoeForCausalLM"],
+    "model_type": "qwen3_moe",
+    "torch_dtype": "bfloat16",
+    "num_experts": 128,
+}
 
 
 def test_the_same_model_by_its_local_path_starts_on_a_seeded_key_dir_and_tunes_nothing(

@@ -31,27 +31,48 @@ _MODEL_CONFIG = "sglang/srt/configs/model_config.py"
 _COMMON = "sglang/srt/utils/common.py"
 # SGLang's defaults for the fields the passes read (arg_groups/fields/*.py 0.5.23).
 DEFAULTS: dict[str, Any] = {
-    "tp_size": 1, "ep_size": 1, "dp_size": 1, "attn_dp_size": 1, "attn_cp_size": 1,
-    "dcp_size": 1, "moe_a2a_backend": "none", "moe_runner_backend": "auto",
-    "enable_waterfill": False, "enable_prefill_cp": False, "cp_strategy": None,
-    "enable_dp_attention": False, "enable_hisparse": False, "enable_hierarchical_cache": False,
-    "disaggregation_mode": "null", "speculative_eagle_topk": None, "speculative_algorithm": None,
-    "attention_backend": None, "prefill_attention_backend": None,
-    "decode_attention_backend": None, "kv_cache_dtype": "auto", "page_size": None,
-    "quantization": None, "moe_dense_tp_size": None, "fp8_gemm_runner_backend": "auto",
-    "_quantization_explicitly_unset": False, "dsa_prefill_backend": None,
-    "dsa_decode_backend": None, "dcp_replicate_q_proj": None, "dcp_comm_backend": None,
-}  # fmt: skip
+    "tp_size": 1,
+    "ep_size": 1,
+    "dp_size": 1,
+    "attn_dp_size": 1,
+    "attn_cp_size": 1,
+    "dcp_size": 1,
+    "moe_a2a_backend": "none",
+    "moe_runner_backend": "auto",
+    "enable_waterfill": False,
+    "enable_prefill_cp": False,
+    "cp_strategy": None,
+    "enable_dp_attention": False,
+    "enable_hisparse": False,
+    "enable_hierarchical_cache": False,
+    "disaggregation_mode": "null",
+    "speculative_eagle_topk": None,
+    "speculative_algorithm": None,
+    "attention_backend": None,
+    "prefill_attention_backend": None,
+    "decode_attention_backend": None,
+    "kv_cache_dtype": "auto",
+    "page_size": None,
+    "quantization": None,
+    "moe_dense_tp_size": None,
+    "fp8_gemm_runner_backend": "auto",
+    "_quantization_explicitly_unset": False,
+    "dsa_prefill_backend": None,
+    "dsa_decode_backend": None,
+    "dcp_replicate_q_proj": None,
+    "dcp_comm_backend": None,
+}
 
 
 def _take(text: str, names: Iterable[str], glb: dict[str, Any], where: str) -> dict[str, Any]:
     """The top-level functions and assignments `names` of `text`, compiled into `glb`."""
     wanted = set(names)
     body = [
-        n for n in ast.parse(text).body
+        n
+        for n in ast.parse(text).body
         if (isinstance(n, ast.FunctionDef) and n.name in wanted)
         or (isinstance(n, ast.Assign) and {getattr(t, "id", "") for t in n.targets} & wanted)
-    ]  # fmt: skip
+    ]
     found = {n.name if isinstance(n, ast.FunctionDef) else n.targets[0].id for n in body}  # type: ignore[attr-defined]
     assert found == wanted, f"{where} lacks {wanted - found}"
     flags = __future__.annotations.compiler_flag
@@ -70,12 +91,16 @@ class _Envs:
 
 
 def _glb(**env: bool) -> dict[str, Any]:
-    return {"Any": Any, "envs": _Envs(**env), "Dict": dict,
-            "logger": logging.getLogger("sglang-standin"),
-            "register_post_process": lambda fn: fn,
-            "_register_for": lambda *archs: (lambda fn: fn),
-            "resolving_view": lambda sa: sa,
-            "is_attention_backend_not_set": lambda c: c.attention_backend is None}  # fmt: skip
+    return {
+        "Any": Any,
+        "envs": _Envs(**env),
+        "Dict": dict,
+        "logger": logging.getLogger("sglang-standin"),
+        "register_post_process": lambda fn: fn,
+        "_register_for": lambda *archs: lambda fn: fn,
+        "resolving_view": lambda sa: sa,
+        "is_attention_backend_not_set": lambda c: c.attention_backend is None,
+    }
 
 
 def a2a_passes(version: str, fields: dict[str, Any], **env: bool) -> dict[str, Any]:
@@ -90,8 +115,9 @@ def a2a_passes(version: str, fields: dict[str, Any], **env: bool) -> dict[str, A
 
 
 def _platform(blackwell: bool) -> types.SimpleNamespace:
-    return types.SimpleNamespace(is_npu=False, is_xpu=False, is_hip=False, is_sm100=blackwell,
-                                 is_blackwell=blackwell)  # fmt: skip
+    return types.SimpleNamespace(
+        is_npu=False, is_xpu=False, is_hip=False, is_sm100=blackwell, is_blackwell=blackwell
+    )
 
 
 def _model_config_module(version: str) -> types.ModuleType:
@@ -106,18 +132,27 @@ def _model_config_module(version: str) -> types.ModuleType:
 
 
 def model_override(
-    version: str, config: dict[str, Any], fields: dict[str, Any], *, mla: bool = True,
+    version: str,
+    config: dict[str, Any],
+    fields: dict[str, Any],
+    *,
+    mla: bool = True,
     blackwell: bool = False,
-) -> dict[str, Any]:  # fmt: skip
+) -> dict[str, Any]:
     """What SGLang `version` resolves `fields` to for a model of HF `config` (a dict, read as
     SGLang's PretrainedConfig attributes): its model override, then its a2a passes."""
     hf_config = types.SimpleNamespace(**config)
-    glb = {**_glb(), "get_platform": lambda: _platform(blackwell),
-           "use_mla_backend": lambda sa: mla}  # fmt: skip
+    glb = {
+        **_glb(),
+        "get_platform": lambda: _platform(blackwell),
+        "use_mla_backend": lambda sa: mla,
+    }
     arch = config["architectures"][0]
     view = types.SimpleNamespace(**{**DEFAULTS, **fields})
-    saved = {n: sys.modules.get(n) for n in ("sglang.srt.configs.model_config",
-                                             "sglang.srt.layers.attention.dsa.utils")}  # fmt: skip
+    saved = {
+        n: sys.modules.get(n)
+        for n in ("sglang.srt.configs.model_config", "sglang.srt.layers.attention.dsa.utils")
+    }
     dsa_utils = types.ModuleType("sglang.srt.layers.attention.dsa.utils")
     dsa_utils.aiter_can_use_preshuffle_paged_mqa = lambda: True  # type: ignore[attr-defined]
     sys.modules["sglang.srt.configs.model_config"] = _model_config_module(version)
@@ -131,8 +166,9 @@ def model_override(
         else:
             if version >= "0.5.23":
                 _take(sglang_module(version, _BASE), ("context_parallel_attn_dp_size",), glb, _BASE)
-            names = ("_deepseek_family_overrides",) + (("_dsa_dcp_overrides",)
-                                                       if version >= "0.5.23" else ())  # fmt: skip
+            names = ("_deepseek_family_overrides",) + (
+                ("_dsa_dcp_overrides",) if version >= "0.5.23" else ()
+            )
             code = _take(sglang_module(version, _DEEPSEEK), names, glb, _DEEPSEEK)
             found = code["_deepseek_family_overrides"](view, hf_config)
     finally:

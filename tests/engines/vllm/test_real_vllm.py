@@ -84,8 +84,12 @@ def test_warm_runs_real_vllm_to_health_and_leaves_no_process(
     store = tmp_path / "store"
     p = subprocess.run(
         _fi(store, "--format", "json", "warm", "--", str(vllm_model), *FAST),
-        env=env, capture_output=True, text=True, timeout=400, check=False,
-    )  # fmt: skip
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=400,
+        check=False,
+    )
     assert p.returncode == 0, p.stderr[-3000:]
     doc = json.loads(p.stdout)
     assert doc["vllm_version"] == "0.32.0" and doc["files"] == []
@@ -104,11 +108,22 @@ def test_serve_execs_real_vllm_which_sees_no_unknown_variable(
     warns about no variable fi-cache set."""
     store, port = tmp_path / "store", free_port()
     argv = [str(vllm_model), *FAST, "--port", str(port)]
-    warm = subprocess.run(_fi(store, "warm", "--", *argv), env=env, capture_output=True,
-                          text=True, timeout=400, check=False)  # fmt: skip
+    warm = subprocess.run(
+        _fi(store, "warm", "--", *argv),
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=400,
+        check=False,
+    )
     assert warm.returncode == 0, warm.stderr[-3000:]
-    serve = subprocess.Popen(_fi(store, "serve", "--", *argv), env=env, text=True,
-                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT)  # fmt: skip
+    serve = subprocess.Popen(
+        _fi(store, "serve", "--", *argv),
+        env=env,
+        text=True,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+    )
     try:
         assert _healthy(port, serve), "serve's vLLM never became healthy"
     finally:
@@ -124,8 +139,14 @@ def test_a_failed_start_is_vllms_exit_code_and_its_words(
 ) -> None:
     store = tmp_path / "store"
     # vLLM's own parser rejects the flag: exit 2 from argparse, before anything starts.
-    p = subprocess.run(_fi(store, "warm", "--", str(vllm_model), *FAST, "--no-such-flag"), env=env,
-                       capture_output=True, text=True, timeout=300, check=False)  # fmt: skip
+    p = subprocess.run(
+        _fi(store, "warm", "--", str(vllm_model), *FAST, "--no-such-flag"),
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=False,
+    )
     assert p.returncode == 1
     assert "unrecognized arguments: --no-such-flag" in p.stderr
     last = p.stderr.strip().splitlines()[-1]
@@ -144,8 +165,14 @@ def test_a_failed_warm_shows_the_root_cause_vllm_printed_far_above(
     outside the 30-line tail: the warm names it."""
     store = tmp_path / "store"
     env = {**env, "VLLM_CPU_KVCACHE_SPACE": "100000"}  # GiB: more than any machine has
-    p = subprocess.run(_fi(store, "warm", "--", str(vllm_model), *FAST), env=env,
-                       capture_output=True, text=True, timeout=300, check=False)  # fmt: skip
+    p = subprocess.run(
+        _fi(store, "warm", "--", str(vllm_model), *FAST),
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=False,
+    )
     assert p.returncode == 1
     [cause] = [ln for ln in p.stderr.splitlines() if ln.startswith("fi-cache: root cause")]
     assert "ValueError: Available memory on node" in cause
@@ -160,10 +187,13 @@ def test_stopping_a_real_warm_ends_every_vllm_process(
     seconds, and no warm is recorded."""
     store = tmp_path / "store"
     warm = subprocess.Popen(
-        _fi(store, "warm", "--", str(vllm_model), *FAST), env=env, text=True,
-        stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+        _fi(store, "warm", "--", str(vllm_model), *FAST),
+        env=env,
+        text=True,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
         preexec_fn=lambda: signal.signal(signal.SIGINT, signal.default_int_handler),
-    )  # fmt: skip
+    )
     deadline = time.monotonic() + 240
     while len(_vllm_processes(store)) < 3 and time.monotonic() < deadline:
         time.sleep(0.5)  # API server, engine core, worker
@@ -188,8 +218,14 @@ def test_a_changed_config_starts_from_a_seeded_file_at_the_path_vllm_reads(
     from tests.conftest import GEMM_618
 
     store = tmp_path / "store"
-    first = subprocess.run(_fi(store, "warm", "--", str(vllm_model), *FAST), env=env,
-                           capture_output=True, text=True, timeout=400, check=False)  # fmt: skip
+    first = subprocess.run(
+        _fi(store, "warm", "--", str(vllm_model), *FAST),
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=400,
+        check=False,
+    )
     assert first.returncode == 0, first.stderr[-3000:]
     [manifest] = list((store / "namespaces").rglob("manifest.json"))
     earlier = f"vllm/{'a' * 64}/autotune_configs_dp0_rank0.json"
@@ -203,8 +239,11 @@ def test_a_changed_config_starts_from_a_seeded_file_at_the_path_vllm_reads(
     second = subprocess.run(
         _fi(store, "--format", "json", "warm", "--", *argv),
         env={**env, "FI_CACHE_TEST_HASH_OUT": str(hashes)},
-        capture_output=True, text=True, timeout=400, check=False,
-    )  # fmt: skip
+        capture_output=True,
+        text=True,
+        timeout=400,
+        check=False,
+    )
     assert second.returncode == 0, second.stderr[-3000:]
     worker_hash = json.loads(hashes.read_text().splitlines()[-1])["hash"]
     seeded = manifest.parent / "vllm" / worker_hash / "autotune_configs_dp0_rank0.json"
@@ -213,7 +252,11 @@ def test_a_changed_config_starts_from_a_seeded_file_at_the_path_vllm_reads(
     [f] = json.loads(second.stdout)["files"]
     assert f["path"] == str(seeded) and f["seeded"] == 38
     third = subprocess.run(
-        _fi(store, "warm", "--no-seed", "--", str(vllm_model), *FAST[:-1], "64"), env=env,
-        capture_output=True, text=True, timeout=400, check=False,
-    )  # fmt: skip
+        _fi(store, "warm", "--no-seed", "--", str(vllm_model), *FAST[:-1], "64"),
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=400,
+        check=False,
+    )
     assert third.returncode == 0 and "seeded" not in third.stderr

@@ -72,8 +72,13 @@ def test_a_saved_answer_is_not_reused_after_an_edit_to_a_hashed_ir_op_provider(
     vllm_c.py is another hash dir, with the same dist-info): the saved answer is not reused
     (a STAND-IN child: it counts the asks)."""
     asks, child, site = tmp_path / "asks", tmp_path / "python", tmp_path / "site"
-    answer = {"vllm_version": "0.34.0", "hash": "a" * 64, "dir": str(tmp_path), "files": [],
-              "root_from": "VLLM_CACHE_ROOT"}  # fmt: skip
+    answer = {
+        "vllm_version": "0.34.0",
+        "hash": "a" * 64,
+        "dir": str(tmp_path),
+        "files": [],
+        "root_from": "VLLM_CACHE_ROOT",
+    }
     child.write_text(f"#!/bin/sh\necho x >> {asks}\necho '{json.dumps(answer)}'\n")
     child.chmod(0o755)
     state = tmp_path / "state"
@@ -103,9 +108,10 @@ def test_the_ir_op_provider_files_are_those_cudas_priority_lists_name(version: s
     root = unpacked(version)
     cuda = ast.parse((root / "vllm/platforms/cuda.py").read_text())
     method = next(
-        n for n in ast.walk(cuda)
+        n
+        for n in ast.walk(cuda)
         if isinstance(n, ast.FunctionDef) and n.name == "get_default_ir_op_priority"
-    )  # fmt: skip
+    )
     providers = {
         c.value
         for c in ast.walk(method)
@@ -221,8 +227,15 @@ def test_the_prediction_runs_the_workers_block_size_step_and_says_the_hash_depen
     lists it in depends_on unless --block-size fixes it (real vLLM 0.32 runs the child: the only
     vLLM with a CPU build; test_vllm_predict checks the hash is the worker's)."""
     env = {**os.environ, "VLLM_CPU_KVCACHE_SPACE": "1", "VLLM_CACHE_ROOT": str(tmp_path)}
-    argv = ["--model", str(vllm_model), "--load-format", "dummy", "--enforce-eager",
-            "--max-model-len", "256"]  # fmt: skip
+    argv = [
+        "--model",
+        str(vllm_model),
+        "--load-format",
+        "dummy",
+        "--enforce-eager",
+        "--max-model-len",
+        "256",
+    ]
     free = predict(VLLM_PYTHON, "0.32.0", argv, env, None)
     assert any("KV-cache block size" in d for d in free.depends_on), free.depends_on
     fixed = predict(VLLM_PYTHON, "0.32.0", [*argv, "--block-size", "16"], env, None)
@@ -270,8 +283,18 @@ def test_doctor_judges_pipeline_stage_files_per_stage(run: Any, tmp_path: Path) 
 
 def test_doctor_reads_a_034_command_line_with_its_new_flags(run: Any) -> None:
     """`--shuffle-safetensors-files -tp 2` is TP 2: doctor names both rank files."""
-    r = run("doctor", "--vllm-version", "0.34.0", "--flashinfer-version", "0.7.4", "--",
-            "Qwen/Qwen3-8B", "--shuffle-safetensors-files", "-tp", "2")  # fmt: skip
+    r = run(
+        "doctor",
+        "--vllm-version",
+        "0.34.0",
+        "--flashinfer-version",
+        "0.7.4",
+        "--",
+        "Qwen/Qwen3-8B",
+        "--shuffle-safetensors-files",
+        "-tp",
+        "2",
+    )
     assert r.code == 0, r.err
     assert "autotune_configs_dp0_rank0.json, autotune_configs_dp0_rank1.json" in r.out
 
@@ -310,13 +333,31 @@ def test_a_readable_config_decides_moe_for_the_layout_model(run: Any, tmp_path: 
 
 
 def test_doctor_says_which_flashinfer_vllm_034_imports_against_its_pin(run: Any) -> None:
-    r = run("--format", "json", "doctor", "--vllm-version", "0.34.0", "--flashinfer-version",
-            "0.7.4", "--check", "flashinfer-pin")  # fmt: skip
+    r = run(
+        "--format",
+        "json",
+        "doctor",
+        "--vllm-version",
+        "0.34.0",
+        "--flashinfer-version",
+        "0.7.4",
+        "--check",
+        "flashinfer-pin",
+    )
     [f] = r.json()["findings"]
     assert "vLLM 0.34.0 pins flashinfer-python==0.7.3" in f["message"]
     assert "cannot resolve" in f["message"] and "imports FlashInfer 0.7.4" in f["message"]
-    r = run("--format", "json", "doctor", "--vllm-version", "0.33.0", "--flashinfer-version",
-            "0.7.2.post1", "--check", "flashinfer-pin")  # fmt: skip
+    r = run(
+        "--format",
+        "json",
+        "doctor",
+        "--vllm-version",
+        "0.33.0",
+        "--flashinfer-version",
+        "0.7.2.post1",
+        "--check",
+        "flashinfer-pin",
+    )
     assert r.json()["findings"] == []
 
 
@@ -394,8 +435,11 @@ def test_warm_aligns_a_tune_group_never_two_pipeline_stages(
     from tests.vllm_rig import MODEL, make_rig, vllm_dist
 
     rig = make_rig(tmp_path)
-    dist = {**vllm_dist(rig, "0.34.0"), "FAKE_VLLM_RANKS": "2",
-            "FAKE_VLLM_CACHE_SOURCE": str(GEMM_618)}  # fmt: skip
+    dist = {
+        **vllm_dist(rig, "0.34.0"),
+        "FAKE_VLLM_RANKS": "2",
+        "FAKE_VLLM_CACHE_SOURCE": str(GEMM_618),
+    }
     done = rig.run("warm", "--", MODEL, *layout, **dist)
     assert done.returncode == 0, done.stderr
     counts = list(_entry_counts(rig).values())

@@ -95,8 +95,14 @@ def test_launchers_console_script_python_and_module_form(
         m = launch.find_launcher(spec)
         # the module's parser never uses a positional model (launchers/api_server/entry.py)
         assert m.command(["M", "-tp", "2"]) == [
-            sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model", "M", "-tp", "2",
-        ]  # fmt: skip
+            sys.executable,
+            "-m",
+            "vllm.entrypoints.openai.api_server",
+            "--model",
+            "M",
+            "-tp",
+            "2",
+        ]
         assert m.command(["--model", "M"])[-2:] == ["--model", "M"]
     with pytest.raises(Refused, match="give the vLLM executable, a Python"):
         launch.find_launcher(f"{sys.executable} -c print")
@@ -183,11 +189,15 @@ UNDERSCORED = [
     (["m", "--data_parallel_size=4"], ["m", "--data-parallel-size=4"]),
     (["m", "--no_enable_flashinfer_autotune"], ["m", "--no-enable-flashinfer-autotune"]),
     (["m", "--optimization_level", "0"], ["m", "--optimization-level", "0"]),
-    (["m", "--kernel_config.enable_flashinfer_autotune", "false"],
-     ["m", "--kernel-config.enable_flashinfer_autotune", "false"]),
-    (["m", "--enable_expert_parallel", "--moe_backend", "flashinfer_cutlass"],
-     ["m", "--enable-expert-parallel", "--moe-backend", "flashinfer_cutlass"]),
-]  # fmt: skip
+    (
+        ["m", "--kernel_config.enable_flashinfer_autotune", "false"],
+        ["m", "--kernel-config.enable_flashinfer_autotune", "false"],
+    ),
+    (
+        ["m", "--enable_expert_parallel", "--moe_backend", "flashinfer_cutlass"],
+        ["m", "--enable-expert-parallel", "--moe-backend", "flashinfer_cutlass"],
+    ),
+]
 
 
 @pytest.mark.parametrize(("underscored", "dashed"), UNDERSCORED)
@@ -196,8 +206,12 @@ def test_underscores_in_option_names_read_as_vllm_reads_them(
 ) -> None:
     a, b = parse_serve_args(underscored), parse_serve_args(dashed)
     assert (a.tp, a.dp, a.autotune_off, a.expert_parallel, a.moe_backend) == (
-        b.tp, b.dp, b.autotune_off, b.expert_parallel, b.moe_backend
-    )  # fmt: skip
+        b.tp,
+        b.dp,
+        b.autotune_off,
+        b.expert_parallel,
+        b.moe_backend,
+    )
     assert a.autotune_off or a.tp > 1 or a.dp > 1 or a.expert_parallel  # each one changes something
 
 
@@ -219,8 +233,13 @@ def test_vllm_032s_own_parser_reads_the_underscored_spellings_alike() -> None:
         "print(json.dumps(out))\n"
     )
     pairs = [argv for pair in UNDERSCORED for argv in pair]
-    p = subprocess.run([VLLM_PYTHON, "-c", code, json.dumps(pairs)], capture_output=True,
-                       text=True, timeout=300, check=False)  # fmt: skip
+    p = subprocess.run(
+        [VLLM_PYTHON, "-c", code, json.dumps(pairs)],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=False,
+    )
     assert p.returncode == 0, p.stderr[-2000:]
     parsed = json.loads(p.stdout.strip().splitlines()[-1])
     for i in range(0, len(parsed), 2):
@@ -237,6 +256,7 @@ def test_vllm_032_rejects_the_disable_flag_that_033_added() -> None:
         "parser = make_arg_parser(FlexibleArgumentParser())\n"
         "parser.parse_args(['m', '--disable-flashinfer-autotune'])\n"
     )
-    p = subprocess.run([VLLM_PYTHON, "-c", code], capture_output=True, text=True, timeout=300,
-                       check=False)  # fmt: skip
+    p = subprocess.run(
+        [VLLM_PYTHON, "-c", code], capture_output=True, text=True, timeout=300, check=False
+    )
     assert p.returncode == 2 and "unrecognized arguments: --disable-flashinfer-autotune" in p.stderr

@@ -85,8 +85,14 @@ def test_flashinfer_074_runs_unfused_finalize_when_torch_is_deterministic() -> N
         rule = _none_rule(fn)
         assert rule.lineno == line
         rules.append(ast.unparse(rule))
-    p = subprocess.run([sys.executable, "-c", _RUN_RULES], input=json.dumps(rules),
-                       capture_output=True, text=True, timeout=120, check=True)  # fmt: skip
+    p = subprocess.run(
+        [sys.executable, "-c", _RUN_RULES],
+        input=json.dumps(rules),
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=True,
+    )
     assert json.loads(p.stdout) == [False, True, False, True]
 
 
@@ -170,8 +176,14 @@ def test_real_vllm_loads_the_carried_plugin_only_when_asked() -> None:
     ]
     env = {**os.environ, "PYTHONPATH": asked["PYTHONPATH"]}
     env.pop("FI_CACHE_DETERMINISTIC", None)
-    p = subprocess.run([VLLM_PYTHON, "-c", _LOAD, json.dumps(cases)], env=env,
-                       capture_output=True, text=True, timeout=300, check=False)  # fmt: skip
+    p = subprocess.run(
+        [VLLM_PYTHON, "-c", _LOAD, json.dumps(cases)],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=False,
+    )
     assert p.returncode == 0, p.stderr[-2000:]
     assert json.loads(p.stdout.splitlines()[-1]) == [True, False, True, False]
 
@@ -192,9 +204,14 @@ def test_the_carried_dist_info_names_the_plugin_and_its_switch() -> None:
 
 def test_plugin_env_keeps_what_the_user_chose() -> None:
     env = launch.plugin_env(
-        {"VLLM_PLUGINS": "a,b", "CUBLAS_WORKSPACE_CONFIG": ":16:8", "PYTHONPATH": "/x",
-         PLUGIN_ENV: "strict"}, uses_ray=True,
-    )  # fmt: skip
+        {
+            "VLLM_PLUGINS": "a,b",
+            "CUBLAS_WORKSPACE_CONFIG": ":16:8",
+            "PYTHONPATH": "/x",
+            PLUGIN_ENV: "strict",
+        },
+        uses_ray=True,
+    )
     assert env["VLLM_PLUGINS"] == f"a,b,{PLUGIN_NAME}"
     assert env["CUBLAS_WORKSPACE_CONFIG"] == ":16:8" and env[PLUGIN_ENV] == "strict"
     assert env["PYTHONPATH"] == f"{launch.PLUGIN_DIR}{os.pathsep}/x"
@@ -233,8 +250,16 @@ def rig(tmp_path: Path) -> Rig:
 
 def test_serve_deterministic_on_vllm_034_and_flashinfer_074_carries_the_plugin(rig: Rig) -> None:
     site = _site(rig, "0.34.0", "0.7.4")
-    p = rig.run("serve", "--deterministic", "--no-warm", "--", MODEL,
-                FAKE_VLLM_MODE="exit-now", VLLM_PLUGINS="other", **site)  # fmt: skip
+    p = rig.run(
+        "serve",
+        "--deterministic",
+        "--no-warm",
+        "--",
+        MODEL,
+        FAKE_VLLM_MODE="exit-now",
+        VLLM_PLUGINS="other",
+        **site,
+    )
     assert p.returncode == 0, p.stderr
     assert "vLLM 0.34.0 with FlashInfer 0.7.4: unfused finalize through fi-cache's vLLM plugin" in (
         p.stderr
@@ -249,8 +274,14 @@ def test_serve_deterministic_on_vllm_034_and_flashinfer_074_carries_the_plugin(r
 
 
 def test_plain_serve_on_the_same_pair_sets_nothing_of_the_plugin(rig: Rig) -> None:
-    p = rig.run("serve", "--no-warm", "--", MODEL, FAKE_VLLM_MODE="exit-now",
-                **_site(rig, "0.34.0", "0.7.4"))  # fmt: skip
+    p = rig.run(
+        "serve",
+        "--no-warm",
+        "--",
+        MODEL,
+        FAKE_VLLM_MODE="exit-now",
+        **_site(rig, "0.34.0", "0.7.4"),
+    )
     assert p.returncode == 0, p.stderr
     env = rig.starts()[0]["env"]
     assert "/fused-" in env["VLLM_FLASHINFER_AUTOTUNE_CACHE_DIR"] and PLUGIN_ENV not in env

@@ -57,17 +57,25 @@ def test_a_python_is_its_own_interpreter_and_a_missing_vllm_has_none(
     ("argv", "expected"),
     [
         # issue 43: the user's --port reached vLLM beside the warm's (`--port 8000 ... --port N`)
-        (["Qwen/Qwen3-8B", "--port", "8000", "-tp", "2"],
-         ["Qwen/Qwen3-8B", "-tp", "2", "--host", "127.0.0.1", "--port", "5000"]),
-        (["Qwen/Qwen3-8B", "--host=0.0.0.0", "--port=8000"],
-         ["Qwen/Qwen3-8B", "--host", "127.0.0.1", "--port", "5000"]),
+        (
+            ["Qwen/Qwen3-8B", "--port", "8000", "-tp", "2"],
+            ["Qwen/Qwen3-8B", "-tp", "2", "--host", "127.0.0.1", "--port", "5000"],
+        ),
+        (
+            ["Qwen/Qwen3-8B", "--host=0.0.0.0", "--port=8000"],
+            ["Qwen/Qwen3-8B", "--host", "127.0.0.1", "--port", "5000"],
+        ),
         # F5: after a `--` vLLM's argparse takes --host/--port as positionals
-        (["Qwen/Qwen3-30B-A3B", "--", "--x"],
-         ["Qwen/Qwen3-30B-A3B", "--host", "127.0.0.1", "--port", "5000", "--", "--x"]),
-        (["m", "--", "--port", "1"],
-         ["m", "--host", "127.0.0.1", "--port", "5000", "--", "--port", "1"]),
+        (
+            ["Qwen/Qwen3-30B-A3B", "--", "--x"],
+            ["Qwen/Qwen3-30B-A3B", "--host", "127.0.0.1", "--port", "5000", "--", "--x"],
+        ),
+        (
+            ["m", "--", "--port", "1"],
+            ["m", "--host", "127.0.0.1", "--port", "5000", "--", "--port", "1"],
+        ),
     ],
-)  # fmt: skip
+)
 def test_the_warms_address_replaces_the_users_before_any_double_dash(
     argv: list[str], expected: list[str]
 ) -> None:

@@ -54,13 +54,17 @@ def test_v2_root_follows_vllm_then_flashinfer() -> None:
 @pytest.mark.parametrize(
     "argv",
     [
-        ["m", "-O0"], ["m", "-O", "0"], ["m", "-O=0"], ["m", "--optimization-level", "0"],
-        ["m", "--optimization-level=0"], ["m", "--no-enable-flashinfer-autotune"],
+        ["m", "-O0"],
+        ["m", "-O", "0"],
+        ["m", "-O=0"],
+        ["m", "--optimization-level", "0"],
+        ["m", "--optimization-level=0"],
+        ["m", "--no-enable-flashinfer-autotune"],
         ["m", "--kernel-config.enable_flashinfer_autotune", "false"],
         ["m", "--kernel-config.enable_flashinfer_autotune=false"],
         ["m", "--kernel-config", '{"enable_flashinfer_autotune": false}'],
     ],
-)  # fmt: skip
+)
 def test_every_spelling_of_autotune_off(argv: list[str]) -> None:
     parsed = parse_serve_args(argv)
     assert parsed.autotune_off and not parsed.disable_flag and parsed.model == "m"
@@ -99,13 +103,21 @@ print(json.dumps(out))
 @needs_vllm
 def test_vllm_cache_root_agrees_with_real_vllm() -> None:
     cases = [
-        {}, {"XDG_CACHE_HOME": "~/x"}, {"XDG_CACHE_HOME": ""}, {"VLLM_CACHE_ROOT": ""},
-        {"VLLM_CACHE_ROOT": "~/v", "XDG_CACHE_HOME": "/x"}, {"VLLM_CACHE_ROOT": "$HOME/v"},
+        {},
+        {"XDG_CACHE_HOME": "~/x"},
+        {"XDG_CACHE_HOME": ""},
+        {"VLLM_CACHE_ROOT": ""},
+        {"VLLM_CACHE_ROOT": "~/v", "XDG_CACHE_HOME": "/x"},
+        {"VLLM_CACHE_ROOT": "$HOME/v"},
         {"XDG_CACHE_HOME": "rel"},
-    ]  # fmt: skip
+    ]
     env = {k: v for k, v in os.environ.items() if k not in ("VLLM_CACHE_ROOT", "XDG_CACHE_HOME")}
     out = subprocess.run(
         [VLLM_PYTHON, "-c", _VLLM_ROOT, json.dumps(cases)],
-        env=env, capture_output=True, text=True, timeout=120, check=True,
-    )  # fmt: skip
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=True,
+    )
     assert json.loads(out.stdout.strip().splitlines()[-1]) == [vllm_cache_root(c) for c in cases]

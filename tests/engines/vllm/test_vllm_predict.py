@@ -45,8 +45,11 @@ def _worker_hash(argv: list[str], env: dict[str, str]) -> str:
     port = free_port()
     proc = subprocess.Popen(
         [PYTHON, "-m", "vllm.entrypoints.openai.api_server", *argv, "--port", str(port)],
-        env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True,
-    )  # fmt: skip
+        env=env,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        start_new_session=True,
+    )
     try:
         deadline = time.monotonic() + 240
         while time.monotonic() < deadline and proc.poll() is None:
@@ -96,8 +99,11 @@ def test_an_argv_vllm_rejects_is_refused_in_vllms_words(vllm_model: Path, tmp_pa
 
 def test_a_python_without_vllm_is_one_failure_line(tmp_path: Path) -> None:
     """fi-cache's own Python has no vLLM: the child says so; doctor falls back (FiCacheError)."""
-    with pytest.raises(FiCacheError, match="vLLM could not compute its cache location: "
-                       "ModuleNotFoundError: No module named 'vllm'"):  # fmt: skip
+    with pytest.raises(
+        FiCacheError,
+        match="vLLM could not compute its cache location: "
+        "ModuleNotFoundError: No module named 'vllm'",
+    ):
         predict(sys.executable, "0.32.0", ["m"], dict(os.environ), tmp_path)
     assert list(tmp_path.iterdir()) == []  # nothing cached: the next run asks again
 
@@ -139,9 +145,11 @@ def test_moe_data_parallel_ranks_are_world_ranks(vllm_model: Path, tmp_path: Pat
     env = _env(tmp_path)
     folded = predict(PYTHON, "0.32.0", [*base, "-dp", "2", "-tp", "2"], env, None)
     assert folded.files == (
-        "autotune_configs_dp0_rank0.json", "autotune_configs_dp0_rank1.json",
-        "autotune_configs_dp1_rank2.json", "autotune_configs_dp1_rank3.json",
-    )  # fmt: skip
+        "autotune_configs_dp0_rank0.json",
+        "autotune_configs_dp0_rank1.json",
+        "autotune_configs_dp1_rank2.json",
+        "autotune_configs_dp1_rank3.json",
+    )
     assert folded.all_files == folded.files
     assert folded.hash != predict(PYTHON, "0.32.0", [*base, "-tp", "2"], env, None).hash
 
@@ -151,8 +159,13 @@ def test_a_saved_answer_is_not_reused_under_other_vllm_variables(tmp_path: Path)
     the fused start must not answer the unfused one (a STAND-IN child: it counts the asks)."""
     asks = tmp_path / "asks"
     child = tmp_path / "python"
-    answer = {"vllm_version": "0.26.0", "hash": "a" * 64, "dir": str(tmp_path), "files": [],
-              "root_from": "VLLM_CACHE_ROOT"}  # fmt: skip
+    answer = {
+        "vllm_version": "0.26.0",
+        "hash": "a" * 64,
+        "dir": str(tmp_path),
+        "files": [],
+        "root_from": "VLLM_CACHE_ROOT",
+    }
     child.write_text(f"#!/bin/sh\necho x >> {asks}\necho '{json.dumps(answer)}'\n")
     child.chmod(0o755)
     state = tmp_path / "state"
@@ -166,8 +179,13 @@ def test_a_saved_answer_is_not_reused_when_what_vllm_hashes_changed(tmp_path: Pa
     """vLLM hashes the HF config it reads, a --config YAML's settings and torch.compile off: a
     change to any of them is another dir (a STAND-IN child: it counts the asks)."""
     asks, child = tmp_path / "asks", tmp_path / "python"
-    answer = {"vllm_version": "0.32.0", "hash": "a" * 64, "dir": str(tmp_path), "files": [],
-              "root_from": "VLLM_CACHE_ROOT"}  # fmt: skip
+    answer = {
+        "vllm_version": "0.32.0",
+        "hash": "a" * 64,
+        "dir": str(tmp_path),
+        "files": [],
+        "root_from": "VLLM_CACHE_ROOT",
+    }
     child.write_text(f"#!/bin/sh\necho x >> {asks}\necho '{json.dumps(answer)}'\n")
     child.chmod(0o755)
     state, model, yaml = tmp_path / "state", tmp_path / "model", tmp_path / "serve.yaml"
@@ -194,8 +212,13 @@ def test_a_saved_answer_is_not_reused_after_an_upgrade_beside_vllm(tmp_path: Pat
     """transformers parses the HF config vLLM hashes: a new transformers installed beside vLLM
     (or another PYTHONPATH) may be another dir (a STAND-IN child: it counts the asks)."""
     asks, child, site = tmp_path / "asks", tmp_path / "python", tmp_path / "site"
-    answer = {"vllm_version": "0.32.0", "hash": "a" * 64, "dir": str(tmp_path), "files": [],
-              "root_from": "VLLM_CACHE_ROOT"}  # fmt: skip
+    answer = {
+        "vllm_version": "0.32.0",
+        "hash": "a" * 64,
+        "dir": str(tmp_path),
+        "files": [],
+        "root_from": "VLLM_CACHE_ROOT",
+    }
     child.write_text(f"#!/bin/sh\necho x >> {asks}\necho '{json.dumps(answer)}'\n")
     child.chmod(0o755)
     state = tmp_path / "state"

@@ -384,8 +384,17 @@ def test_a_vllm_serve_line_runs_as_is_after_fi_cache_serve(rig: Rig) -> None:
     p = rig.run("warm", "--format", "json", MODEL, "-tp", "1", "--max-model-len", "4096")
     assert p.returncode == 0, p.stderr
     assert json.loads(p.stdout)["reused"] is False
-    p = rig.run("serve", MODEL, "--port", port, "-tp", "1", "--max-model-len", "4096",
-                FAKE_VLLM_MODE="exit-now")  # fmt: skip
+    p = rig.run(
+        "serve",
+        MODEL,
+        "--port",
+        port,
+        "-tp",
+        "1",
+        "--max-model-len",
+        "4096",
+        FAKE_VLLM_MODE="exit-now",
+    )
     assert p.returncode == 0, p.stderr
     warm, served = rig.starts()  # the warm counts: no second one
     assert warm["argv"][:6] == ["serve", MODEL, "-tp", "1", "--max-model-len", "4096"]
@@ -435,8 +444,10 @@ def test_the_users_finalize_variable_picks_the_unfused_namespace(rig: Rig) -> No
     user = {"VLLM_FLASHINFER_MOE_FUSED_FINALIZE": "0"}
     warm = rig.run("warm", MODEL, **user)
     assert warm.returncode == 0, warm.stderr
-    assert "VLLM_FLASHINFER_MOE_FUSED_FINALIZE=0 in the environment: unfused finalize, as " \
-        "--finalize unfused" in warm.stderr  # fmt: skip
+    assert (
+        "VLLM_FLASHINFER_MOE_FUSED_FINALIZE=0 in the environment: unfused finalize, as "
+        "--finalize unfused" in warm.stderr
+    )
     served = rig.run("serve", MODEL, FAKE_VLLM_MODE="exit-now", **user)
     assert served.returncode == 0, served.stderr
     assert "as --deterministic" in served.stderr
@@ -626,5 +637,7 @@ def test_serve_says_so_when_it_cannot_tell_whether_every_rank_file_is_here(rig: 
     assert rig.run("warm", "--", MODEL, "-tp", "2", **dist).returncode == 0
     served = rig.run("serve", "--", MODEL, "-tp", "2", FAKE_VLLM_MODE="exit-now", **dist)
     assert served.returncode == 0, served.stderr  # the start goes on, as it would have
-    assert ("cannot tell whether this node's rank files are all here: vLLM could not compute its "
-            "cache location") in served.stderr  # fmt: skip
+    assert (
+        "cannot tell whether this node's rank files are all here: vLLM could not compute its "
+        "cache location"
+    ) in served.stderr
