@@ -79,6 +79,7 @@ fi
 export FI_CACHE_TEST_VLLM_PYTHON=$PWD/$VLLM_VENV/bin/python
 
 .venv/bin/ruff check fi_cache tests benchmarks
+.venv/bin/ruff format --check fi_cache tests benchmarks  # the formatter decides layout: no fmt: skip
 .venv/bin/mypy
 FI_CACHE_REQUIRE_FLASHINFER=1 FI_CACHE_FLASHINFER_DIRS=$(for v in $FLASHINFER_VERSIONS; do printf '%s ' "$PWD/.cache/flashinfer-$v"; done) \
   .venv/bin/python -m pytest "$@"
