@@ -200,7 +200,7 @@ def test_the_installed_versions_are_importlib_metadatas_without_importing_it() -
 
     code = (
         "import json, sys\n"
-        "from fi_cache.environment import _WANTED_DISTS, _WANTED_FILES, dists_here\n"
+        "from fi_cache.environment.dists import _WANTED_DISTS, _WANTED_FILES, dists_here\n"
         "d = dists_here()\n"
         "loaded = 'importlib.metadata' in sys.modules\n"
         "import importlib.metadata as md\n"
