@@ -17,6 +17,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+from fi_cache.caches.processes import matching
 from fi_cache.versions import (
     MOONCAKE_CONFIG_ENV,
     PRELOAD_STORES_FLAG,
@@ -95,29 +96,10 @@ def _config(environ: Mapping[str, str], cwd: str) -> str | None:
     return os.path.join(cwd, os.path.expanduser(path)) if path else None
 
 
-def _read(pid: str) -> tuple[int, list[str], dict[str, str], str] | None:
-    """A preload daemon's row; None for any other process (its environ is not read), one that
-    is gone, or another user's."""
-    try:
-        raw_argv = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
-        words = [w.decode(errors="replace") for w in raw_argv if w]
-        if not is_preload(words):
-            return None
-        raw = Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
-        cwd = os.readlink(f"/proc/{pid}/cwd")
-    except (OSError, ValueError):
-        return None
-    env = dict(kv.decode(errors="replace").partition("=")[::2] for kv in raw if b"=" in kv)
-    return int(pid), words, env, cwd
-
-
 def running() -> list[Daemon]:
     """The preload daemons this user can see (Linux /proc; elsewhere none)."""
-    try:
-        pids = [p for p in os.listdir("/proc") if p.isdigit()]
-    except OSError:
-        return []
-    return daemons(row for p in pids if int(p) != os.getpid() and (row := _read(p)) is not None)
+    found = matching(is_preload, lambda pid: os.readlink(f"/proc/{pid}/cwd"))
+    return daemons((p.pid, p.argv, p.environ, p.extra) for p in found)
 
 
 def writing(path: Path, found: Sequence[Daemon] | None = None) -> Daemon | None:

@@ -9,8 +9,8 @@ from __future__ import annotations
 import os
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, replace
-from pathlib import Path
 
+from fi_cache.caches.processes import matching
 from fi_cache.engines.sglang.layout import user_cache_dir
 from fi_cache.versions import SGLANG_LAUNCH_MODULE
 
@@ -86,30 +86,10 @@ def engines(procs: Iterable[tuple[int, int, Sequence[str], Mapping[str, str]]]) 
     return sorted(found.values(), key=lambda e: e.pid)
 
 
-def _read(pid: str) -> tuple[int, int, list[str], dict[str, str]] | None:
-    """(pid, session, cmdline, environ) of an SGLang process; None for any other (its environ
-    is not read) or one that is gone or another user's."""
-    try:
-        cmdline = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
-        words = [w.decode(errors="replace") for w in cmdline if w]
-        if not is_sglang(words):
-            return None
-        raw = Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
-        session = os.getsid(int(pid))
-    except (OSError, ValueError):
-        return None
-    env = dict(kv.decode(errors="replace").partition("=")[::2] for kv in raw if b"=" in kv)
-    return int(pid), session, words, env
-
-
 def running() -> list[Engine]:
     """The SGLang servers this user can see (Linux /proc; elsewhere none)."""
-    try:
-        pids = [p for p in os.listdir("/proc") if p.isdigit()]
-    except OSError:
-        return []
-    rows = (row for p in pids if int(p) != os.getpid() and (row := _read(p)) is not None)
-    return engines(rows)
+    found = matching(is_sglang, lambda pid: os.getsid(int(pid)))
+    return engines((p.pid, p.extra, p.argv, p.environ) for p in found)
 
 
 MEGAMOE = "flashinfer_megamoe"
