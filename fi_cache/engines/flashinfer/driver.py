@@ -188,23 +188,10 @@ def _run(job: Job, emit: Emit, receive: Receive, adapters: dict[str, Any] | None
             for i, call in enumerate(_calls(job, adapters, device), 1):
                 current["i"] = i
                 ops.starts(call.op)
-                emit(
-                    {
-                        "event": "call",
-                        "i": i,
-                        "n": n,
-                        "op": call.op.label,
-                        "backend": call.backend,
-                        "tokens": call.tokens,
-                        "op_i": ops.position,
-                        "ops": len(job.ops),
-                    }
-                )
+                emit(_call_event(i, n, call.op.label, call, ops.position, len(job.ops)))
                 t0 = time.perf_counter()
                 try:
-                    call.run()
-                    if device.type == "cuda":
-                        torch.cuda.synchronize(device)
+                    _run_synced(call, torch, device)
                 except Exception as exc:  # a kernel or FlashInfer failure: name the call
                     what = f"{call.label} at {call.tokens} tokens: {_first_line(exc)}"
                     raise Stop("failed", what, EXIT_FAILED) from None
@@ -273,23 +260,10 @@ def _bench(job: Job, adapters: dict[str, Any], device: Any, torch: Any, emit: Em
                 emit({"event": "op_skipped", "op": op.label, "why": _first_line(exc)})
                 break
             i += 1
-            emit(
-                {
-                    "event": "call",
-                    "i": i,
-                    "n": n,
-                    "op": op.label,
-                    "backend": call.backend,
-                    "tokens": call.tokens,
-                    "op_i": k,
-                    "ops": len(job.ops),
-                }
-            )
+            emit(_call_event(i, n, op.label, call, k, len(job.ops)))
             t0 = time.perf_counter()
             try:
-                call.run()
-                if device.type == "cuda":
-                    torch.cuda.synchronize(device)
+                _run_synced(call, torch, device)
             except Exception as exc:  # this call's entries stay untimed; the others go on
                 emit(
                     {
@@ -301,6 +275,28 @@ def _bench(job: Job, adapters: dict[str, Any], device: Any, torch: Any, emit: Em
                 )
             emit({"event": "called", "i": i, "seconds": round(time.perf_counter() - t0, 4)})
     emit({"event": "done", "seconds": round(time.perf_counter() - started, 3)})
+
+
+def _call_event(i: int, n: int, op: str, call: Any, op_i: int, ops: int) -> dict[str, Any]:
+    """The line the parent shows as progress before call `i` of `n` runs (tune and bench)."""
+    return {
+        "event": "call",
+        "i": i,
+        "n": n,
+        "op": op,
+        "backend": call.backend,
+        "tokens": call.tokens,
+        "op_i": op_i,
+        "ops": ops,
+    }
+
+
+def _run_synced(call: Any, torch: Any, device: Any) -> None:
+    """One call, finished on the GPU before it returns (a timing counts the kernel, not its
+    launch)."""
+    call.run()
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
 
 
 def _device(torch: Any, device: Any) -> tuple[int, str]:
