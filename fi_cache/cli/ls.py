@@ -146,17 +146,10 @@ def ls_command(paths: tuple[Path, ...], no_store: bool, long_: bool, paths_only:
         return code
     # Columns before PATH fit 80 characters; -l adds size, time and ops. PATH is whole (never cut
     # to the terminal: it is what gets pasted). Store caches come first, one group per namespace.
-    headers = ["FLASHINFER", "ARCH", "GPU", "ENTRIES", "FINALIZE"]
-    headers += ["SIZE", "MODIFIED", "PATH"] if long_ else ["PATH"]
+    headers = [*render.CACHE_HEADERS, *(["SIZE", "MODIFIED", "PATH"] if long_ else ["PATH"])]
     groups: dict[str | None, list[list[str]]] = {}
     for r in sorted(rows, key=lambda r: (r["namespace"] is None, r["namespace"] or "", r["path"])):
-        row = [
-            r["flashinfer_version"] or "?",
-            r["arch"] or "-",
-            render.short_gpu(r["gpu"]),
-            str(r["entries"]),
-            r["finalize"] or "-",
-        ]
+        row = render.cache_cells(r)
         if long_:
             row += [render.human_size(r["size"]), r["modified"][:16].replace("T", " ")]
         groups.setdefault(r["namespace"], []).append([*row, render.display_path(r["path"])])

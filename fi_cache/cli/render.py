@@ -44,6 +44,21 @@ def short_gpu(name: str | None) -> str:
     return "-" if not name else name.removeprefix("NVIDIA ").split(" ")[0]
 
 
+# What ls shows of each cache before its size and path (files and tier keys alike).
+CACHE_HEADERS = ["FLASHINFER", "ARCH", "GPU", "ENTRIES", "FINALIZE"]
+
+
+def cache_cells(r: dict[str, Any]) -> list[str]:
+    """One ls row's first columns, from the row's JSON (CACHE_HEADERS)."""
+    return [
+        r["flashinfer_version"] or "?",
+        r["arch"] or "-",
+        short_gpu(r["gpu"]),
+        str(r["entries"]),
+        r["finalize"] or "-",
+    ]
+
+
 # What a terminal acts on rather than shows: C0/C1 controls (ESC starts a title or clipboard
 # escape sequence), DEL, bidi overrides. A lone surrogate is left to the streams' error handler
 # (cli/__init__.py): a file name's undecodable byte goes out as that byte, pasteable.

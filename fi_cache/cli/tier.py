@@ -98,18 +98,11 @@ def ls(args: list[TierArg], long_: bool, paths_only: bool) -> int:
             click.echo(r["path"])
         return code
     if rows:
-        headers = ["FLASHINFER", "ARCH", "GPU", "ENTRIES", "FINALIZE"]
-        headers += ["SIZE", "KEY"] if long_ else ["KEY"]
+        headers = [*render.CACHE_HEADERS, *(["SIZE", "KEY"] if long_ else ["KEY"])]
         table = []
         for r in rows:
-            line = [
-                r["flashinfer_version"] or "?",
-                r["arch"] or "-",
-                render.short_gpu(r["gpu"]),
-                str(r["entries"]),
-                r["finalize"] or "-",
-            ]
-            table.append([*line, *([render.human_size(r["size"])] if long_ else []), r["path"]])
+            size = [render.human_size(r["size"])] if long_ else []
+            table.append([*render.cache_cells(r), *size, r["path"]])
         table = render.printable_rows(table)  # a table's own metadata: escaped
         click.echo(render.table(headers, table, right=(3, 5) if long_ else (3,)))
     return code
