@@ -41,7 +41,9 @@ def iso_time(ts: float) -> str:
 
 
 def short_gpu(name: str | None) -> str:
-    return "-" if not name else name.removeprefix("NVIDIA ").split(" ")[0]
+    from fi_cache.model.fingerprint import short_gpu_name  # not at import: --help stays light
+
+    return "-" if not name else short_gpu_name(name)
 
 
 # What ls shows of each cache before its size and path (files and tier keys alike).

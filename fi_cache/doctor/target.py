@@ -11,7 +11,7 @@ from fi_cache.engines.sglang import layout as sglang_layout
 from fi_cache.engines.sglang.args import env_bool, parse_sglang_args
 from fi_cache.environment import Environment
 from fi_cache.errors import Refused
-from fi_cache.model.fingerprint import Fingerprint
+from fi_cache.model.fingerprint import GPU_VENDOR, Fingerprint, short_gpu_name
 from fi_cache.versions import (
     SGLANG_FINALIZE_ENV,
     VLLM_FINALIZE_ENV,
@@ -19,8 +19,6 @@ from fi_cache.versions import (
     parse_version,
     sglang_finalize_default,
 )
-
-_VENDOR = "NVIDIA "  # what FlashInfer's `_metadata` gpu (torch's device name) starts with
 
 
 @dataclass(frozen=True)
@@ -33,21 +31,16 @@ class Overrides:
     sglang_argv: tuple[str, ...] | None = None
 
 
-def short_gpu(name: str) -> str:
-    """The name fi-cache prints in its GPU columns (`ls`, `tier ls`): "NVIDIA H200" -> "H200"."""
-    return name.removeprefix(_VENDOR).split(" ")[0]
-
-
 def resolve_gpu(name: str, known: Iterable[str]) -> str:
     """The full GPU name `name` stands for: itself when it is one, else the one known name (of
     the caches examined, of this machine's GPUs) it is the short or vendor-less form of, else
     "NVIDIA " + a one-word name. Raises Refused when it names several."""
     names = {n for n in known if n}
-    if name in names or name.startswith(_VENDOR):
+    if name in names or name.startswith(GPU_VENDOR):
         return name
     low = name.lower()
     matches = sorted(
-        n for n in names if low in (short_gpu(n).lower(), n.removeprefix(_VENDOR).lower())
+        n for n in names if low in (short_gpu_name(n).lower(), n.removeprefix(GPU_VENDOR).lower())
     )
     if len(matches) > 1:
         raise Refused(
@@ -55,7 +48,7 @@ def resolve_gpu(name: str, known: Iterable[str]) -> str:
         )
     if matches:
         return matches[0]
-    return name if " " in name else _VENDOR + name  # a short name is one word, as `ls` prints it
+    return name if " " in name else GPU_VENDOR + name  # a short name is one word, as `ls` prints it
 
 
 def _valid_version(flag: str, text: str | None) -> None:

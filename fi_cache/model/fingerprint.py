@@ -10,6 +10,14 @@ from typing import Any
 
 from fi_cache.versions import INDETERMINATE_VALUES, METADATA_FIELDS_07, WILDCARD
 
+GPU_VENDOR = "NVIDIA "  # what FlashInfer's `_metadata` gpu (torch's device name) starts with
+
+
+def short_gpu_name(name: str) -> str:
+    """The name fi-cache prints in its GPU columns (`ls`, tier `ls`): "NVIDIA H200" -> "H200";
+    `doctor --gpu` takes it back."""
+    return name.removeprefix(GPU_VENDOR).split(" ")[0]
+
 
 @dataclass(frozen=True)
 class Fingerprint:
