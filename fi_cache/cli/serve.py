@@ -3,9 +3,11 @@ serve`) on it. What serve does is fi_cache/lifecycle/serve.py's; this module par
 
 from __future__ import annotations
 
+import json as _json
 import os
 import sys
 from dataclasses import replace
+from pathlib import Path
 from typing import TYPE_CHECKING, Any, cast
 
 import click
@@ -14,8 +16,12 @@ from fi_cache.cli import options, render
 from fi_cache.cli.argv import VllmCommand
 from fi_cache.cli.warm import SEED_OPT, SGLANG_OPT, VLLM_ARGS, VLLM_OPT
 from fi_cache.errors import Refused
+from fi_cache.lifecycle import serve_memo
 
 if TYPE_CHECKING:
+    from collections.abc import Callable
+
+    from fi_cache.doctor.findings import Finding
     from fi_cache.lifecycle.serve import Handover
     from fi_cache.store.namespace import FinalizeMode
 
@@ -100,6 +106,8 @@ def serve_command(
     from fi_cache.lifecycle.serve import ServeOptions, hand_over, serve
 
     ctx = options.context()
+    if (memo := serve_memo.recording()) is not None:
+        memo.capture()
     if not do_warm:  # nothing is warmed: a warm's options would be ignored
         options.refuse_ignored("with --no-warm", "timeout", "lock_timeout", "seed")
     if deterministic and finalize == "fused":
@@ -116,6 +124,8 @@ def serve_command(
         path=path, argv=vllm_args, asked=asked, given=given, implied="--deterministic", force=force
     )
     report, status = reporter(ctx.quiet)
+    findings: list[object] = []
+    report.finding = _counted(report.finding, findings)  # a finding is said afresh each time
     try:
         how = ServeOptions(
             warm=do_warm, timeout=timeout, seed=seed, pull=pull_url, lock_timeout=lock_timeout
@@ -136,7 +146,55 @@ def serve_command(
         os.dup2(2, 1)
     sys.stdout.flush()
     sys.stderr.flush()
+    if memo is not None:
+        _keep(memo, handover, ctx.store, ctx.json, findings, pull_url)
     hand_over(handover)
+
+
+def _counted(say: Callable[[Finding], None], seen: list[object]) -> Callable[[Finding], None]:
+    def finding(f: Finding) -> None:
+        seen.append(f)
+        say(f)
+
+    return finding
+
+
+def _keep(
+    memo: serve_memo.Recorder,
+    h: Handover,
+    store: Path,
+    json: bool,
+    findings: list[object],
+    pull_url: str | None,
+) -> None:
+    """The memo of this serve, when it may be replayed (lifecycle/serve_memo.py); a store where
+    none can be written only costs the full serve again."""
+    from fi_cache.errors import FiCacheError
+    from fi_cache.store import files
+
+    why = None
+    if findings:
+        why = "the pre-flight found something (said afresh each time)"
+    elif pull_url is not None:
+        why = "--pull imports first"
+    elif h.ns_dir is None:
+        why = f"{h.display} keeps no cache here"
+    elif h.warmed is not None:
+        why = "this serve warmed the namespace"
+    elif os.path.realpath(memo.store) != os.path.realpath(store):
+        why = "--store is given where the memo does not read it"
+    else:
+        doc, why = serve_memo.document(
+            memo, h.command, h.environ, str(h.ns_dir), h.holds_in_use, stdout_to_stderr=json
+        )
+        if doc is not None:
+            where = Path(serve_memo.memo_dir(memo.store))
+            try:
+                files.write_private(where, f"{memo.key}.json", _json.dumps(doc).encode())
+            except (FiCacheError, OSError) as exc:
+                why = f"cannot write it: {exc}"
+    if serve_memo.explains(memo.environ):
+        render.warn(f"serve memo: {'kept' if why is None else f'not kept: {why}'}")
 
 
 def _doc(engine: str, h: Handover) -> dict[str, Any]:

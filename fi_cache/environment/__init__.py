@@ -26,6 +26,10 @@ from fi_cache.environment.dists import Dists as Dists  # re-exported, as are the
 from fi_cache.environment.dists import dists_here as dists_here
 from fi_cache.environment.dists import dists_of as dists_of
 from fi_cache.environment.dists import interpreter_id as interpreter_id
+from fi_cache.environment.gpus import Gpu as Gpu  # re-exported, as are the three below
+from fi_cache.environment.gpus import parse_nvidia_smi as parse_nvidia_smi
+from fi_cache.environment.gpus import query_gpus as query_gpus
+from fi_cache.environment.gpus import visible as visible
 from fi_cache.model.fingerprint import Fingerprint
 from fi_cache.versions import (
     FLASHINFER_NOT_ON_PYPI,
@@ -37,14 +41,6 @@ from fi_cache.versions import (
 
 _PROBE_TIMEOUT_S = 120
 _MAX_PROBE_RECORD = 1 << 20  # FlashInfer's _metadata is under 1 KB of JSON
-
-
-@dataclass(frozen=True)
-class Gpu:
-    index: int
-    name: str
-    compute_cap: str  # "9.0"
-    uuid: str = ""
 
 
 @dataclass(frozen=True)
@@ -77,32 +73,6 @@ class Environment:
 # --- pure parsers -------------------------------------------------------------------------------
 
 
-def parse_nvidia_smi(text: str) -> list[Gpu]:
-    """Rows of `nvidia-smi --query-gpu=index,uuid,name,compute_cap --format=csv,noheader`."""
-    gpus = []
-    for line in text.splitlines():
-        parts = [p.strip() for p in line.split(",")]
-        if len(parts) != 4 or not parts[0].isdigit() or "\ufffd" in line:
-            continue  # a name that was not UTF-8 is not the one FlashInfer records
-        gpus.append(Gpu(int(parts[0]), parts[2], parts[3], parts[1]))
-    return gpus
-
-
-def visible(gpus: list[Gpu], cuda_visible_devices: str | None) -> list[Gpu]:
-    """The GPUs a CUDA process sees, in its order (CUDA_VISIBLE_DEVICES: indices or UUIDs)."""
-    if cuda_visible_devices is None:
-        return gpus
-    chosen = []
-    for item in (s.strip() for s in cuda_visible_devices.split(",")):
-        if not item:
-            break
-        match = [g for g in gpus if str(g.index) == item or (g.uuid and g.uuid.startswith(item))]
-        if not match:
-            break  # CUDA stops at the first invalid entry
-        chosen.append(match[0])
-    return chosen
-
-
 def torch_cuda_from_version_py(text: str) -> str | None:
     """`torch.version.cuda` from the text of torch/version.py (None for a CPU build)."""
     m = re.search(r"^cuda\s*(?::[^=]*)?=\s*['\"]([^'\"]+)['\"]", text, re.MULTILINE)
@@ -126,21 +96,6 @@ def cudnn_from_dist(version: str) -> str | None:
 
 def envs_mentions_finalize(text: str) -> bool:
     return VLLM_FINALIZE_ENV in text
-
-
-def query_gpus() -> list[Gpu]:
-    try:
-        out = subprocess.run(
-            ["nvidia-smi", "--query-gpu=index,uuid,name,compute_cap", "--format=csv,noheader"],
-            capture_output=True,
-            text=True,
-            errors="replace",  # a tool printing bytes that are not UTF-8 is no traceback
-            timeout=10,
-            check=False,
-        )
-    except (OSError, subprocess.SubprocessError):
-        return []
-    return parse_nvidia_smi(out.stdout) if out.returncode == 0 else []
 
 
 _PIN = re.compile(r"^flashinfer(?:[-_]python)?\s*==\s*([^\s;,]+)\s*$")
@@ -198,9 +153,10 @@ def nvcc_cuda_version(environ: dict[str, str]) -> str | None:
     return m.group(1) if m else None
 
 
-def probe(dists: Dists | None = None) -> Environment:
+def probe(dists: Dists | None = None, state_dir: Path | None = None) -> Environment:
     """Everything detectable cheaply (well under a second, no heavy imports); the packages as
-    `dists` lists them (default: this interpreter's)."""
+    `dists` lists them (default: this interpreter's); nvidia-smi's answer kept under
+    `state_dir` while the driver shows the same GPUs (gpus.py)."""
     dists = dists or dists_here()
     sources: dict[str, str] = {}
     values: dict[str, str | None] = {}
@@ -226,7 +182,7 @@ def probe(dists: Dists | None = None) -> Environment:
         take("cudnn_version", cudnn_from_dist(d[1]), f"dist {d[0]}")
     if (d := dists.version(_FRONTEND_DISTS)) is not None:
         take("cudnn_frontend_version", d[1], f"dist {d[0]}")
-    gpus = visible(query_gpus(), os.environ.get("CUDA_VISIBLE_DEVICES"))
+    gpus = visible(query_gpus(state_dir), os.environ.get("CUDA_VISIBLE_DEVICES"))
     if gpus:
         take("gpu", gpus[0].name, "nvidia-smi")  # FlashInfer records the current (first) device
         arch_list = os.environ.get("FLASHINFER_CUDA_ARCH_LIST")
@@ -346,7 +302,7 @@ def detect(
             dists = dists_of(python, state_dir=state_dir)
         except RuntimeError as exc:
             notes = (f"{exc}; using fi-cache's own packages",)
-    env = probe(dists)
+    env = probe(dists, state_dir)
     if notes:
         env = replace(env, notes=(*env.notes, *notes))
     wanted = exact if exact is not None else bool(env.gpus and env.fingerprint.flashinfer_version)

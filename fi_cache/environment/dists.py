@@ -169,6 +169,7 @@ def interpreter_id(python: str) -> str:
     """Which interpreter, however it is named: the dir it is started from (a venv's `bin/`,
     whose pyvenv.cfg makes it that venv) and the program that runs, both resolved, so that
     `bin/python` and `bin/python3` are one and two venvs of one Python are two."""
+    sys.audit("fi_cache.stat", python)  # an input of serve's memo: the link may be re-pointed
     where = os.path.realpath(os.path.dirname(os.path.abspath(python)))
     return f"{where}\0{os.path.realpath(python)}"
 
@@ -181,6 +182,7 @@ def _dists_key(python: str, wanted: Wanted) -> str:
 def _stamp(path: str) -> list[int] | None:
     """What changes when a dir gains or loses an entry (pip adds and removes dist-info dirs), or
     a file is rewritten: (mtime_ns, ctime_ns, size, inode); None when it is not there."""
+    sys.audit("fi_cache.stat", path)  # an input of serve's memo (lifecycle/serve_memo.py)
     try:
         st = os.stat(path)
     except OSError:

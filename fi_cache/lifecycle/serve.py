@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import functools
 import os
-import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, NoReturn
@@ -39,6 +38,7 @@ class Handover:
     ns_dir: Path | None  # None: a release that keeps no cache runs as it is
     cache_dir: Path | None  # the engine's dir in the namespace
     warmed: WarmResult | None  # None: warm already (or --no-warm, or nothing to warm)
+    holds_in_use: bool = False  # a flock on the namespace's in-use mark passes to the engine
 
 
 @dataclass(frozen=True)
@@ -111,15 +111,17 @@ def serve(
             report.warn(f"namespace is cold: {engine.display} tunes at start-up and saves into it")
     if options.tier_check is not None:
         _check_tier(engine, run, ns_dir, store, options.tier_check, request.force, report)
-    touch(ns_dir)
     if not report.quiet:
         for line in engine.before_serving(run, ns_dir):
             report.warn(line)
     environ = engine.environment(run, ns_dir, os.environ, warm=False)
+    held = None
     if ns_dir.is_dir():
         from fi_cache.store import locks
 
-        locks.hold_in_use(ns_dir)  # inherited by the engine: prune leaves a served namespace alone
+        # Its last serve noted, and held while the engine (which inherits the fd) runs: prune
+        # leaves a served namespace alone.
+        held = locks.hold_in_use(ns_dir)
     return Handover(
         command=engine.command(run),
         environ=environ,
@@ -128,6 +130,7 @@ def serve(
         ns_dir=ns_dir,
         cache_dir=engine.cache_dir(ns_dir),
         warmed=warmed,
+        holds_in_use=held is not None,
     )
 
 
@@ -254,20 +257,6 @@ def preflight(
     if errors and not force:
         raise FiCacheError(f"pre-flight found {len(errors)} error(s); fix them or pass --force")
     return m
-
-
-def touch(ns_dir: Path) -> None:
-    """Record last use; a read-only or busy store just skips it."""
-    from fi_cache.store import locks
-    from fi_cache.store import manifest as manifests
-
-    try:
-        with locks.namespace_lock(ns_dir, "serve", timeout=2):
-            m = manifests.load(ns_dir)
-            if m is not None:
-                manifests.save(ns_dir, m.used(time.time()))
-    except (FiCacheError, OSError):
-        pass
 
 
 def _unwritable(path: Path) -> str | None:

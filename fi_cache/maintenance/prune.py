@@ -26,7 +26,7 @@ from fi_cache.caches.discover import (
 )
 from fi_cache.errors import CorruptCache, FiCacheError, Refused
 from fi_cache.model.fingerprint import Fingerprint
-from fi_cache.store import files, locks
+from fi_cache.store import files, in_use, locks
 from fi_cache.store import manifest as manifests
 from fi_cache.store import trash as store_trash
 from fi_cache.store.namespace import NAMESPACES_DIR, slug
@@ -209,7 +209,7 @@ def read_namespace(directory: Path, strategy: str) -> NamespaceInfo:
         gpu=gpu,
         finalize=finalize,
         size=size,
-        last_used=m.last_used if m else newest,
+        last_used=_last_used(directory, m.last_used) if m else newest,
         last_used_from="manifest" if m else "mtime",
         locked=locked,
         holder=holder if locked else None,
@@ -449,9 +449,14 @@ def _since_plan(ns: NamespaceInfo) -> str | None:
         return None
     if m.pin is not None:
         return "pinned since the plan was made"
-    if ns.last_used_from == "mtime" or m.last_used > ns.last_used:
+    if ns.last_used_from == "mtime" or _last_used(ns.dir, m.last_used) > ns.last_used:
         return "used since the plan was made"
     return None
+
+
+def _last_used(directory: Path, recorded: float) -> float:
+    """The manifest's last use (a warm) or the namespace's last serve, whichever is later."""
+    return max(recorded, in_use.served_at(directory) or 0.0)
 
 
 def apply(p: Plan, store: Path, strategy: str | None = None) -> Outcome:

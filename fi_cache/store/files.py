@@ -11,6 +11,7 @@ from __future__ import annotations
 import contextlib
 import errno
 import os
+import stat
 from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 
@@ -230,3 +231,20 @@ def share_like_store(paths: list[Path], store: Path) -> None:
     for path in paths:
         with contextlib.suppress(OSError):
             os.chmod(path, (path.stat().st_mode & 0o777) | grant)
+
+
+def write_private(directory: Path, name: str, data: bytes) -> None:
+    """`directory/name` = `data`, readable and writable by this user alone: `directory` made
+    0700, refused (Refused) when it is a link or another user's. For what names a command to run
+    (serve's memo)."""
+    ensure_dir(directory.parent)
+    try:
+        directory.mkdir(mode=0o700, exist_ok=True)
+        st = os.lstat(directory)
+    except OSError as exc:
+        raise Refused(f"cannot create directory: {exc.strerror}", directory) from None
+    if not stat.S_ISDIR(st.st_mode) or st.st_uid != os.getuid():
+        raise Refused("not a directory of this user's own", directory)
+    if st.st_mode & 0o077:
+        os.chmod(directory, 0o700)
+    atomic_write(directory / name, data, mode=0o600, lock=False)

@@ -23,7 +23,8 @@ from fi_cache.store.files import (
     fsync_dir,
     write_failure,
 )
-from fi_cache.store.locks import in_use, namespace_lock
+from fi_cache.store.in_use import in_use
+from fi_cache.store.locks import namespace_lock
 from fi_cache.store.pin import pinned, refusal
 
 STAGING_PREFIX = ".import-"

@@ -22,9 +22,9 @@ from pathlib import Path
 from fi_cache.errors import FiCacheError, Refused
 from fi_cache.store import manifest as manifests
 from fi_cache.store.files import DEFAULT_LOCK_TIMEOUT, LOCK_SUFFIX, TMP_PREFIX
+from fi_cache.store.in_use import IN_USE_NAME
 from fi_cache.store.locks import namespace_lock
 from fi_cache.store.locks.api import HOLDER_NAME, LOCK_NAME
-from fi_cache.store.locks.in_use import IN_USE_NAME
 from fi_cache.store.manifest import Manifest, PinRecord
 from fi_cache.store.namespace import namespace_parts
 from fi_cache.store.paths import Unconfined, confined

@@ -22,7 +22,7 @@ from fi_cache.cli import prune as prune_cli
 from fi_cache.environment import Environment, Gpu, VllmInfo
 from fi_cache.model.fingerprint import Fingerprint
 from fi_cache.store import locks, trash
-from fi_cache.store.locks.in_use import IN_USE_NAME
+from fi_cache.store.in_use import IN_USE_NAME
 from fi_cache.store.namespace import NAMESPACES_DIR
 from tests.conftest import MOE_617_FUSED, MOE_617_UNFUSED, Result, no_hang
 from tests.maintenance.test_prune import DAY, killed_import, make_namespace

@@ -21,7 +21,7 @@ from fi_cache.fleet import bundle
 from fi_cache.model import v1
 from fi_cache.model.fingerprint import Fingerprint
 from fi_cache.store import manifest as m
-from fi_cache.store.locks.in_use import IN_USE_NAME
+from fi_cache.store.in_use import IN_USE_NAME
 from fi_cache.store.namespace import Namespace
 from tests.conftest import (
     ENCODINGS,

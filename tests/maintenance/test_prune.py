@@ -17,7 +17,7 @@ import pytest
 from fi_cache.errors import FiCacheError, Refused
 from fi_cache.maintenance import prune
 from fi_cache.model.fingerprint import Fingerprint
-from fi_cache.store import locks, trash
+from fi_cache.store import in_use, locks, trash
 from fi_cache.store import manifest as manifests
 from fi_cache.store.locks import flock as flock_mod
 from fi_cache.store.locks import lockfile as lockfile_mod
@@ -364,6 +364,22 @@ def test_apply_skips_a_namespace_locked_or_used_after_the_plan(store: Path) -> N
     assert why[locked].locked and why[locked].holder and why[locked].holder.purpose == "warm"
     assert why[used].why == "used since the plan was made" and why[gone].why == "gone already"
     assert locked.is_dir() and used.is_dir()
+
+
+def test_a_serve_since_the_last_warm_counts_as_use(store: Path) -> None:
+    """serve notes its use on the in-use file (no manifest rewrite: lifecycle/serve_memo.py),
+    and prune reads it there: a namespace served yesterday but warmed 60 days ago stays, and one
+    served after the plan was made is skipped."""
+    served = make_namespace(store, last_used=NOW - 60 * DAY)
+    later = make_namespace(store, cuda="13.0", last_used=NOW - 60 * DAY)
+    yesterday = time.time() - DAY
+    in_use.note_served(served)
+    os.utime(served / in_use.IN_USE_NAME, (yesterday, yesterday))
+    p = prune.plan_store(store, prune.Selection(older_than=30 * DAY))
+    assert [ns.dir for ns, _ in p.namespaces] == [later]
+    in_use.note_served(later)
+    out = prune.apply(p, store)
+    assert out.removed == [] and out.skipped[0].why == "used since the plan was made"
 
 
 def test_apply_empties_the_trash_of_an_interrupted_prune(store: Path) -> None:

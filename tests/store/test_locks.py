@@ -17,9 +17,9 @@ import pytest
 
 from fi_cache.errors import FiCacheError, Refused
 from fi_cache.store import files, locks
+from fi_cache.store.in_use import IN_USE_NAME, in_use
 from fi_cache.store.locks import process
 from fi_cache.store.locks.api import read_holder
-from fi_cache.store.locks.in_use import IN_USE_NAME, in_use
 from tests.conftest import ROOT, no_hang
 
 

@@ -17,6 +17,7 @@ from pathlib import Path
 
 from fi_cache.errors import Refused
 from fi_cache.store.atomic import check_writable, ensure_dir, unwritable_reason
+from fi_cache.store.in_use import IN_USE_NAME, in_use, mark, note_served
 from fi_cache.store.locks import flock, lockfile
 from fi_cache.store.locks.api import (
     DEFAULT_LOCK_TIMEOUT,
@@ -30,7 +31,6 @@ from fi_cache.store.locks.api import (
     Site,
     this_holder,
 )
-from fi_cache.store.locks.in_use import IN_USE_NAME, in_use, mark
 
 __all__ = [
     "DEFAULT_LOCK_TIMEOUT",
@@ -192,8 +192,10 @@ def guard_fds(directory: Path) -> list[int]:
 
 
 def hold_in_use(directory: Path) -> int | None:
-    """Mark `directory` in use until this process (or what it execs) exits; None where flock
-    is not available or not trusted (a lock-file store cannot mark shared use)."""
+    """Note a serve of `directory` now, and mark it in use until this process (or what it execs)
+    exits; None where flock is not available or not trusted (a lock-file store cannot mark
+    shared use)."""
+    note_served(directory)
     if lock_strategy(directory)[0] != "flock":
         return None
     return mark(directory)

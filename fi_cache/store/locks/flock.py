@@ -12,6 +12,7 @@ from pathlib import Path
 
 from fi_cache.store import atomic
 from fi_cache.store.atomic import TMP_PREFIX
+from fi_cache.store.in_use import PROBE_FLAGS, flock_refused, in_use
 from fi_cache.store.locks.api import (
     HOLDER_NAME,
     Holder,
@@ -25,7 +26,6 @@ from fi_cache.store.locks.api import (
     unlink_if_same,
     with_guard,
 )
-from fi_cache.store.locks.in_use import PROBE_FLAGS, flock_refused, in_use
 
 # Descriptors of the locks this process holds, by lock file: a guard process inherits a
 # namespace's, so it stays held (one open file description) until the guard has stopped the engine.

@@ -1,0 +1,293 @@
+"""serve's memo (fi_cache/lifecycle/serve_memo.py), in real processes: a repeated serve replays
+the one before it, exactly; any change to what that serve read runs the full serve again, whose
+checks then speak; a memo that is not the user's own is never run."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from fi_cache.lifecycle import serve_memo
+from fi_cache.store import in_use
+from fi_cache.store.paths import STORE_ENV
+
+ROOT = Path(__file__).resolve().parents[2]
+FAKE = ROOT / "tests" / "fake_vllm.py"
+FIXTURE = ROOT / "tests" / "fixtures" / "flashinfer" / "fi-0.6.18-moe-fused.json"
+MODEL = "Qwen/Qwen3-30B-A3B"
+REPLAYED = "serve memo: replayed"
+_SCRUB = ("FI_CACHE_PYTHON", STORE_ENV, "FI_CACHE_VLLM", "VLLM_FLASHINFER_MOE_FUSED_FINALIZE")
+
+
+class Rig:
+    """A store whose namespace a stand-in vLLM warmed, and `fi-cache serve` run against it."""
+
+    def __init__(self, root: Path) -> None:
+        self.root, self.store, self.record = root, root / "store", root / "record"
+        self.vllm = root / "bin" / "vllm"
+        path = os.environ.get("PATH", "")
+        self.env = {k: v for k, v in os.environ.items() if k not in _SCRUB and k != "_"}
+        self.env.update(
+            FI_CACHE_VLLM=str(self.vllm),
+            FAKE_VLLM_CACHE_SOURCE=str(FIXTURE),
+            FAKE_VLLM_RECORD=str(self.record),
+            PATH=path,
+            FI_CACHE_SERVE_MEMO="explain",
+        )
+
+    def run(self, *args: str, **env: str) -> subprocess.CompletedProcess[str]:
+        cmd = [sys.executable, "-m", "fi_cache", "--store", str(self.store), *args]
+        return subprocess.run(
+            cmd, env={**self.env, **env}, cwd=self.root, capture_output=True, text=True, timeout=60
+        )
+
+    def serve(self, *vllm_args: str, **env: str) -> subprocess.CompletedProcess[str]:
+        return self.run("serve", "--", MODEL, *vllm_args, FAKE_VLLM_MODE="exit-now", **env)
+
+    def starts(self) -> list[dict[str, object]]:
+        lines = (self.record / "starts.jsonl").read_text().splitlines()
+        return [json.loads(line) for line in lines]
+
+    def settle(self) -> None:
+        """Every file and dir here ten seconds old: the memo keeps only files that are settled
+        (a real store's were written minutes before)."""
+        then = time.time() - 10
+        for path in [self.root, *self.root.rglob("*")]:
+            os.utime(path, (then, then), follow_symlinks=False)
+
+    def cache_file(self) -> Path:
+        [path] = self.store.glob("namespaces/**/autotune_configs.json")
+        return path
+
+
+def _said(p: subprocess.CompletedProcess[str]) -> list[str]:
+    """What fi-cache printed: without the memo's own explanation and the stand-in's log."""
+    return [
+        line
+        for line in (p.stderr + p.stdout).splitlines()
+        if "serve memo:" not in line and "fake vLLM" not in line
+    ]
+
+
+@pytest.fixture(scope="module")
+def warmed(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    rig = Rig(tmp_path_factory.mktemp("warmed"))
+    rig.vllm.parent.mkdir(parents=True)
+    rig.vllm.write_text(f'#!/bin/sh\nexec "{sys.executable}" "{FAKE}" "$@"\n')
+    rig.vllm.chmod(0o755)
+    rig.record.mkdir()
+    p = rig.run("warm", "--", MODEL)
+    assert p.returncode == 0, p.stderr
+    return rig.root
+
+
+@pytest.fixture
+def rig(warmed: Path, tmp_path: Path) -> Iterator[Rig]:
+    """A copy of the warmed store, served once (its memo kept)."""
+    root = tmp_path / "rig"
+    shutil.copytree(warmed, root, symlinks=True)
+    r = Rig(root)
+    (r.record / "starts.jsonl").unlink(missing_ok=True)
+    r.vllm.write_text(f'#!/bin/sh\nexec "{sys.executable}" "{FAKE}" "$@"\n')
+    r.settle()
+    first = r.serve()
+    assert first.returncode == 0, first.stderr
+    assert "serve memo: kept" in first.stderr, first.stderr
+    yield r
+
+
+def test_a_repeated_serve_replays_the_first_exactly(rig: Rig) -> None:
+    first_err = rig.serve()  # the rig's serve was the first; this one and the next replay
+    again = rig.serve()
+    assert REPLAYED in first_err.stderr and REPLAYED in again.stderr
+    full = rig.serve(FI_CACHE_SERVE_MEMO="0")
+    assert REPLAYED not in full.stderr
+    assert _said(again) == _said(full) and len(_said(full)) == 1
+    starts = rig.starts()
+    assert len(starts) == 4
+    # vLLM got the same command line and the same environment each time (but the memo's switch)
+    seen = {
+        (json.dumps(s["argv"]), json.dumps({**s["env"], "FI_CACHE_SERVE_MEMO": ""}))  # type: ignore[dict-item]
+        for s in starts
+    }
+    assert len(seen) == 1 and "VLLM_FLASHINFER_AUTOTUNE_CACHE_DIR" in seen.pop()[1]
+
+
+def test_a_replayed_serve_is_a_use_that_prune_sees(rig: Rig) -> None:
+    [ns] = rig.store.glob("namespaces/*/*/*/*-*")
+    old = time.time() - 3600
+    os.utime(ns / in_use.IN_USE_NAME, (old, old))
+    assert REPLAYED in rig.serve().stderr
+    assert time.time() - (in_use.served_at(ns) or 0) < 60
+
+
+def test_the_json_document_is_replayed_and_the_engine_log_goes_to_stderr(rig: Rig) -> None:
+    first = rig.run("--format", "json", "serve", "--", MODEL, FAKE_VLLM_MODE="exit-now")
+    again = rig.run("--format", "json", "serve", "--", MODEL, FAKE_VLLM_MODE="exit-now")
+    assert "serve memo: kept" in first.stderr and REPLAYED in again.stderr
+    assert json.loads(again.stdout) == json.loads(first.stdout)
+    assert "fake vLLM exiting at once" in again.stderr
+
+
+@pytest.mark.parametrize(
+    "change",
+    ["engine argument", "environment", "cache file rewritten", "file added", "launcher"],
+)
+def test_any_change_runs_the_full_serve(rig: Rig, change: str) -> None:
+    assert REPLAYED in rig.serve().stderr  # unchanged, it would be replayed
+    extra: tuple[str, ...] = ()
+    env: dict[str, str] = {}
+    if change == "engine argument":
+        extra = ("--port", "8001")
+    elif change == "environment":
+        env = {"SOME_SETTING": "1"}
+    elif change == "cache file rewritten":
+        data = json.loads(rig.cache_file().read_text())
+        rig.cache_file().write_text(json.dumps(data, indent=1))
+    elif change == "file added":
+        (rig.cache_file().parent / "notes.txt").write_text("x")
+    else:
+        rig.vllm.write_text(rig.vllm.read_text() + "# another vLLM\n")
+    p = rig.serve(*extra, **env)
+    assert p.returncode == 0, p.stderr
+    assert REPLAYED not in p.stderr
+
+
+def test_a_cache_broken_after_the_memo_stops_the_start(rig: Rig) -> None:
+    """The memo never hides what the pre-flight would say: the full serve runs and refuses."""
+    rig.cache_file().write_text("{ not json")
+    p = rig.serve()
+    assert REPLAYED not in p.stderr
+    assert p.returncode != 0 and "pre-flight found" in p.stderr
+    assert len(rig.starts()) == 1  # only the rig's first serve reached vLLM
+
+
+def test_a_running_preload_daemon_runs_the_full_serve(rig: Rig) -> None:
+    """No stamp shows a `vllm preload` started since: the processes are looked at each time."""
+    sleeper = subprocess.Popen(
+        [sys.executable, "-c", "import time; time.sleep(60)", "preload"],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    try:
+        assert REPLAYED not in rig.serve().stderr
+    finally:
+        sleeper.kill()
+        sleeper.wait()
+    assert REPLAYED in rig.serve().stderr
+
+
+def test_memo_off_neither_reads_nor_keeps_one(rig: Rig) -> None:
+    p = rig.serve(FI_CACHE_SERVE_MEMO="0")
+    assert "serve memo" not in p.stderr and p.returncode == 0
+
+
+def _memo(rig: Rig) -> Path:
+    [path] = (rig.store / ".fi-cache" / "serve" / str(os.getuid())).glob("*.json")
+    return path
+
+
+@pytest.mark.parametrize("how", ["file writable by others", "dir open to others", "a link"])
+def test_a_memo_that_is_not_the_users_alone_is_never_run(rig: Rig, how: str) -> None:
+    memo = _memo(rig)
+    doc = json.loads(memo.read_text())
+    planted = rig.root / "planted"
+    doc["command"] = ["/bin/sh", "-c", f"touch {planted}"]
+    memo.write_text(json.dumps(doc))
+    if how == "file writable by others":
+        memo.chmod(0o666)
+    elif how == "dir open to others":
+        memo.parent.chmod(0o755)
+    else:
+        target = rig.root / "elsewhere.json"
+        memo.rename(target)
+        memo.symlink_to(target)
+    p = rig.serve()
+    assert REPLAYED not in p.stderr and p.returncode == 0
+    assert not planted.exists()
+
+
+def test_a_serve_with_findings_keeps_no_memo(rig: Rig) -> None:
+    """A serve that goes on past its pre-flight's errors (--force) says them every time."""
+    rig.cache_file().write_text("{ not json")
+    rig.settle()
+    for _ in range(2):
+        p = rig.run("serve", "--force", "--", MODEL, FAKE_VLLM_MODE="exit-now")
+        assert "not kept: the pre-flight found something" in p.stderr, p.stderr
+        assert REPLAYED not in p.stderr and "corrupt" in p.stderr
+
+
+# --- the parts, without processes --------------------------------------------------------------
+
+
+def test_the_key_ignores_what_no_serve_reads(tmp_path: Path) -> None:
+    env = {"A": "1", "_": "/usr/bin/time"}
+    base = serve_memo.key(["serve", "m"], env, "/w")
+    assert (
+        serve_memo.key(["serve", "m"], {**env, "_": "/x", "FI_CACHE_SERVE_MEMO": "explain"}, "/w")
+        == base
+    )
+    assert serve_memo.key(["serve", "m"], {**env, "A": "2"}, "/w") != base
+    assert serve_memo.key(["serve", "m"], env, "/v") != base
+    assert serve_memo.key(["serve", "n"], env, "/w") != base
+
+
+def test_the_store_is_read_as_the_cli_reads_it(tmp_path: Path) -> None:
+    assert serve_memo.store_of(["--store", "/s", "serve"], {}) == "/s"
+    assert serve_memo.store_of(["--store=/s", "serve"], {STORE_ENV: "/e"}) == "/s"
+    assert serve_memo.store_of(["serve", "--", "--store", "/x"], {STORE_ENV: "/e"}) == "/e"
+
+
+def test_recording_judges_writes_and_children(tmp_path: Path) -> None:
+    rec = serve_memo.Recorder(["serve", "m"])
+    ns = tmp_path / "ns"
+    rec.hook("open", (str(ns / ".fi-cache.inuse"), None, os.O_CREAT | os.O_RDWR))
+    rec.hook("open", (str(ns / ".fi-cache-abc.tmp"), None, os.O_CREAT | os.O_WRONLY))
+    rec.hook("open", (str(ns / "manifest.json"), "r", 0))
+    assert rec.not_kept == [] and str(ns / "manifest.json") in rec.read
+    rec.hook("os.rename", (str(ns / ".fi-cache-abc.tmp"), str(ns / "manifest.json"), -1, -1))
+    rec.hook("subprocess.Popen", ("nvidia-smi", ["nvidia-smi"], None, None))
+    assert rec.not_kept == [
+        f"os.rename of {ns / 'manifest.json'}",
+        "ran a child (subprocess.Popen)",
+    ]
+
+
+def test_store_dirs_are_stamped_by_their_entries_and_bookkeeping_is_not_an_input(
+    tmp_path: Path,
+) -> None:
+    store = tmp_path / "store"
+    cache = store / "ns" / "vllm"
+    cache.mkdir(parents=True)
+    (cache / "autotune_configs.json").write_text("{}")
+    rec = serve_memo.Recorder(["--store", str(store), "serve", "m"])
+    rec.read |= {str(cache / "autotune_configs.json"), str(store / "ns" / ".fi-cache.inuse")}
+    kinds = dict((p, k) for k, p in rec.inputs(str(store)))
+    assert kinds[str(cache)] == "listing" and kinds[str(cache / "autotune_configs.json")] == "stat"
+    assert str(store / "ns" / ".fi-cache.inuse") not in kinds
+    before = serve_memo.stamp("listing", str(cache))
+    (cache / ".fi-cache.inuse").write_text("")  # serve's in-use mark: not a change
+    assert serve_memo.stamp("listing", str(cache)) == before
+    (cache / "rank1.json").write_text("{}")
+    assert serve_memo.stamp("listing", str(cache)) != before
+
+
+def test_every_stat_only_input_is_raised_under_the_memos_event_name() -> None:
+    """Code below lifecycle cannot import serve_memo: it spells the event itself."""
+    import re
+
+    package = Path(serve_memo.__file__).resolve().parents[1]
+    raised = {
+        m
+        for path in package.rglob("*.py")
+        for m in re.findall(r"sys\.audit\(\"([^\"]+)\"", path.read_text())
+    }
+    assert raised == {serve_memo.STAT_EVENT}
