@@ -147,7 +147,7 @@ def serve_command(
     sys.stdout.flush()
     sys.stderr.flush()
     if memo is not None:
-        _keep(memo, handover, ctx.store, ctx.json, findings, pull_url)
+        _keep(memo, engine, handover, ctx.store, ctx.json, findings, pull_url)
     hand_over(handover)
 
 
@@ -161,6 +161,7 @@ def _counted(say: Callable[[Finding], None], seen: list[object]) -> Callable[[Fi
 
 def _keep(
     memo: serve_memo.Recorder,
+    engine: str,
     h: Handover,
     store: Path,
     json: bool,
@@ -185,7 +186,13 @@ def _keep(
         why = "--store is given where the memo does not read it"
     else:
         doc, why = serve_memo.document(
-            memo, h.command, h.environ, str(h.ns_dir), h.holds_in_use, stdout_to_stderr=json
+            memo,
+            engine,
+            h.command,
+            h.environ,
+            str(h.ns_dir),
+            h.holds_in_use,
+            stdout_to_stderr=json,
         )
         if doc is not None:
             where = Path(serve_memo.memo_dir(memo.store))

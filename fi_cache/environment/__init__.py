@@ -361,6 +361,7 @@ def _remembered_failure(record: Path) -> str | None:
     at = data.get("at")
     if not isinstance(at, (int, float)) or not 0 <= time.time() - at < _FAILURE_KEPT_S:
         return None
+    sys.audit("fi_cache.expires", at + _FAILURE_KEPT_S)  # serve's memo holds no longer than it
     return str(data["error"])
 
 

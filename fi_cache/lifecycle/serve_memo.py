@@ -77,8 +77,10 @@ _WRITE_EVENTS = frozenset(
     }
 )
 _CHILD_EVENTS = frozenset({"subprocess.Popen", "os.posix_spawn", "os.exec", "os.fork", "os.system"})
-# `vllm preload` (versions.PRELOAD_SUBCOMMAND): any process naming it sends the serve the long way
-_PRELOAD = b"preload"
+EXPIRES_EVENT = "fi_cache.expires"  # sys.audit event: what was read holds until this time.time()
+# What a serve looks for in /proc, by engine: any process whose command line holds the word takes
+# the long way (`vllm preload`, versions.PRELOAD_SUBCOMMAND; SGLang's servers, sglang/live.py).
+WATCHED = {"vllm": ("preload",), "sglang": ("sglang",)}
 
 
 class Hit:
@@ -220,6 +222,7 @@ class Recorder:
         self.listed: set[str] = set()
         self.not_kept: list[str] = []  # why no memo can be kept
         self.processes = False  # /proc was listed: daemons are looked for
+        self.expires: float | None = None  # an input read holds until then (a kept failure)
         self.out: list[str] = []
         self.err: list[str] = []
         self._streams: tuple[Any, Any] = (sys.stdout, sys.stderr)
@@ -248,6 +251,8 @@ class Recorder:
             self.listed.add(where)
         elif event == STAT_EVENT:
             self.read.add(_absolute(args[0]))
+        elif event == EXPIRES_EVENT:
+            self.expires = min(self.expires or args[0], args[0])
         elif event == "os.mkdir":
             if not os.path.isdir(args[0]):  # exist_ok on a dir that is there changes nothing
                 self._wrote(args[0], event)
@@ -334,6 +339,7 @@ def _absolute(path: Any) -> str:
 
 def document(
     rec: Recorder,
+    engine: str,
     command: Sequence[str],
     environ: Mapping[str, str],
     ns_dir: str,
@@ -361,7 +367,8 @@ def document(
         "schema": SCHEMA,
         "key": rec.key,
         "inputs": inputs,
-        "processes": rec.processes,
+        "watch": list(WATCHED.get(engine, ("",))) if rec.processes else [],  # "": any process
+        "expires": rec.expires,
         "out": out.decode("latin-1"),  # bytes, one char each
         "err": err.decode("latin-1"),
         "command": list(command),
@@ -390,13 +397,15 @@ def lookup(argv: Sequence[str], environ: Mapping[str, str]) -> Hit | None:
     if doc is None or doc.get("schema") != SCHEMA or doc.get("key") != the_key:
         return None
     try:
-        hit, inputs, processes = _parse(doc, environ)
+        hit, inputs, watch, expires = _parse(doc, environ)
     except (KeyError, TypeError, ValueError):
         return None  # not a memo this fi-cache wrote
+    if expires is not None and time.time() >= expires:
+        return None
     for kind, path, value in inputs:
         if stamp(kind, path) != value:
             return None
-    if processes and preload_running():
+    if watch and running(watch):
         return None
     if not os.access(hit.command[0], os.X_OK):
         return None  # the full serve says why it cannot be run
@@ -421,7 +430,7 @@ def _read_private(directory: str, name: str) -> dict[str, Any] | None:
 
 def _parse(
     doc: dict[str, Any], environ: Mapping[str, str]
-) -> tuple[Hit, list[tuple[str, str, Stamp]], bool]:
+) -> tuple[Hit, list[tuple[str, str, Stamp]], list[bytes], float | None]:
     command = doc["command"]
     if not command or not all(isinstance(a, str) for a in command):
         raise ValueError("command")
@@ -442,22 +451,28 @@ def _parse(
         hold=doc["hold"] is True,
         stdout_to_stderr=doc["stdout_to_stderr"] is True,
     )
-    return hit, inputs, doc["processes"] is True
+    watch = [str(w).encode() for w in doc["watch"]]
+    expires = doc["expires"]
+    if expires is not None and not isinstance(expires, (int, float)):
+        raise ValueError("expires")
+    return hit, inputs, watch, expires
 
 
-def preload_running() -> bool:
-    """Does any process on this machine name `preload` (a `vllm preload` daemon, perhaps)?"""
+def running(words: Sequence[bytes]) -> bool:
+    """Does a process on this machine hold one of `words` in its command line (b"": any
+    process but this one)?"""
     try:
-        pids = [p for p in os.listdir("/proc") if p.isdigit()]
+        pids = [p for p in os.listdir("/proc") if p.isdigit() and int(p) != os.getpid()]
     except OSError:
         return True  # cannot look: take the long way, which can
     for pid in pids:
         try:
             with open(f"/proc/{pid}/cmdline", "rb") as f:
-                if _PRELOAD in f.read().split(b"\0"):
-                    return True
+                cmdline = f.read()
         except OSError:
             continue
+        if any(w in cmdline for w in words):
+            return True
     return False
 
 

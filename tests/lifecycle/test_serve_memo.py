@@ -185,6 +185,20 @@ def test_a_running_preload_daemon_runs_the_full_serve(rig: Rig) -> None:
     assert REPLAYED in rig.serve().stderr
 
 
+def test_a_memo_holds_no_longer_than_what_it_read(rig: Rig) -> None:
+    """A FlashInfer probe failure is kept an hour (environment.detect), then asked again: a
+    memo that read it expires with it."""
+    memo = _memo(rig)
+    doc = json.loads(memo.read_text())
+    doc["expires"] = time.time() - 1
+    memo.write_text(json.dumps(doc))
+    assert REPLAYED not in rig.serve().stderr
+    rec = serve_memo.Recorder(["serve", "m"])
+    rec.hook(serve_memo.EXPIRES_EVENT, (200.0,))
+    rec.hook(serve_memo.EXPIRES_EVENT, (100.0,))
+    assert rec.expires == 100.0
+
+
 def test_memo_off_neither_reads_nor_keeps_one(rig: Rig) -> None:
     p = rig.serve(FI_CACHE_SERVE_MEMO="0")
     assert "serve memo" not in p.stderr and p.returncode == 0
@@ -290,4 +304,4 @@ def test_every_stat_only_input_is_raised_under_the_memos_event_name() -> None:
         for path in package.rglob("*.py")
         for m in re.findall(r"sys\.audit\(\"([^\"]+)\"", path.read_text())
     }
-    assert raised == {serve_memo.STAT_EVENT}
+    assert raised == {serve_memo.STAT_EVENT, serve_memo.EXPIRES_EVENT}
