@@ -198,6 +198,7 @@ def _keep(
             where = Path(serve_memo.memo_dir(memo.store))
             try:
                 files.write_private(where, f"{memo.key}.json", _json.dumps(doc).encode())
+                files.keep_newest(where, serve_memo.KEPT_MEMOS, ".json")
             except (FiCacheError, OSError) as exc:
                 why = f"cannot write it: {exc}"
     if serve_memo.explains(memo.environ):

@@ -48,6 +48,7 @@ SCHEMA = 1
 MEMO_ENV = "FI_CACHE_SERVE_MEMO"
 STAT_EVENT = "fi_cache.stat"  # sys.audit event: a decision taken on this path's stat alone
 _STORE_ENV = "FI_CACHE_DIR"  # store/paths.STORE_ENV (a test holds them equal)
+KEPT_MEMOS = 32  # per user and store: the newest, one per command line and environment
 _MAX_MEMO = 4 << 20
 _MAX_CONTENT = 1 << 20
 _SETTLED_NS = 2_000_000_000  # changed this recently: may change again within its mtime tick

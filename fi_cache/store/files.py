@@ -248,3 +248,16 @@ def write_private(directory: Path, name: str, data: bytes) -> None:
     if st.st_mode & 0o077:
         os.chmod(directory, 0o700)
     atomic_write(directory / name, data, mode=0o600, lock=False)
+
+
+def keep_newest(directory: Path, keep: int, suffix: str) -> None:
+    """Remove all but the `keep` newest `*suffix` files of `directory` (serve's memos: one per
+    command line and environment, which a pod's name changes at every start)."""
+    try:
+        entries = [e for e in os.scandir(directory) if e.name.endswith(suffix) and e.is_file()]
+        entries.sort(key=lambda e: e.stat().st_mtime_ns, reverse=True)
+    except OSError:
+        return
+    for e in entries[keep:]:
+        with contextlib.suppress(Refused):
+            remove_file(Path(e.path))

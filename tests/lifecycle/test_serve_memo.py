@@ -239,6 +239,19 @@ def test_a_serve_with_findings_keeps_no_memo(rig: Rig) -> None:
         assert REPLAYED not in p.stderr and "corrupt" in p.stderr
 
 
+def test_only_the_newest_memos_are_kept(rig: Rig) -> None:
+    """One memo per command line and environment (a pod's name differs at every start): the
+    oldest go."""
+    old = _memo(rig)
+    stale = [old.with_name(f"{i:032x}.json") for i in range(serve_memo.KEPT_MEMOS)]
+    for i, path in enumerate(stale):
+        path.write_text("{}")
+        os.utime(path, (1000 + i, 1000 + i))
+    rig.serve("--port", "8123")  # another command line: a memo of its own
+    left = set(old.parent.glob("*.json"))
+    assert len(left) == serve_memo.KEPT_MEMOS and old in left and stale[0] not in left
+
+
 # --- the parts, without processes --------------------------------------------------------------
 
 
