@@ -34,6 +34,7 @@ from fi_cache.versions import (
     V,
 )
 from tests.conftest import GEMM_618, VLLM_PYTHON, needs_vllm
+from tests.engines.vllm.counting_child import counting_child
 from tests.engines.vllm.serve_flags import serve_flags
 from tests.vllm_wheels import RELEASES, module_text, need, unpacked, vllm_wheel
 
@@ -71,16 +72,7 @@ def test_a_saved_answer_is_not_reused_after_an_edit_to_a_hashed_ir_op_provider(
     """vLLM hashes the source of the IR-op implementations its priority lists name (a patched
     vllm_c.py is another hash dir, with the same dist-info): the saved answer is not reused
     (a STAND-IN child: it counts the asks)."""
-    asks, child, site = tmp_path / "asks", tmp_path / "python", tmp_path / "site"
-    answer = {
-        "vllm_version": "0.34.0",
-        "hash": "a" * 64,
-        "dir": str(tmp_path),
-        "files": [],
-        "root_from": "VLLM_CACHE_ROOT",
-    }
-    child.write_text(f"#!/bin/sh\necho x >> {asks}\necho '{json.dumps(answer)}'\n")
-    child.chmod(0o755)
+    child, site = counting_child(tmp_path, "0.34.0"), tmp_path / "site"
     state = tmp_path / "state"
     (site / "vllm-0.34.0.dist-info").mkdir(parents=True)
     for rel in VLLM_IR_PROVIDER_FILES:
@@ -88,8 +80,8 @@ def test_a_saved_answer_is_not_reused_after_an_edit_to_a_hashed_ir_op_provider(
         (site / rel).write_text("def rms_norm(x): ...\n")
 
     def ask() -> int:
-        predict(str(child), "0.34.0", ["m"], {}, state, site=str(site))
-        return len(asks.read_text().splitlines())
+        predict(str(child.python), "0.34.0", ["m"], {}, state, site=str(site))
+        return child.asked()
 
     assert ask() == 1 and ask() == 1
     (site / "vllm/kernels/vllm_c.py").write_text("def rms_norm(x): return x\n")

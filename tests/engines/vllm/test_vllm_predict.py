@@ -26,6 +26,7 @@ from fi_cache.engines.vllm import predict as predict_mod
 from fi_cache.engines.vllm.predict import cached, predict
 from fi_cache.errors import FiCacheError, Refused
 from tests.conftest import VLLM_PYTHON, needs_vllm
+from tests.engines.vllm.counting_child import counting_child
 
 PYTHON = VLLM_PYTHON
 
@@ -157,37 +158,18 @@ def test_moe_data_parallel_ranks_are_world_ranks(vllm_model: Path, tmp_path: Pat
 def test_a_saved_answer_is_not_reused_under_other_vllm_variables(tmp_path: Path) -> None:
     """vLLM 0.25-0.29 hash every registered VLLM_* variable into the dir: the answer saved for
     the fused start must not answer the unfused one (a STAND-IN child: it counts the asks)."""
-    asks = tmp_path / "asks"
-    child = tmp_path / "python"
-    answer = {
-        "vllm_version": "0.26.0",
-        "hash": "a" * 64,
-        "dir": str(tmp_path),
-        "files": [],
-        "root_from": "VLLM_CACHE_ROOT",
-    }
-    child.write_text(f"#!/bin/sh\necho x >> {asks}\necho '{json.dumps(answer)}'\n")
-    child.chmod(0o755)
+    child = counting_child(tmp_path, "0.26.0")
     state = tmp_path / "state"
     state.mkdir()
     for env in ({}, {"VLLM_FLASHINFER_MOE_FUSED_FINALIZE": "0"}, {}):
-        predict(str(child), "0.26.0", ["m"], env, state)
-    assert len(asks.read_text().splitlines()) == 2  # the third is the first's saved answer
+        predict(str(child.python), "0.26.0", ["m"], env, state)
+    assert child.asked() == 2  # the third is the first's saved answer
 
 
 def test_a_saved_answer_is_not_reused_when_what_vllm_hashes_changed(tmp_path: Path) -> None:
     """vLLM hashes the HF config it reads, a --config YAML's settings and torch.compile off: a
     change to any of them is another dir (a STAND-IN child: it counts the asks)."""
-    asks, child = tmp_path / "asks", tmp_path / "python"
-    answer = {
-        "vllm_version": "0.32.0",
-        "hash": "a" * 64,
-        "dir": str(tmp_path),
-        "files": [],
-        "root_from": "VLLM_CACHE_ROOT",
-    }
-    child.write_text(f"#!/bin/sh\necho x >> {asks}\necho '{json.dumps(answer)}'\n")
-    child.chmod(0o755)
+    child = counting_child(tmp_path, "0.32.0")
     state, model, yaml = tmp_path / "state", tmp_path / "model", tmp_path / "serve.yaml"
     state.mkdir()
     model.mkdir()
@@ -196,8 +178,8 @@ def test_a_saved_answer_is_not_reused_when_what_vllm_hashes_changed(tmp_path: Pa
     argv = [str(model), "--config", str(yaml)]
 
     def ask(env: dict[str, str]) -> int:
-        predict(str(child), "0.32.0", argv, env, state)
-        return len(asks.read_text().splitlines())
+        predict(str(child.python), "0.32.0", argv, env, state)
+        return child.asked()
 
     assert ask({}) == 1 and ask({}) == 1  # the saved answer
     (model / "config.json").write_text('{"max_position_embeddings": 8192}')
@@ -211,22 +193,13 @@ def test_a_saved_answer_is_not_reused_when_what_vllm_hashes_changed(tmp_path: Pa
 def test_a_saved_answer_is_not_reused_after_an_upgrade_beside_vllm(tmp_path: Path) -> None:
     """transformers parses the HF config vLLM hashes: a new transformers installed beside vLLM
     (or another PYTHONPATH) may be another dir (a STAND-IN child: it counts the asks)."""
-    asks, child, site = tmp_path / "asks", tmp_path / "python", tmp_path / "site"
-    answer = {
-        "vllm_version": "0.32.0",
-        "hash": "a" * 64,
-        "dir": str(tmp_path),
-        "files": [],
-        "root_from": "VLLM_CACHE_ROOT",
-    }
-    child.write_text(f"#!/bin/sh\necho x >> {asks}\necho '{json.dumps(answer)}'\n")
-    child.chmod(0o755)
+    child, site = counting_child(tmp_path, "0.32.0"), tmp_path / "site"
     state = tmp_path / "state"
     (site / "transformers-4.57.1.dist-info").mkdir(parents=True)
 
     def ask(env: dict[str, str]) -> int:
-        predict(str(child), "0.32.0", ["m"], env, state, site=str(site))
-        return len(asks.read_text().splitlines())
+        predict(str(child.python), "0.32.0", ["m"], env, state, site=str(site))
+        return child.asked()
 
     assert ask({}) == 1 and ask({}) == 1
     (site / "transformers-4.57.1.dist-info").rename(site / "transformers-5.0.0.dist-info")
