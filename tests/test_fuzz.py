@@ -21,7 +21,7 @@ from fi_cache import doctor
 from fi_cache.caches import inventory
 from fi_cache.cli import ls, render, show
 from fi_cache.doctor import Inputs, Target
-from fi_cache.doctor.gather import gather
+from fi_cache.doctor.gather import GatherRequest, gather
 from fi_cache.doctor.logs import parse_log, read_log
 from fi_cache.errors import FiCacheError
 from fi_cache.maintenance import merge
@@ -176,7 +176,7 @@ def _exercise(paths: list[Path], store: Path, target: Target) -> None:
             except FiCacheError as exc:
                 _printable(exc)
     environ = {"VLLM_FLASHINFER_AUTOTUNE_CACHE_DIR": str(store / "no-vllm-dir")}
-    inputs = gather(store, paths, [], None, target, environ)
+    inputs = gather(GatherRequest(store=store, paths=paths, target=target, environ=environ))
     for finding in doctor.run(inputs):
         _printable(finding.message)
         json.dumps(finding.to_json())

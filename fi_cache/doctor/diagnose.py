@@ -115,14 +115,22 @@ def _diagnose(request: Request) -> Diagnosis:
     else:
         state = state_dir(request.store)
         location, why = vllm_source.location(env, target, argv, environ, state)
-    inputs, scanned = gather.scan(
-        request.store, request.paths, request.logs, argv, target, environ, location
+    asked = gather.GatherRequest(
+        store=request.store,
+        paths=request.paths,
+        logs=request.logs,
+        serve_argv=argv,
+        target=target,
+        environ=environ,
+        location=location,
+        location_from=why,
     )
+    inputs, scanned = gather.scan(asked)
     if request.gpu:  # the short name `ls` prints, resolved against the caches' names too
         known = {*scanned.gpu_names(), *(g.name for g in env.gpus)}
         if (gpu := resolve_gpu(request.gpu, known)) != target.fingerprint.gpu:
             target = Target(target.fingerprint.replace(gpu=gpu), *_rest(target))
-    inputs = gather.settle(_with(inputs, why), scanned, request.store, request.paths, target)
+    inputs = gather.settle(inputs, scanned, request.store, request.paths, target)
     findings = doctor.run(inputs, request.only)
     wanted = not request.only or "vllm-preload" in request.only
     if request.wrapper is not None and wanted:
@@ -166,9 +174,3 @@ def _resolve(request: Request) -> _Resolved:
 
 def _rest(t: Target) -> tuple[str | None, bool | None, str, str | None]:
     return t.vllm_version, t.vllm_supports_finalize, t.finalize, t.sglang_version
-
-
-def _with(inputs: Inputs, location_from: str) -> Inputs:
-    from dataclasses import replace
-
-    return replace(inputs, location_from=location_from)

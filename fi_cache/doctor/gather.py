@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Sequence
+from dataclasses import dataclass
 from dataclasses import replace as dataclass_replace
 from pathlib import Path
 
@@ -17,44 +18,61 @@ from fi_cache.doctor.sources.vllm import predicted_dir as predicted_vllm_dir
 from fi_cache.doctor.target import Overrides, make_target
 from fi_cache.engines.vllm.predict import CacheLocation
 
-__all__ = ["Overrides", "gather", "make_target", "predicted_vllm_dir", "scan", "settle"]
+__all__ = [
+    "GatherRequest",
+    "Overrides",
+    "gather",
+    "make_target",
+    "predicted_vllm_dir",
+    "scan",
+    "settle",
+]
 
 
-def scan(
-    store: Path,
-    paths: Sequence[Path],
-    logs: Sequence[Path],
-    serve_argv: Sequence[str] | None,
-    target: Target,
-    environ: dict[str, str],
-    location: CacheLocation | None = None,
-) -> tuple[Inputs, files.Scanned]:
+@dataclass(frozen=True, kw_only=True)
+class GatherRequest:
+    """What doctor reads (the store, PATHs, logs, the engine's arguments, its environment, vLLM's
+    own answer for its cache dir) and the target the caches are first judged against."""
+
+    store: Path
+    target: Target
+    environ: dict[str, str]
+    paths: Sequence[Path] = ()
+    logs: Sequence[Path] = ()
+    serve_argv: Sequence[str] | None = None
+    location: CacheLocation | None = None
+    location_from: str = ""  # which answer cache-location gives, and why
+
+
+def scan(request: GatherRequest) -> tuple[Inputs, files.Scanned]:
     """Everything read, before the caches are judged against the target (gpu names known)."""
-    sglang = None
-    if target.sglang_version is not None:
-        sglang, serve_argv = sglang_source.read(serve_argv, environ), None
-    serve = vllm_source.serve_args(serve_argv, target)
-    log_facts = tuple(read_log(p) for p in logs)
-    if location is not None and location.dir:
-        predicted = Path(location.dir)  # vLLM's own answer, hash dir included
+    r = request
+    sglang, serve_argv = None, r.serve_argv
+    if r.target.sglang_version is not None:
+        sglang, serve_argv = sglang_source.read(serve_argv, r.environ), None
+    serve = vllm_source.serve_args(serve_argv, r.target)
+    log_facts = tuple(read_log(p) for p in r.logs)
+    if r.location is not None and r.location.dir:
+        predicted = Path(r.location.dir)  # vLLM's own answer, hash dir included
     elif sglang is not None:
         predicted = sglang.predicted
     else:
-        predicted = predicted_vllm_dir(target, environ, serve)
-    scanned = files.read(store, paths, predicted)
+        predicted = predicted_vllm_dir(r.target, r.environ, serve)
+    scanned = files.read(r.store, r.paths, predicted)
     inputs = Inputs(
-        target=target,
+        target=r.target,
         logs=log_facts,
         serve=serve,
-        serve_moe=vllm_source.has_experts(serve, environ),
+        serve_moe=vllm_source.has_experts(serve, r.environ),
         environ={
             k: v
-            for k, v in environ.items()
+            for k, v in r.environ.items()
             if k.startswith(("VLLM_", "FLASHINFER_", "SGLANG_", "SGL_"))
         },
-        store=store,
+        store=r.store,
         predicted_dir=predicted if os.path.isdir(predicted) or serve is not None else None,
-        location=location,
+        location=r.location,
+        location_from=r.location_from,
         sglang=sglang.args if sglang else None,
         sglang_live=sglang.live if sglang else (),
         sglang_here=sglang.here if sglang else None,
@@ -79,17 +97,7 @@ def settle(
     )
 
 
-def gather(
-    store: Path,
-    paths: Sequence[Path],
-    logs: Sequence[Path],
-    serve_argv: Sequence[str] | None,
-    target: Target,
-    environ: dict[str, str],
-    location: CacheLocation | None = None,
-    location_from: str = "",
-) -> Inputs:
+def gather(request: GatherRequest) -> Inputs:
     """Everything the checks look at. Raises Refused for bad paths, logs and argv."""
-    inputs, scanned = scan(store, paths, logs, serve_argv, target, environ, location)
-    inputs = dataclass_replace(inputs, location_from=location_from)
-    return settle(inputs, scanned, store, paths, target)
+    inputs, scanned = scan(request)
+    return settle(inputs, scanned, request.store, request.paths, request.target)

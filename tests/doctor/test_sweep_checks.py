@@ -11,7 +11,7 @@ from pathlib import Path
 from fi_cache import doctor
 from fi_cache.doctor import Target
 from fi_cache.doctor.findings import Finding
-from fi_cache.doctor.gather import gather
+from fi_cache.doctor.gather import GatherRequest, gather
 from fi_cache.engines.vllm.predict import CacheLocation
 from fi_cache.model import v1
 from fi_cache.model.fingerprint import Fingerprint
@@ -37,7 +37,15 @@ def _findings(
     where = CacheLocation(
         version, "c" * 64, str(hash_dir), ranks, "VLLM_CACHE_ROOT", sweep_tokens=tokens
     )
-    inputs = gather(tmp_path / "store", [], [], ["m", "-tp", "2"], target, {}, where, "vLLM")
+    asked = GatherRequest(
+        store=tmp_path / "store",
+        serve_argv=["m", "-tp", "2"],
+        target=target,
+        environ={},
+        location=where,
+        location_from="vLLM",
+    )
+    inputs = gather(asked)
     return doctor.run(inputs, only=["sweep-gap"])
 
 
