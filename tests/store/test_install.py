@@ -8,7 +8,7 @@ import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any, NamedTuple, TypeVar
 
 import pytest
 
@@ -17,18 +17,21 @@ from fi_cache.store import install, locks, trash
 from fi_cache.store.trash import TRASH_DIR
 
 
-def _staged(tmp_path: Path, text: str) -> Path:
-    new = tmp_path / "stage" / "ns"
-    new.mkdir(parents=True)
-    (new / "autotune_configs.json").write_text(text)
-    return new
+class Swap(NamedTuple):
+    store: Path
+    target: Path  # the store's namespace: its cache file says "old"
+    new: Path  # the import's staged namespace: its cache file says "new"
 
 
-def _namespace(tmp_path: Path, text: str = "old") -> tuple[Path, Path]:
+@pytest.fixture
+def swap(tmp_path: Path) -> Swap:
+    """An import about to swap a staged namespace in for the one a store has."""
     store, target = tmp_path / "s", tmp_path / "s" / "namespaces" / "h200" / "ns"
-    target.mkdir(parents=True)
-    (target / "autotune_configs.json").write_text(text)
-    return store, target
+    new = tmp_path / "stage" / "ns"
+    for where, text in ((target, "old"), (new, "new")):
+        where.mkdir(parents=True)
+        (where / "autotune_configs.json").write_text(text)
+    return Swap(store, target, new)
 
 
 # Linux filesystems whose rename supports RENAME_EXCHANGE: there, fi-cache must use it.
@@ -43,19 +46,18 @@ def two_renames(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("FI_CACHE_LOCK", "flock")
 
 
-def _exchange_expected(tmp_path: Path) -> bool:
-    return sys.platform == "linux" and locks.filesystem_type(tmp_path) in _EXCHANGING_FS
+def _exchange_expected(where: Path) -> bool:
+    return sys.platform == "linux" and locks.filesystem_type(where) in _EXCHANGING_FS
 
 
 def test_install_swaps_in_one_step_where_the_filesystem_can(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    swap: Swap, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """With an exchange the namespace never stops existing: whoever arrives mid-import finds
     the old one or the new one, never a gap in which to create an empty one."""
-    if not _exchange_expected(tmp_path):
-        pytest.skip(f"{locks.filesystem_type(tmp_path)}: no renameat2 RENAME_EXCHANGE known")
-    store, target = _namespace(tmp_path)
-    new = _staged(tmp_path, "new")
+    store, target, new = swap
+    if not _exchange_expected(store):
+        pytest.skip(f"{locks.filesystem_type(store)}: no renameat2 RENAME_EXCHANGE known")
     real_to_trash, seen = trash.to_trash, []
 
     def to_trash(path: Path, store_: Path, name: str) -> Path:
@@ -87,10 +89,9 @@ def _in_the_gap(monkeypatch: pytest.MonkeyPatch, new: Path, what: Callable[[], T
 
 @pytest.mark.usefixtures("two_renames")
 def test_install_retries_when_a_newcomer_recreates_the_namespace(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    swap: Swap, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    store, target = _namespace(tmp_path)
-    new = _staged(tmp_path, "new")
+    store, target, new = swap
 
     def newcomer() -> None:  # a warm arrives while target is absent
         target.mkdir()
@@ -104,15 +105,14 @@ def test_install_retries_when_a_newcomer_recreates_the_namespace(
 
 @pytest.mark.usefixtures("two_renames")
 def test_install_outwaited_by_a_newcomer_says_where_the_old_namespace_is(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    swap: Swap, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """A warm that recreated the namespace in the gap and holds it past the lock timeout: the
     import fails with one line naming where the namespace it was replacing is kept."""
     import fcntl
     import re
 
-    store, target = _namespace(tmp_path)
-    new = _staged(tmp_path, "new")
+    store, target, new = swap
 
     def newcomer() -> int:
         target.mkdir()
@@ -136,11 +136,10 @@ def test_install_outwaited_by_a_newcomer_says_where_the_old_namespace_is(
 
 @pytest.mark.usefixtures("two_renames")
 def test_install_survives_a_prune_removing_the_emptied_parents(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    swap: Swap, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """Between the two renames a prune of the only sibling removes the empty parent dirs."""
-    store, target = _namespace(tmp_path)
-    new = _staged(tmp_path, "new")
+    store, target, new = swap
     pruned = _in_the_gap(monkeypatch, new, target.parent.rmdir)  # what remove_empty_parents does
     install.install_dir(new, target, store)
     assert pruned and (target / "autotune_configs.json").read_text() == "new"
@@ -148,10 +147,9 @@ def test_install_survives_a_prune_removing_the_emptied_parents(
 
 @pytest.mark.usefixtures("two_renames")
 def test_failed_install_puts_the_old_namespace_back(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    swap: Swap, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    store, target = _namespace(tmp_path)
-    new = _staged(tmp_path, "new")
+    store, target, new = swap
 
     def cross_device() -> None:
         raise OSError(18, "Invalid cross-device link")
@@ -162,11 +160,10 @@ def test_failed_install_puts_the_old_namespace_back(
     assert (target / "autotune_configs.json").read_text() == "old"
 
 
-def test_install_into_a_served_namespace_is_refused(tmp_path: Path) -> None:
+def test_install_into_a_served_namespace_is_refused(swap: Swap) -> None:
     """A running `fi-cache serve` marks its namespace in use; swapping the dir would carry the
     mark away (and let prune delete what the server uses)."""
-    store, target = _namespace(tmp_path)
-    new = _staged(tmp_path, "new")
+    store, target, new = swap
     fd = locks.hold_in_use(target)
     assert fd is not None
     try:
@@ -180,13 +177,12 @@ def test_install_into_a_served_namespace_is_refused(tmp_path: Path) -> None:
 
 @pytest.mark.parametrize("trash", ["a-file", "read-only"])
 def test_install_refuses_a_store_whose_trash_it_cannot_use(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, trash: str
+    swap: Swap, monkeypatch: pytest.MonkeyPatch, trash: str
 ) -> None:
     """Checked before anything moves: the old namespace must have somewhere to go."""
     import tempfile
 
-    store, target = _namespace(tmp_path)
-    new = _staged(tmp_path, "new")
+    store, target, new = swap
     if trash == "a-file":
         (store / TRASH_DIR).write_text("not a dir")
     else:  # another user's 0755 `.trash` in a shared store (root, running this, writes anyway)
