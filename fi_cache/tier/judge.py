@@ -38,44 +38,32 @@ def _who(target: Target) -> str:
     return f"every {gpu.removeprefix('NVIDIA ')}" if gpu else "every"
 
 
+# What the fleet does with a table each check flags ("{who}": every daemon, of the GPU when
+# known); a check not named here finds a table daemons adopt as it is.
+_CONSEQUENCES = {
+    "foreign-environment": "{who} daemon on a fresh node rejects it by `_metadata` and tunes from "
+    "scratch (its own publish is a no-op: the tier never helps it); " + NEVER_REPLACED,
+    "stale-gemm2-profile": "{who} daemon on a fresh node adopts it (its `_metadata` fits) and "
+    "replays GEMM2 ids of the other finalize mode: `Invalid gemm2 profile id` crashes start-up "
+    "fleet-wide; " + NEVER_REPLACED,
+    "finalize-mode-miss": "{who} daemon on a fresh node adopts it, every rank hits, so vLLM 0.33+ "
+    "skips the sweep and MoE runs FlashInfer's fallback tactic fleet-wide; " + NEVER_REPLACED,
+    "vllm-ranks-retune": "a fresh node's daemons adopt these tables rank by rank, fail vLLM's "
+    "gate and tune every rank again (their publish is a no-op: the tier keeps these); "
+    + NEVER_REPLACED.replace("it:", "them:"),
+    "records-unreadable": "{who} daemon on a fresh node adopts it (nothing checks `_records`) "
+    "and FlashInfer crashes loading it; " + NEVER_REPLACED,
+    "corrupt-file": "{who} daemon on a fresh node rejects it and tunes from scratch (the tier "
+    "never helps it); " + NEVER_REPLACED,
+}
+_ADOPTED = "{who} daemon on a fresh node adopts it as it is; " + NEVER_REPLACED
+
+
 def consequence(f: Finding, target: Target) -> str:
     """One line: what the fleet does with this table, for as long as the key holds it. A daemon
     adopts only where it has no local file (a fresh node, warmup_cache.py 0.34:147-169); a
     rejected table leaves it to tune itself, and its publish is then a no-op."""
-    who = _who(target)
-    if f.check == "foreign-environment":
-        return (
-            f"{who} daemon on a fresh node rejects it by `_metadata` and tunes from scratch (its "
-            f"own publish is a no-op: the tier never helps it); {NEVER_REPLACED}"
-        )
-    if f.check == "stale-gemm2-profile":
-        return (
-            f"{who} daemon on a fresh node adopts it (its `_metadata` fits) and replays GEMM2 "
-            "ids of the other finalize mode: `Invalid gemm2 profile id` crashes start-up "
-            "fleet-wide; " + NEVER_REPLACED
-        )
-    if f.check == "finalize-mode-miss":
-        return (
-            f"{who} daemon on a fresh node adopts it, every rank hits, so vLLM 0.33+ skips the "
-            f"sweep and MoE runs FlashInfer's fallback tactic fleet-wide; {NEVER_REPLACED}"
-        )
-    if f.check == "vllm-ranks-retune":
-        return (
-            "a fresh node's daemons adopt these tables rank by rank, fail vLLM's gate and tune "
-            "every rank again (their publish is a no-op: the tier keeps these); "
-            + NEVER_REPLACED.replace("it:", "them:")
-        )
-    if f.check == "records-unreadable":
-        return (
-            f"{who} daemon on a fresh node adopts it (nothing checks `_records`) and FlashInfer "
-            f"crashes loading it; {NEVER_REPLACED}"
-        )
-    if f.check == "corrupt-file":
-        return (
-            f"{who} daemon on a fresh node rejects it and tunes from scratch (the tier never "
-            f"helps it); {NEVER_REPLACED}"
-        )
-    return f"{who} daemon on a fresh node adopts it as it is; {NEVER_REPLACED}"
+    return _CONSEQUENCES.get(f.check, _ADOPTED).format(who=_who(target))
 
 
 def remedy(key_url: str) -> str:
