@@ -21,6 +21,9 @@ import sys
 import zipfile
 from pathlib import Path
 
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # benchmarks/
+from pip_download import pip_download
+
 FLASHINFER = ["0.7.2.post1", "0.6.18"]  # vLLM 0.33's pin; the version of the 22-bucket restart
 WHEELS = ["apache-tvm-ffi==0.1.15.post2", "nvidia-cudnn-frontend==1.32.0", "platformdirs==4.14.9"]
 PLATFORMS = [
@@ -34,25 +37,7 @@ PLATFORMS = [
 
 def download(dest: Path, spec: str) -> None:
     """One requirement at a time: pip refuses two FlashInfer versions in one resolve."""
-    plat = [a for p in PLATFORMS for a in ("--platform", p)]
-    cmd = [
-        sys.executable,
-        "-m",
-        "pip",
-        "download",
-        "-q",
-        "--no-deps",
-        "--only-binary=:all:",
-        "--python-version",
-        "3.12",
-        "--implementation",
-        "cp",
-        *plat,
-        "-d",
-        str(dest),
-        spec,
-    ]
-    subprocess.run(cmd, check=True)
+    pip_download(dest, [spec], PLATFORMS)
 
 
 def build(out: Path) -> None:

@@ -29,6 +29,9 @@ from packaging.markers import default_environment
 from packaging.requirements import Requirement
 from packaging.utils import canonicalize_name, parse_wheel_filename
 
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # benchmarks/
+from pip_download import pip_download
+
 WHEELS = [
     "vllm==0.26.0",
     "flashinfer-python==0.6.17",
@@ -110,25 +113,7 @@ def image_names() -> set[str]:
 
 def download(dest: Path) -> None:
     dest.mkdir(parents=True, exist_ok=True)
-    plat = [a for p in PLATFORMS for a in ("--platform", p)]
-    cmd = [
-        sys.executable,
-        "-m",
-        "pip",
-        "download",
-        "-q",
-        "--no-deps",
-        "--only-binary=:all:",
-        "--python-version",
-        "3.12",
-        "--implementation",
-        "cp",
-        *plat,
-        "-d",
-        str(dest),
-        *WHEELS,
-    ]
-    subprocess.run(cmd, check=True)
+    pip_download(dest, WHEELS, PLATFORMS)
 
 
 def repack_vllm(src: Path, dest: Path) -> dict[str, int]:
