@@ -45,6 +45,15 @@ def _fi(store: Path, *args: str) -> list[str]:
     return [sys.executable, "-m", "fi_cache", "--store", str(store), *args]
 
 
+def _run_fi(
+    store: Path, env: dict[str, str], *args: str, timeout: float = 400
+) -> subprocess.CompletedProcess[str]:
+    """`fi-cache --store STORE ARGS` run to its end, its stdout and stderr kept as text."""
+    return subprocess.run(
+        _fi(store, *args), env=env, capture_output=True, text=True, timeout=timeout, check=False
+    )
+
+
 def _vllm_processes(store: Path) -> list[int]:
     """Live processes started with this store's namespace as vLLM's cache dir: the API server,
     engine core and worker (the last two are multiprocessing children whose command lines name
@@ -82,14 +91,7 @@ def test_warm_runs_real_vllm_to_health_and_leaves_no_process(
     vllm_model: Path, env: dict[str, str], tmp_path: Path
 ) -> None:
     store = tmp_path / "store"
-    p = subprocess.run(
-        _fi(store, "--format", "json", "warm", "--", str(vllm_model), *FAST),
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=400,
-        check=False,
-    )
+    p = _run_fi(store, env, "--format", "json", "warm", "--", str(vllm_model), *FAST)
     assert p.returncode == 0, p.stderr[-3000:]
     doc = json.loads(p.stdout)
     assert doc["vllm_version"] == "0.32.0" and doc["files"] == []
@@ -108,14 +110,7 @@ def test_serve_execs_real_vllm_which_sees_no_unknown_variable(
     warns about no variable fi-cache set."""
     store, port = tmp_path / "store", free_port()
     argv = [str(vllm_model), *FAST, "--port", str(port)]
-    warm = subprocess.run(
-        _fi(store, "warm", "--", *argv),
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=400,
-        check=False,
-    )
+    warm = _run_fi(store, env, "warm", "--", *argv)
     assert warm.returncode == 0, warm.stderr[-3000:]
     serve = subprocess.Popen(
         _fi(store, "serve", "--", *argv),
@@ -139,22 +134,16 @@ def test_a_failed_start_is_vllms_exit_code_and_its_words(
 ) -> None:
     store = tmp_path / "store"
     # vLLM's own parser rejects the flag: exit 2 from argparse, before anything starts.
-    p = subprocess.run(
-        _fi(store, "warm", "--", str(vllm_model), *FAST, "--no-such-flag"),
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=300,
-        check=False,
-    )
+    p = _run_fi(store, env, "warm", "--", str(vllm_model), *FAST, "--no-such-flag", timeout=300)
     assert p.returncode == 1
     assert "unrecognized arguments: --no-such-flag" in p.stderr
     last = p.stderr.strip().splitlines()[-1]
     assert last.endswith("vLLM exited with code 2 before it was healthy")
     assert not (store / "namespaces").exists() or not list((store / "namespaces").rglob("*.json"))
     # serve returns vLLM's exit code (no warm: it would fail the same way first).
-    cmd = _fi(store, "serve", "--no-warm", "--", str(vllm_model), "--no-such-flag")
-    s = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=300, check=False)
+    s = _run_fi(
+        store, env, "serve", "--no-warm", "--", str(vllm_model), "--no-such-flag", timeout=300
+    )
     assert s.returncode == 2, s.stderr[-2000:]
 
 
@@ -165,14 +154,7 @@ def test_a_failed_warm_shows_the_root_cause_vllm_printed_far_above(
     outside the 30-line tail: the warm names it."""
     store = tmp_path / "store"
     env = {**env, "VLLM_CPU_KVCACHE_SPACE": "100000"}  # GiB: more than any machine has
-    p = subprocess.run(
-        _fi(store, "warm", "--", str(vllm_model), *FAST),
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=300,
-        check=False,
-    )
+    p = _run_fi(store, env, "warm", "--", str(vllm_model), *FAST, timeout=300)
     assert p.returncode == 1
     [cause] = [ln for ln in p.stderr.splitlines() if ln.startswith("fi-cache: root cause")]
     assert "ValueError: Available memory on node" in cause
@@ -218,14 +200,7 @@ def test_a_changed_config_starts_from_a_seeded_file_at_the_path_vllm_reads(
     from tests.conftest import GEMM_618
 
     store = tmp_path / "store"
-    first = subprocess.run(
-        _fi(store, "warm", "--", str(vllm_model), *FAST),
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=400,
-        check=False,
-    )
+    first = _run_fi(store, env, "warm", "--", str(vllm_model), *FAST)
     assert first.returncode == 0, first.stderr[-3000:]
     [manifest] = list((store / "namespaces").rglob("manifest.json"))
     earlier = f"vllm/{'a' * 64}/autotune_configs_dp0_rank0.json"
@@ -236,14 +211,8 @@ def test_a_changed_config_starts_from_a_seeded_file_at_the_path_vllm_reads(
     manifest.write_text(json.dumps(doc))
     hashes = tmp_path / "worker-hash.jsonl"
     argv = [str(vllm_model), *FAST[:-1], "128"]  # --max-model-len 128: another config hash
-    second = subprocess.run(
-        _fi(store, "--format", "json", "warm", "--", *argv),
-        env={**env, "FI_CACHE_TEST_HASH_OUT": str(hashes)},
-        capture_output=True,
-        text=True,
-        timeout=400,
-        check=False,
-    )
+    hashing = {**env, "FI_CACHE_TEST_HASH_OUT": str(hashes)}
+    second = _run_fi(store, hashing, "--format", "json", "warm", "--", *argv)
     assert second.returncode == 0, second.stderr[-3000:]
     worker_hash = json.loads(hashes.read_text().splitlines()[-1])["hash"]
     seeded = manifest.parent / "vllm" / worker_hash / "autotune_configs_dp0_rank0.json"
@@ -251,12 +220,5 @@ def test_a_changed_config_starts_from_a_seeded_file_at_the_path_vllm_reads(
     assert seeded.read_bytes() == GEMM_618.read_bytes()  # FlashInfer's format, byte for byte
     [f] = json.loads(second.stdout)["files"]
     assert f["path"] == str(seeded) and f["seeded"] == 38
-    third = subprocess.run(
-        _fi(store, "warm", "--no-seed", "--", str(vllm_model), *FAST[:-1], "64"),
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=400,
-        check=False,
-    )
+    third = _run_fi(store, env, "warm", "--no-seed", "--", str(vllm_model), *FAST[:-1], "64")
     assert third.returncode == 0 and "seeded" not in third.stderr
