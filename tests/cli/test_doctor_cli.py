@@ -24,7 +24,7 @@ from tests.conftest import (
     with_surrogate,
     write_v2_store,
 )
-from tests.doctor.doctor_argv import JSON_DOCTOR, findings, sglang_target
+from tests.doctor.doctor_argv import JSON_DOCTOR, findings, sglang_serve, sglang_target
 from tests.maintenance.test_prune import killed_import, make_namespace
 
 TARGET = ["--flashinfer-version", "0.6.17", "--vllm-version", "0.30.0"]
@@ -577,17 +577,8 @@ def test_sglang_expert_parallel_cache_is_discarded_every_boot_from_0_5_19(
     version,
     warned,  # type: ignore[no-untyped-def]
 ) -> None:
-    doc = run(
-        *JSON_DOCTOR,
-        *sglang_target(version, "0.6.18"),
-        "--",
-        "--model-path",
-        "M",
-        "--tp-size",
-        "4",
-        "--ep",
-        "4",
-    ).json()
+    serve = sglang_serve("--tp-size 4 --ep 4")
+    doc = run(*JSON_DOCTOR, *sglang_target(version, "0.6.18"), *serve).json()
     found = findings(doc, "sglang-ep-cache-discarded")
     assert bool(found) is warned and (not found or found[0]["severity"] == "warning")
 

@@ -3,6 +3,7 @@ files, and the findings of one check in the JSON document doctor prints."""
 
 from __future__ import annotations
 
+import shlex
 import shutil
 from pathlib import Path
 from typing import Any
@@ -12,18 +13,16 @@ from tests.sglang_layout import sglang_paths
 
 # The command whose JSON document (cli.md's contract) the tests read findings from.
 JSON_DOCTOR = ("--format", "json", "doctor")
-# `sglang serve` arguments of node 0 of two, TP 4: this node writes tp0 and tp1, node 1 the rest.
-NODE_0_OF_2_TP_4 = (
-    "--",
-    "--model-path",
-    "M",
-    "--tp-size",
-    "4",
-    "--nnodes",
-    "2",
-    "--node-rank",
-    "0",
-)
+
+
+def sglang_serve(line: str) -> tuple[str, ...]:
+    """`-- --model-path M LINE`: the `sglang serve` arguments doctor is given after its own, LINE
+    split as a shell splits it."""
+    return ("--", "--model-path", "M", *shlex.split(line))
+
+
+# Node 0 of two, TP 4: this node writes tp0 and tp1, node 1 the rest.
+NODE_0_OF_2_TP_4 = sglang_serve("--tp-size 4 --nnodes 2 --node-rank 0")
 
 
 def sglang_target(sglang: str, flashinfer: str | None = None) -> tuple[str, ...]:

@@ -22,6 +22,7 @@ from tests.doctor.doctor_argv import (
     JSON_DOCTOR,
     NODE_0_OF_2_TP_4,
     findings,
+    sglang_serve,
     sglang_target,
     two_tp_ranks,
 )
@@ -224,17 +225,8 @@ def test_tp_cutlass_moe_loses_its_cache_every_boot_where_flashinfer_keys_carry_t
 ) -> None:
     """No EP: FlashInfer 0.6.18-0.7.1 (0.5.19-0.5.22's pins) key CUTLASS MoE entries by tp_rank,
     so two TP ranks' files never agree; 0.5.23's FlashInfer 0.7.2 keys carry no rank."""
-    doc = run(
-        *JSON_DOCTOR,
-        *sglang_target(version, flashinfer),
-        "--",
-        "--model-path",
-        "M",
-        "--tp-size",
-        "2",
-        "--moe-runner-backend",
-        "flashinfer_cutlass",
-    ).json()
+    serve = sglang_serve("--tp-size 2 --moe-runner-backend flashinfer_cutlass")
+    doc = run(*JSON_DOCTOR, *sglang_target(version, flashinfer), *serve).json()
     found = findings(doc, "sglang-ep-cache-discarded")
     assert bool(found) is warned
     if found:
@@ -249,8 +241,8 @@ def test_rank_keyed_tp_files_are_named_and_align_makes_sglang_keep_them(  # type
     for path, rank in ((a, 0), (b, 1)):  # each rank's own keys, as FlashInfer 0.6.18 makes them
         keyed = path.read_text().replace(", 8, 1, 0, 1, 0, 1, 0,", f", 8, 2, {rank}, 1, 0, 1, 0,")
         path.write_text(keyed)
-    argv = [*JSON_DOCTOR, *sglang_target("0.5.21", "0.6.18"), tmp_path]
-    argv += ["--", "--model-path", "M", "--tp-size", "2"]
+    target, serve = sglang_target("0.5.21", "0.6.18"), sglang_serve("--tp-size 2")
+    argv = [*JSON_DOCTOR, *target, tmp_path, *serve]
     [f] = findings(run(*argv).json(), "sglang-ranks-disagree")
     assert f["details"]["differs"] == ["tp1_pp0_dp0"] and "fi-cache align" in f["fix"]
     assert run("align", a.parent).code == 0
@@ -268,24 +260,11 @@ def test_another_nodes_ranks_not_given_are_said_not_to_be_known(run, tmp_path: P
 
 
 def test_doctor_names_this_nodes_rank_files_and_what_only_the_worker_knows(run) -> None:  # type: ignore[no-untyped-def]
-    doc = run(
-        *JSON_DOCTOR,
-        *sglang_target("0.5.23"),
-        "--",
-        "--model-path",
-        "M",
-        "--tp-size",
-        "4",
-        "--dp-size",
-        "2",
-        "--enable-dp-attention",
-        "--nnodes",
-        "2",
-        "--node-rank",
-        "1",
-        "--moe-runner-backend",
-        "flashinfer_megamoe",
-    ).json()
+    serve = sglang_serve(
+        "--tp-size 4 --dp-size 2 --enable-dp-attention --nnodes 2 --node-rank 1"
+        " --moe-runner-backend flashinfer_megamoe"
+    )
+    doc = run(*JSON_DOCTOR, *sglang_target("0.5.23"), *serve).json()
     [f] = findings(doc, "sglang-rank-files")
     assert f["details"]["node"] == ["rank_tp2_pp0_dp1.json", "rank_tp3_pp0_dp1.json"]
     assert len(f["details"]["ranks"]) == 4 and "on node 1 of 2" in f["message"]
