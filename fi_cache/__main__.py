@@ -1,6 +1,6 @@
 """`python -m fi_cache` and the `fi-cache` console script. A serve first tries its memo
-(lifecycle/serve_memo.py): an unchanged repeat hands over to the engine before the CLI, click
-or any check is imported; any other serve is recorded from here on, imports included."""
+(lifecycle/serve_memo/): an unchanged repeat hands over to the engine before the CLI, click or
+any check is imported; any other serve is recorded from here on, imports included."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ import sys
 TYPE_CHECKING = False
 
 if TYPE_CHECKING:
-    from fi_cache.lifecycle import serve_memo
+    from fi_cache.lifecycle.serve_memo.replay import Hit
 
 
 def main() -> None:
@@ -20,17 +20,20 @@ def main() -> None:
         from fi_cache.lifecycle import serve_memo
 
         if serve_memo.enabled(os.environ):
-            if (hit := serve_memo.lookup(argv, os.environ)) is not None:
-                _replay(hit)  # returns only when the engine could not be exec'd
-            serve_memo.record(argv)
+            from fi_cache.lifecycle.serve_memo import record, replay
+
+            if (hit := replay.lookup(argv, os.environ)) is not None:
+                _replay(hit, argv)
+            record.record(argv)
     from fi_cache.cli import main as cli_main
 
     cli_main()
 
 
-def _replay(hit: serve_memo.Hit) -> None:
-    """What the recorded serve printed, then its hand-over (cli/serve.py's, replayed)."""
+def _replay(hit: Hit, argv: list[str]) -> None:
+    """What the recorded serve printed, then its hand-over (cli/serve.py's, replayed). Exits."""
     from fi_cache.lifecycle import serve_memo
+    from fi_cache.lifecycle.serve_memo import replay
 
     for stream, data in ((sys.stderr, hit.err), (sys.stdout, hit.out)):
         stream.flush()
@@ -41,7 +44,13 @@ def _replay(hit: serve_memo.Hit) -> None:
     if serve_memo.explains(os.environ):
         sys.stderr.write("fi-cache: serve memo: replayed (nothing it read has changed)\n")
         sys.stderr.flush()
-    serve_memo.hand_over(hit)
+    failed = replay.hand_over(hit)
+    # As the full serve would end here (lifecycle/serve.hand_over's refusal), not a second serve.
+    from fi_cache.cli import said
+    from fi_cache.errors import Refused
+
+    exc = Refused(f"cannot run {hit.display}: {failed.strerror}", hit.command[0])
+    sys.exit(said(exc, argv))
 
 
 if __name__ == "__main__":

@@ -233,6 +233,13 @@ def _printable_streams() -> None:
             stream.reconfigure(errors="fi-cache-escape")
 
 
+def said(exc: FiCacheError, argv: list[str] | None) -> int:
+    """A failure's one line on stderr (and its JSON document when asked for): its exit code."""
+    click.echo(f"fi-cache: {exc}", err=True)
+    _json_error(argv, exc.message, exc.path, exc.exit_code)
+    return exc.exit_code
+
+
 def main(argv: list[str] | None = None) -> None:
     """Console entry point: one line on stderr and a documented exit code for every failure."""
     _printable_streams()
@@ -246,9 +253,7 @@ def main(argv: list[str] | None = None) -> None:
         click.echo("fi-cache: interrupted", err=True)  # click turns Ctrl-C into Abort
         code = 130
     except FiCacheError as exc:
-        click.echo(f"fi-cache: {exc}", err=True)
-        code = exc.exit_code
-        _json_error(argv, exc.message, exc.path, code)
+        code = said(exc, argv)
     except KeyboardInterrupt:
         click.echo("fi-cache: interrupted", err=True)
         code = 130

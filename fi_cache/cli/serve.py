@@ -17,6 +17,7 @@ from fi_cache.cli.argv import VllmCommand
 from fi_cache.cli.warm import SEED_OPT, SGLANG_OPT, VLLM_ARGS, VLLM_OPT
 from fi_cache.errors import Refused
 from fi_cache.lifecycle import serve_memo
+from fi_cache.lifecycle.serve_memo import record as memo_record
 
 if TYPE_CHECKING:
     from collections.abc import Callable
@@ -106,7 +107,7 @@ def serve_command(
     from fi_cache.lifecycle.serve import ServeOptions, hand_over, serve
 
     ctx = options.context()
-    if (memo := serve_memo.recording()) is not None:
+    if (memo := memo_record.recording()) is not None:
         memo.capture()
     if not do_warm:  # nothing is warmed: a warm's options would be ignored
         options.refuse_ignored("with --no-warm", "timeout", "lock_timeout", "seed")
@@ -160,7 +161,7 @@ def _counted(say: Callable[[Finding], None], seen: list[object]) -> Callable[[Fi
 
 
 def _keep(
-    memo: serve_memo.Recorder,
+    memo: memo_record.Recorder,
     engine: str,
     h: Handover,
     store: Path,
@@ -185,9 +186,10 @@ def _keep(
     elif os.path.realpath(memo.store) != os.path.realpath(store):
         why = "--store is given where the memo does not read it"
     else:
-        doc, why = serve_memo.document(
+        doc, why = memo_record.document(
             memo,
             engine,
+            h.display,
             h.command,
             h.environ,
             str(h.ns_dir),

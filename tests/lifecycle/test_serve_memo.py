@@ -16,6 +16,7 @@ from pathlib import Path
 import pytest
 
 from fi_cache.lifecycle import serve_memo
+from fi_cache.lifecycle.serve_memo import record, stamps
 from fi_cache.store import in_use
 from fi_cache.store.paths import STORE_ENV
 
@@ -170,6 +171,65 @@ def test_a_cache_broken_after_the_memo_stops_the_start(rig: Rig) -> None:
     assert len(rig.starts()) == 1  # only the rig's first serve reached vLLM
 
 
+def test_a_model_dir_gone_since_runs_the_full_serve_which_refuses(rig: Rig) -> None:
+    """A local model on a volume not mounted yet at a restart: a stat alone decides that."""
+    model = rig.root / "models" / "qwen3"
+    model.mkdir(parents=True)
+    (model / "config.json").write_text("{}")
+    rig.settle()
+    for said in ("serve memo: kept", REPLAYED):
+        p = rig.run("serve", "--no-warm", "--", str(model), FAKE_VLLM_MODE="exit-now")
+        assert said in p.stderr, p.stderr
+    shutil.rmtree(model)
+    p = rig.run("serve", "--no-warm", "--", str(model), FAKE_VLLM_MODE="exit-now")
+    assert p.returncode == 2 and "no such model directory" in p.stderr
+    assert REPLAYED not in p.stderr
+
+
+def test_a_store_link_pointed_at_a_copy_serves_the_copy(rig: Rig) -> None:
+    """--store through a link; the store copied (memo and all, times kept) and the link moved."""
+    link = rig.root / "store-link"
+    link.symlink_to(rig.store)
+    args = ("--store", str(link), "serve", "--", MODEL)
+    rig.settle()
+    for said in ("serve memo: kept", REPLAYED):
+        p = subprocess.run(
+            [sys.executable, "-m", "fi_cache", *args],
+            env={**rig.env, "FAKE_VLLM_MODE": "exit-now"},
+            cwd=rig.root,
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
+        assert said in p.stderr, p.stderr
+    copy = rig.root / "store-copy"
+    shutil.copytree(rig.store, copy, symlinks=True)  # copy2: times kept
+    link.unlink()
+    link.symlink_to(copy)
+    p = subprocess.run(
+        [sys.executable, "-m", "fi_cache", *args],
+        env={**rig.env, "FAKE_VLLM_MODE": "exit-now"},
+        cwd=rig.root,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert REPLAYED not in p.stderr
+    assert str(copy) in str(rig.starts()[-1]["env"])
+
+
+def test_a_replay_whose_engine_cannot_start_says_so_once(rig: Rig) -> None:
+    """As the full serve: its output, then one line and exit 2; the memo goes."""
+    rig.vllm.write_text("not a program\n")  # executable, but no #!: exec fails
+    rig.settle()
+    first = rig.serve()
+    assert first.returncode == 2 and "serve memo: kept" in first.stderr, first.stderr
+    again = rig.serve()
+    assert REPLAYED in again.stderr and again.returncode == 2
+    assert _said(again) == _said(first) and again.stderr.count("cannot run vLLM") == 1
+    assert not list(_memo_dir(rig).glob("*.json"))  # the next serve runs in full
+
+
 def test_a_running_preload_daemon_runs_the_full_serve(rig: Rig) -> None:
     """No stamp shows a `vllm preload` started since: the processes are looked at each time."""
     sleeper = subprocess.Popen(
@@ -193,7 +253,7 @@ def test_a_memo_holds_no_longer_than_what_it_read(rig: Rig) -> None:
     doc["expires"] = time.time() - 1
     memo.write_text(json.dumps(doc))
     assert REPLAYED not in rig.serve().stderr
-    rec = serve_memo.Recorder(["serve", "m"])
+    rec = record.Recorder(["serve", "m"])
     rec.hook(serve_memo.EXPIRES_EVENT, (200.0,))
     rec.hook(serve_memo.EXPIRES_EVENT, (100.0,))
     assert rec.expires == 100.0
@@ -204,8 +264,12 @@ def test_memo_off_neither_reads_nor_keeps_one(rig: Rig) -> None:
     assert "serve memo" not in p.stderr and p.returncode == 0
 
 
+def _memo_dir(rig: Rig) -> Path:
+    return rig.store / ".fi-cache" / "serve" / str(os.getuid())
+
+
 def _memo(rig: Rig) -> Path:
-    [path] = (rig.store / ".fi-cache" / "serve" / str(os.getuid())).glob("*.json")
+    [path] = _memo_dir(rig).glob("*.json")
     return path
 
 
@@ -274,12 +338,12 @@ def test_the_store_is_read_as_the_cli_reads_it(tmp_path: Path) -> None:
 
 
 def test_recording_judges_writes_and_children(tmp_path: Path) -> None:
-    rec = serve_memo.Recorder(["serve", "m"])
+    rec = record.Recorder(["serve", "m"])
     ns = tmp_path / "ns"
     rec.hook("open", (str(ns / ".fi-cache.inuse"), None, os.O_CREAT | os.O_RDWR))
     rec.hook("open", (str(ns / ".fi-cache-abc.tmp"), None, os.O_CREAT | os.O_WRONLY))
     rec.hook("open", (str(ns / "manifest.json"), "r", 0))
-    assert rec.not_kept == [] and str(ns / "manifest.json") in rec.read
+    assert rec.not_kept == [] and ("stat", str(ns / "manifest.json")) in rec.seen
     rec.hook("os.rename", (str(ns / ".fi-cache-abc.tmp"), str(ns / "manifest.json"), -1, -1))
     rec.hook("subprocess.Popen", ("nvidia-smi", ["nvidia-smi"], None, None))
     assert rec.not_kept == [
@@ -295,23 +359,64 @@ def test_store_dirs_are_stamped_by_their_entries_and_bookkeeping_is_not_an_input
     cache = store / "ns" / "vllm"
     cache.mkdir(parents=True)
     (cache / "autotune_configs.json").write_text("{}")
-    rec = serve_memo.Recorder(["--store", str(store), "serve", "m"])
-    rec.read |= {str(cache / "autotune_configs.json"), str(store / "ns" / ".fi-cache.inuse")}
-    kinds = dict((p, k) for k, p in rec.inputs(str(store)))
+    rec = record.Recorder(["--store", str(store), "serve", "m"])
+    rec.hook("os.listdir", (str(cache),))
+    rec.hook("open", (str(cache / "autotune_configs.json"), "r", 0))
+    rec.hook("open", (str(store / "ns" / ".fi-cache.inuse"), None, os.O_CREAT | os.O_RDWR))
+    kinds = {p: k for k, p, _ in rec.inputs()}
     assert kinds[str(cache)] == "listing" and kinds[str(cache / "autotune_configs.json")] == "stat"
     assert str(store / "ns" / ".fi-cache.inuse") not in kinds
-    before = serve_memo.stamp("listing", str(cache))
+    before = stamps.stamp("listing", str(cache))
     (cache / ".fi-cache.inuse").write_text("")  # serve's in-use mark: not a change
-    assert serve_memo.stamp("listing", str(cache)) == before
+    assert stamps.stamp("listing", str(cache)) == before
     (cache / "rank1.json").write_text("{}")
-    assert serve_memo.stamp("listing", str(cache)) != before
+    assert stamps.stamp("listing", str(cache)) != before
+
+
+def test_an_input_that_changes_while_the_serve_reads_it_keeps_no_memo(tmp_path: Path) -> None:
+    """Stamped when first read: a file replaced between the pre-flight and the memo's stamps
+    (with its old mtime kept, as cp -a does) is not trusted to a stamp taken after."""
+    cache = tmp_path / "autotune_configs.json"
+    cache.write_text("{}")
+    rec = record.Recorder(["serve", "m"])
+    rec.hook("open", (str(cache), "r", 0))
+    st = cache.stat()
+    cache.write_text('{"x": 1}')
+    os.utime(cache, ns=(st.st_atime_ns, st.st_mtime_ns))
+    with pytest.raises(ValueError, match="changed while this serve read it"):
+        rec.inputs()
+    store = tmp_path / "store"
+    (store / "vllm").mkdir(parents=True)
+    rec = record.Recorder(["--store", str(store), "serve", "m"])
+    rec.hook("os.scandir", (str(store / "vllm"),))
+    (store / "vllm" / "autotune_configs_dp0_rank1.json").write_text("{")  # a rank file lands
+    with pytest.raises(ValueError, match="changed while this serve read it"):
+        rec.inputs()
+
+
+def test_a_compiled_modules_source_is_an_input(tmp_path: Path) -> None:
+    """Python opens only a current .pyc, and stats its .py: an edited .py is a change."""
+    (tmp_path / "__pycache__").mkdir()
+    pyc = tmp_path / "__pycache__" / "mod.cpython-311.pyc"
+    pyc.write_bytes(b"")
+    (tmp_path / "mod.py").write_text("")
+    rec = record.Recorder(["serve", "m"])
+    rec.hook("open", (str(pyc), "r", 0))
+    assert ("stat", str(tmp_path / "mod.py")) in {(k, p) for k, p, _ in rec.inputs()}
+
+
+def test_who_runs_the_serve_is_in_the_key(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Another supplementary group may write where this one cannot: another memo."""
+    base = serve_memo.key(["serve", "m"], {}, "/w")
+    monkeypatch.setattr(os, "getgroups", lambda: [12345])
+    assert serve_memo.key(["serve", "m"], {}, "/w") != base
 
 
 def test_every_stat_only_input_is_raised_under_the_memos_event_name() -> None:
     """Code below lifecycle cannot import serve_memo: it spells the event itself."""
     import re
 
-    package = Path(serve_memo.__file__).resolve().parents[1]
+    package = Path(serve_memo.__file__).resolve().parents[2]
     raised = {
         m
         for path in package.rglob("*.py")
