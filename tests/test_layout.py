@@ -39,7 +39,7 @@ ALLOWED: dict[str, set[str]] = {
     | {"store", "caches", "environment", "engines", "doctor", "maintenance", "fleet", "lifecycle"}
     | {"ranks", "tier", "tuning"},
     "__init__": set(),
-    "__main__": {"cli", "lifecycle", "store"},
+    "__main__": {"cli", "lifecycle", "store", "errors"},
 }
 
 
