@@ -20,10 +20,12 @@ def main() -> None:
         from fi_cache.lifecycle import serve_memo
 
         if serve_memo.enabled(os.environ):
-            from fi_cache.lifecycle.serve_memo import record, replay
+            from fi_cache.lifecycle.serve_memo import replay
 
             if (hit := replay.lookup(argv, os.environ)) is not None:
                 _replay(hit, argv)
+            from fi_cache.lifecycle.serve_memo import record
+
             record.record(argv)
     from fi_cache.cli import main as cli_main
 

@@ -3,7 +3,7 @@ serve`) on it. What serve does is fi_cache/lifecycle/serve.py's; this module par
 
 from __future__ import annotations
 
-import json as _json
+import marshal
 import os
 import sys
 from dataclasses import replace
@@ -199,8 +199,9 @@ def _keep(
         if doc is not None:
             where = Path(serve_memo.memo_dir(memo.store))
             try:
-                files.write_private(where, f"{memo.key}.json", _json.dumps(doc).encode())
-                files.keep_newest(where, serve_memo.KEPT_MEMOS, ".json")
+                name = memo.key + serve_memo.MEMO_SUFFIX
+                files.write_private(where, name, marshal.dumps(doc))
+                files.keep_newest(where, serve_memo.KEPT_MEMOS, serve_memo.MEMO_SUFFIX)
             except (FiCacheError, OSError) as exc:
                 why = f"cannot write it: {exc}"
     if serve_memo.explains(memo.environ):

@@ -5,6 +5,7 @@ checks then speak; a memo that is not the user's own is never run."""
 from __future__ import annotations
 
 import json
+import marshal
 import os
 import shutil
 import subprocess
@@ -227,7 +228,9 @@ def test_a_replay_whose_engine_cannot_start_says_so_once(rig: Rig) -> None:
     again = rig.serve()
     assert REPLAYED in again.stderr and again.returncode == 2
     assert _said(again) == _said(first) and again.stderr.count("cannot run vLLM") == 1
-    assert not list(_memo_dir(rig).glob("*.json"))  # the next serve runs in full
+    assert not list(
+        _memo_dir(rig).glob("*" + serve_memo.MEMO_SUFFIX)
+    )  # the next serve runs in full
 
 
 def test_a_running_preload_daemon_runs_the_full_serve(rig: Rig) -> None:
@@ -249,9 +252,9 @@ def test_a_memo_holds_no_longer_than_what_it_read(rig: Rig) -> None:
     """A FlashInfer probe failure is kept an hour (environment.detect), then asked again: a
     memo that read it expires with it."""
     memo = _memo(rig)
-    doc = json.loads(memo.read_text())
+    doc = marshal.loads(memo.read_bytes())
     doc["expires"] = time.time() - 1
-    memo.write_text(json.dumps(doc))
+    memo.write_bytes(marshal.dumps(doc))
     assert REPLAYED not in rig.serve().stderr
     rec = record.Recorder(["serve", "m"])
     rec.hook(serve_memo.EXPIRES_EVENT, (200.0,))
@@ -269,17 +272,17 @@ def _memo_dir(rig: Rig) -> Path:
 
 
 def _memo(rig: Rig) -> Path:
-    [path] = _memo_dir(rig).glob("*.json")
+    [path] = _memo_dir(rig).glob("*" + serve_memo.MEMO_SUFFIX)
     return path
 
 
 @pytest.mark.parametrize("how", ["file writable by others", "dir open to others", "a link"])
 def test_a_memo_that_is_not_the_users_alone_is_never_run(rig: Rig, how: str) -> None:
     memo = _memo(rig)
-    doc = json.loads(memo.read_text())
+    doc = marshal.loads(memo.read_bytes())
     planted = rig.root / "planted"
     doc["command"] = ["/bin/sh", "-c", f"touch {planted}"]
-    memo.write_text(json.dumps(doc))
+    memo.write_bytes(marshal.dumps(doc))
     if how == "file writable by others":
         memo.chmod(0o666)
     elif how == "dir open to others":
@@ -307,12 +310,14 @@ def test_only_the_newest_memos_are_kept(rig: Rig) -> None:
     """One memo per command line and environment (a pod's name differs at every start): the
     oldest go."""
     old = _memo(rig)
-    stale = [old.with_name(f"{i:032x}.json") for i in range(serve_memo.KEPT_MEMOS)]
+    stale = [
+        old.with_name(f"{i:032x}{serve_memo.MEMO_SUFFIX}") for i in range(serve_memo.KEPT_MEMOS)
+    ]
     for i, path in enumerate(stale):
-        path.write_text("{}")
+        path.write_bytes(b"")
         os.utime(path, (1000 + i, 1000 + i))
     rig.serve("--port", "8123")  # another command line: a memo of its own
-    left = set(old.parent.glob("*.json"))
+    left = set(old.parent.glob("*" + serve_memo.MEMO_SUFFIX))
     assert len(left) == serve_memo.KEPT_MEMOS and old in left and stale[0] not in left
 
 

@@ -17,7 +17,7 @@ from fi_cache.lifecycle.serve_memo import (
     key,
     store_of,
 )
-from fi_cache.lifecycle.serve_memo.stamps import BOOKKEEPING, settled_before, stamp
+from fi_cache.lifecycle.serve_memo.stamps import bookkeeping, settled_before, stamp
 
 # typing costs serve's memo path 3 ms; mypy reads this name as typing's
 TYPE_CHECKING = False
@@ -161,7 +161,7 @@ class Recorder:
         if isinstance(path, int):
             return  # through an fd: its open for writing was judged already
         name = os.fsdecode(path)
-        if not BOOKKEEPING.match(os.path.basename(name)):
+        if not bookkeeping(os.path.basename(name)):
             self.not_kept.append(f"{event} of {name}")
 
     def watch_stats(self) -> None:
@@ -284,8 +284,8 @@ def document(
         "inputs": [list(i) for i in inputs],
         "watch": list(WATCHED.get(engine, ("",))) if rec.processes else [],  # "": any process
         "expires": rec.expires,
-        "out": out.decode("latin-1"),  # bytes, one char each
-        "err": err.decode("latin-1"),
+        "out": out,
+        "err": err,
         "command": list(command),
         "display": display,
         "set": {k: v for k, v in environ.items() if here.get(k) != v},

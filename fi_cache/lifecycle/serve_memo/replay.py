@@ -3,12 +3,12 @@
 
 from __future__ import annotations
 
-import json
+import marshal
 import os
 import stat
 import time
 
-from fi_cache.lifecycle.serve_memo import SCHEMA, enabled, key, memo_dir, store_of
+from fi_cache.lifecycle.serve_memo import MEMO_SUFFIX, SCHEMA, enabled, key, memo_dir, store_of
 from fi_cache.lifecycle.serve_memo.stamps import STAMPERS, stamp
 
 # typing costs serve's memo path 3 ms; mypy reads this name as typing's
@@ -62,9 +62,9 @@ def lookup(argv: Sequence[str], environ: Mapping[str, str]) -> Hit | None:
     try:
         where = memo_dir(store_of(argv, environ))
         the_key = key(argv, environ, os.getcwd())
-        path = os.path.join(where, f"{the_key}.json")
+        path = os.path.join(where, the_key + MEMO_SUFFIX)
         doc = _read_private(where, path)
-    except (OSError, ValueError, RecursionError):
+    except (OSError, ValueError, EOFError, TypeError, RecursionError):
         return None
     if doc is None or doc.get("schema") != SCHEMA or doc.get("key") != the_key:
         return None
@@ -93,7 +93,7 @@ def _read_private(directory: str, path: str) -> dict[str, Any] | None:
         st = os.fstat(f.fileno())
         if not stat.S_ISREG(st.st_mode) or st.st_uid != uid or st.st_mode & 0o022:
             return None
-        data = json.loads(f.read(_MAX_MEMO + 1)[:_MAX_MEMO])
+        data = marshal.loads(f.read(_MAX_MEMO + 1)[:_MAX_MEMO])
     return data if isinstance(data, dict) else None
 
 
@@ -111,9 +111,12 @@ def _parse(
     inputs = [(str(k), str(p), v) for k, p, v in doc["inputs"] if k in STAMPERS]
     if len(inputs) != len(doc["inputs"]):
         raise ValueError("inputs")
+    out, err = doc["out"], doc["err"]
+    if not isinstance(out, bytes) or not isinstance(err, bytes):
+        raise ValueError("output")
     hit = Hit(
-        out=str(doc["out"]).encode("latin-1"),
-        err=str(doc["err"]).encode("latin-1"),
+        out=out,
+        err=err,
         command=command,
         environ=env,
         display=str(doc["display"]),
