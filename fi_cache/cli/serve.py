@@ -169,7 +169,7 @@ def _keep(
     findings: list[object],
     pull_url: str | None,
 ) -> None:
-    """The memo of this serve, when it may be replayed (lifecycle/serve_memo.py); a store where
+    """The memo of this serve, when it may be replayed (lifecycle/serve_memo/); a store where
     none can be written only costs the full serve again."""
     from fi_cache.errors import FiCacheError
     from fi_cache.store import files

@@ -182,7 +182,7 @@ def _dists_key(python: str, wanted: Wanted) -> str:
 def _stamp(path: str) -> list[int] | None:
     """What changes when a dir gains or loses an entry (pip adds and removes dist-info dirs), or
     a file is rewritten: (mtime_ns, ctime_ns, size, inode); None when it is not there."""
-    sys.audit("fi_cache.stat", path)  # an input of serve's memo (lifecycle/serve_memo.py)
+    sys.audit("fi_cache.stat", path)  # an input of serve's memo (lifecycle/serve_memo/)
     try:
         st = os.stat(path)
     except OSError:

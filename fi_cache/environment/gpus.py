@@ -1,6 +1,6 @@
 """The GPUs this machine has, as nvidia-smi lists them, and the answer kept while the driver shows
 the same GPUs: nvidia-smi costs tens of milliseconds to seconds at every command (it initialises
-NVML), and a child process is what serve's memo cannot replay (lifecycle/serve_memo.py).
+NVML), and a child process is what serve's memo cannot replay (lifecycle/serve_memo/).
 
 The kept answer is keyed by what the driver itself shows in /proc/driver/nvidia (each GPU's
 model, UUID and bus location; the driver's version), this boot, and the nvidia-smi that answered:

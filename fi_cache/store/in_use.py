@@ -3,7 +3,7 @@
 `serve` execs vLLM holding a shared flock on this file (the descriptor survives the exec), so a
 prune never deletes the namespace of a server that is still running. Warms do not look at it.
 Its mtime is the namespace's last serve (prune's "last used" with the manifest's): one utime, no
-manifest rewrite, so a serve changes nothing its next pre-flight reads (lifecycle/serve_memo.py).
+manifest rewrite, so a serve changes nothing its next pre-flight reads (lifecycle/serve_memo/).
 Light on purpose: serve's memo path imports it before anything else.
 """
 
