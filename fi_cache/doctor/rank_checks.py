@@ -28,15 +28,16 @@ from fi_cache.versions import SGLANG_RANK_DIGEST, VLLM_RANK_GATE, parse_version
 def _expected(inp: Inputs) -> list[Expected]:
     """With `-- ARGS`, the engine's own answer names every rank of the deployment: vLLM's
     predict (its hash dir included), SGLang's launch rule (any key dir: its hash is the
-    worker's). With pp > 1 vLLM's tune groups are the stages' TP groups, not the world: without
-    vLLM to ask, the layout model names the ranks of any hash dir they fit."""
+    worker's). Without vLLM to ask, the layout model names the ranks of any hash dir they fit
+    (a missing last rank too, which file names cannot show); with pp > 1 its tune groups are
+    the stages' TP groups, not the world."""
     where, out, serve = inp.location, [], inp.serve
     if where is not None and where.dir and where.store == "v1" and where.all_files:
         every = tuple(r for f in where.all_files if (r := rank_name(f)).startswith("dp"))
         here = tuple(rank_name(f) for f in where.files)
         groups = vllm_layout.tune_groups(serve, every) if serve is not None else ()
         out.append(Expected("vllm", every, here, Path(where.dir).name, groups))
-    elif serve is not None and serve.pp > 1 and not inp.target.sglang_version:
+    elif serve is not None and not inp.target.sglang_version:
         fi = inp.target.fingerprint.flashinfer_version
         files = vllm_layout.rank_files(inp.target.vllm_version, fi, serve, inp.serve_moe) or ()
         every = tuple(r for f in files if (r := rank_name(f)).startswith("dp"))

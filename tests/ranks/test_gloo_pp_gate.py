@@ -118,12 +118,6 @@ def test_without_stages_one_missing_file_makes_every_rank_tune(started: dict[str
     assert [r["entries"] for r in ranks] == [0] * 4
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="doctor names a pp 1 deployment's ranks from the files' names, not from -tp 4: "
-    "the highest rank's missing file is not inferred (ranks/deployment.py _missing_vllm, "
-    "doctor/rank_checks.py _expected uses the layout only with pp > 1)",
-)
 def test_doctor_says_every_rank_tunes_when_the_last_ranks_file_is_missing(
     started: dict[str, Any], run: Callable[..., Any]
 ) -> None:
