@@ -38,7 +38,9 @@ class Handover:
     ns_dir: Path | None  # None: a release that keeps no cache runs as it is
     cache_dir: Path | None  # the engine's dir in the namespace
     warmed: WarmResult | None  # None: warm already (or --no-warm, or nothing to warm)
-    holds_in_use: bool = False  # a flock on the namespace's in-use mark passes to the engine
+    # The store trusts flock: the namespace's in-use mark is held for the engine (a replay
+    # takes it again: whether it was taken is no decision).
+    holds_in_use: bool = False
 
 
 @dataclass(frozen=True)
@@ -115,13 +117,13 @@ def serve(
         for line in engine.before_serving(run, ns_dir):
             report.warn(line)
     environ = engine.environment(run, ns_dir, os.environ, warm=False)
-    held = None
+    flock = False
     if ns_dir.is_dir():
         from fi_cache.store import locks
 
         # Its last serve noted, and held while the engine (which inherits the fd) runs: prune
         # leaves a served namespace alone.
-        held = locks.hold_in_use(ns_dir)
+        flock, _fd = locks.hold_in_use(ns_dir)
     return Handover(
         command=engine.command(run),
         environ=environ,
@@ -130,7 +132,7 @@ def serve(
         ns_dir=ns_dir,
         cache_dir=engine.cache_dir(ns_dir),
         warmed=warmed,
-        holds_in_use=held is not None,
+        holds_in_use=flock,
     )
 
 

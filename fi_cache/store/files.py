@@ -237,7 +237,11 @@ def write_private(directory: Path, name: str, data: bytes) -> None:
     """`directory/name` = `data`, readable and writable by this user alone: `directory` made
     0700, refused (Refused) when it is a link or another user's. For what names a command to run
     (serve's memo)."""
-    ensure_dir(directory.parent)
+    shared = directory.parent  # one dir per user below it, as in /tmp: sticky, open to all
+    if not shared.is_dir():
+        ensure_dir(shared)
+        with contextlib.suppress(OSError):
+            os.chmod(shared, 0o1777)
     try:
         directory.mkdir(mode=0o700, exist_ok=True)
         st = os.lstat(directory)

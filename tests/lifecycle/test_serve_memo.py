@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 
 from fi_cache.lifecycle import serve_memo
-from fi_cache.lifecycle.serve_memo import record, stamps
+from fi_cache.lifecycle.serve_memo import record, replay, stamps
 from fi_cache.store import in_use
 from fi_cache.store.paths import STORE_ENV
 
@@ -235,8 +235,8 @@ def test_a_replay_whose_engine_cannot_start_says_so_once(rig: Rig) -> None:
 
 def test_a_running_preload_daemon_runs_the_full_serve(rig: Rig) -> None:
     """No stamp shows a `vllm preload` started since: the processes are looked at each time."""
-    sleeper = subprocess.Popen(
-        [sys.executable, "-c", "import time; time.sleep(60)", "preload"],
+    sleeper = subprocess.Popen(  # its command line reads `... vllm preload`
+        [sys.executable, "-c", "import time; time.sleep(60)", "/opt/venv/bin/vllm", "preload"],
         stdout=subprocess.DEVNULL,
         stderr=subprocess.DEVNULL,
     )
@@ -246,6 +246,27 @@ def test_a_running_preload_daemon_runs_the_full_serve(rig: Rig) -> None:
         sleeper.kill()
         sleeper.wait()
     assert REPLAYED in rig.serve().stderr
+
+
+@pytest.mark.parametrize(
+    "bad",
+    [
+        {"command": ["", "serve"]},
+        {"command": "vllm serve"},
+        {"set": {"A=B": "1"}},
+        {"set": {"A": "x\0y"}},
+        {"ns_dir": "/tmp/x\0y"},
+        {"inputs": [["stat", "/x\0y", None]]},
+        {"recorded": time.time() + 3600},  # the clock stepped back since
+    ],
+)
+def test_a_memo_with_values_this_fi_cache_never_writes_runs_the_full_serve(
+    rig: Rig, bad: dict[str, object]
+) -> None:
+    memo = _memo(rig)
+    memo.write_bytes(marshal.dumps({**marshal.loads(memo.read_bytes()), **bad}))
+    p = rig.serve()
+    assert p.returncode == 0 and REPLAYED not in p.stderr and "Traceback" not in p.stderr
 
 
 def test_a_memo_holds_no_longer_than_what_it_read(rig: Rig) -> None:
@@ -408,6 +429,46 @@ def test_a_compiled_modules_source_is_an_input(tmp_path: Path) -> None:
     rec = record.Recorder(["serve", "m"])
     rec.hook("open", (str(pyc), "r", 0))
     assert ("stat", str(tmp_path / "mod.py")) in {(k, p) for k, p, _ in rec.inputs()}
+
+
+def test_devices_are_no_inputs_but_dev_shm_is_a_filesystem(tmp_path: Path) -> None:
+    rec = record.Recorder(["serve", "m"])
+    rec.hook("open", ("/dev/null", "r", 0))
+    rec.hook("open", ("/dev/shm/fi-cache/manifest.json", "r", 0))
+    seen = {p for _k, p in rec.seen}
+    assert "/dev/null" not in seen and "/dev/shm/fi-cache/manifest.json" in seen
+
+
+def test_what_os_access_answers_is_the_stamp_of_an_access_check(tmp_path: Path) -> None:
+    """An immutable flag or an ACL changes os.access's answer without a mode change."""
+    value = stamps.stamp("access", str(tmp_path))
+    assert value[:3] == [os.access(tmp_path, m) for m in (os.R_OK, os.W_OK, os.X_OK)]
+    assert stamps.stamp("access", str(tmp_path / "missing"))[:3] == [False] * 3
+
+
+def test_a_replay_looks_for_the_engines_own_processes_not_for_a_word(tmp_path: Path) -> None:
+    """A shell's `sh -c "fi-cache serve --engine sglang ..."` is no SGLang server; SGLang's
+    own processes and `python -m sglang.launch_server` are (engines/sglang/live.is_sglang)."""
+    words, prefixes = record.watched("sglang")
+
+    def sees(*argv: str) -> bool:
+        p = subprocess.Popen(
+            [sys.executable, "-c", "import sys, time; time.sleep(30)", *argv],
+            stdout=subprocess.DEVNULL,
+        )
+        try:
+            deadline = time.time() + 5
+            while time.time() < deadline and not Path(f"/proc/{p.pid}/cmdline").read_bytes():
+                time.sleep(0.01)
+            return replay.running(words, prefixes)
+        finally:
+            p.kill()
+            p.wait()
+
+    assert not replay.running(words, prefixes)
+    assert not sees("fi-cache serve --engine sglang --model-path m")
+    assert sees("-m", "sglang.launch_server", "--model-path", "m")
+    assert sees("/venv/bin/sglang", "serve", "--model-path", "m")
 
 
 def test_who_runs_the_serve_is_in_the_key(monkeypatch: pytest.MonkeyPatch) -> None:

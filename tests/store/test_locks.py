@@ -324,6 +324,34 @@ def test_a_fifo_planted_as_a_lock_file_never_makes_a_look_wait(
         assert read_holder(tmp_path / name) is None
 
 
+def test_holding_in_use_says_flock_is_trusted_even_when_the_mark_is_refused_just_then(
+    tmp_path: Path,
+) -> None:
+    """prune and import take the in-use file exclusively for an instant: a serve then gets no
+    mark, but the store still trusts flock (serve's memo takes the mark again at each replay)."""
+    import fcntl
+
+    os.close(os.open(tmp_path / IN_USE_NAME, os.O_CREAT | os.O_RDWR, 0o644))
+    fd = os.open(tmp_path / IN_USE_NAME, os.O_RDWR)
+    fcntl.flock(fd, fcntl.LOCK_EX)
+    try:
+        assert locks.hold_in_use(tmp_path) == (True, None)
+    finally:
+        os.close(fd)
+    trusted, mark = locks.hold_in_use(tmp_path)
+    assert trusted and mark is not None and in_use(tmp_path)
+    os.close(mark)
+
+
+def test_a_private_dir_goes_under_a_dir_open_to_every_user(tmp_path: Path) -> None:
+    """serve's memos of a store shared through a group: one private dir per user, under one
+    that every user can create theirs in (sticky, as /tmp)."""
+    mine = tmp_path / "serve" / str(os.getuid())
+    files.write_private(mine, "m", b"x")
+    assert (tmp_path / "serve").stat().st_mode & 0o7777 == 0o1777
+    assert mine.stat().st_mode & 0o777 == 0o700 and (mine / "m").stat().st_mode & 0o777 == 0o600
+
+
 # --- a live pid is not always the holder: reboots and reused pids (the lock-file strategy) ------
 
 needs_proc = pytest.mark.skipif(

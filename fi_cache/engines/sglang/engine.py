@@ -124,7 +124,8 @@ class Sglang(ServerEngine[args.SglangArgs, launch.Launcher]):
         from fi_cache.store.namespace import Namespace
         from fi_cache.store.paths import state_dir
 
-        launcher = launch.find_launcher(line.path)
+        found = launch.find_launcher(line.path)
+        launcher = launch.Launcher(found.executable, found.module, state_dir(store))
         parsed = launch.with_environment(line.args, os.environ)
         if request.warm and parsed.nnodes > 1:
             raise Refused(

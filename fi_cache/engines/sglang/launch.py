@@ -51,6 +51,9 @@ class Launcher:
 
     executable: str
     module: bool
+    # Where fi-cache keeps what it learnt of this interpreter (the store's state dir): its
+    # packages are read once, not by a child at every serve.
+    kept_in: Path | None = None
 
     @property
     def python(self) -> str | None:

@@ -33,13 +33,17 @@ if TYPE_CHECKING:
 _MEGAMOE = ("flashinfer_megamoe",)  # args resolve the aliases
 
 
+def key_code(launcher: Launcher) -> keydir.KeyCode:
+    """The key code of the SGLang `launcher`'s Python has installed. Raises KeyCodeChanged."""
+    return _key_code(launcher.python or "", launcher.kept_in)
+
+
 @functools.lru_cache(maxsize=4)
-def key_code(python: str) -> keydir.KeyCode:
-    """The key code of the SGLang `python` has installed. Raises KeyCodeChanged."""
+def _key_code(python: str, kept_in: Path | None) -> keydir.KeyCode:
     from fi_cache.environment import dists_of
 
     try:
-        found = dists_of(python, wanted=(("sglang", SGLANG_KEY_MODULE),))
+        found = dists_of(python, wanted=(("sglang", SGLANG_KEY_MODULE),), state_dir=kept_in)
     except RuntimeError as exc:
         raise keydir.KeyCodeChanged(str(exc)) from None
     file = found.file("sglang", SGLANG_KEY_MODULE)
@@ -77,7 +81,7 @@ def solved(run: Run[SglangArgs, Launcher], warm: WarmRecord) -> Solved | str:
     if len(dirs) != 1:
         return "its files are not in one SGLang key dir"
     [(fi, arch, key)] = dirs  # type: ignore[misc]
-    code = key_code(run.launcher.python or "")
+    code = key_code(run.launcher)
     config = hf.read_config(run.args.model or "", os.environ) or hf.read_config(
         earlier.model or "", os.environ
     )
@@ -129,7 +133,7 @@ def usable(run: Run[SglangArgs, Launcher], warm: WarmRecord) -> bool:
 def _carry(
     run: Run[SglangArgs, Launcher], found: Solved
 ) -> tuple[keydir.KeyInputs | None, str | None]:
-    return keydir.carried(found.inputs, found.args, run.args, key_code(run.launcher.python or ""))
+    return keydir.carried(found.inputs, found.args, run.args, key_code(run.launcher))
 
 
 def targets(
@@ -154,7 +158,7 @@ def targets(
             if inputs is None:
                 whys.append(why_not or "")
                 continue
-            key = key_code(run.launcher.python).key(inputs)
+            key = key_code(run.launcher).key(inputs)
             names = rank_layout(run.args).node
             return list(keydir.rank_paths(root, found.fi_arch, key, names)), None
     except keydir.KeyCodeChanged as exc:

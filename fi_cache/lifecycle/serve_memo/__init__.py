@@ -31,7 +31,7 @@ TYPE_CHECKING = False
 if TYPE_CHECKING:
     from collections.abc import Mapping, Sequence
 
-SCHEMA = 2
+SCHEMA = 3
 # "0": no memo is read or kept; "explain": a line on stderr says whether one was replayed, kept,
 # or why not (what to look at when a repeated serve is not fast).
 MEMO_ENV = "FI_CACHE_SERVE_MEMO"
@@ -84,6 +84,7 @@ def key(argv: Sequence[str], environ: Mapping[str, str], cwd: str) -> str:
         sys.executable,
         sys.version,
         list(sys.flags),  # -I, -E, -S: another sys.path, another fi_cache
+        list(sys.warnoptions),
         cwd,
         list(argv),
         # Hashed only: the memo keeps no secret of the environment. `_` is the shell's note of

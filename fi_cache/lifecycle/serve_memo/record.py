@@ -51,9 +51,6 @@ _WRITES_SECOND = frozenset({"os.rename", "os.link", "os.symlink", "shutil.move"}
 _CHILD_EVENTS = frozenset(
     {"subprocess.Popen", "os.posix_spawn", "os.exec", "os.fork", "os.forkpty", "os.system"}
 )
-# What a serve looks for in /proc, by engine: any process whose command line holds the word takes
-# the long way (`vllm preload`, versions.PRELOAD_SUBCOMMAND; SGLang's servers, sglang/live.py).
-WATCHED = {"vllm": ("preload",), "sglang": ("sglang",)}
 _real_stat, _real_lstat, _real_access = os.stat, os.lstat, os.access
 
 
@@ -78,6 +75,7 @@ class Recorder:
     def __init__(self, argv: Sequence[str]) -> None:
         # As the serve began: it may change its own environment on the way.
         self.environ = dict(os.environ)
+        self.started = time.time()
         self.cwd = os.getcwd()
         self.store = store_of(argv, self.environ)
         self._stores = {self.store, os.path.realpath(self.store)}
@@ -94,6 +92,12 @@ class Recorder:
             for path in (getattr(module, "__file__", None), getattr(module, "__cached__", None)):
                 if isinstance(path, str):
                     self._note("stat", path)
+        for site_dir in _site_dirs():  # site ran their .pth files before recording began
+            self._note("dir", site_dir)
+            with contextlib.suppress(OSError):
+                for name in os.listdir(site_dir):
+                    if name.endswith(".pth"):
+                        self._note("stat", os.path.join(site_dir, name))
 
     # --- what was read -------------------------------------------------------------------------
 
@@ -104,8 +108,10 @@ class Recorder:
 
     def _note(self, kind: str, path: Any) -> None:
         p = os.path.normpath(os.path.join(self.cwd, os.fsdecode(path)))
-        if p == "/proc" or _PROCESS.match(p) or p.startswith("/dev/"):
+        if p == "/proc" or _PROCESS.match(p):
             return  # processes: looked for again at each replay
+        if p.startswith("/dev/") and not p.startswith("/dev/shm/"):
+            return  # a device (/dev/null, a tty): no input; /dev/shm is a filesystem
         if p.startswith(("/proc/", "/sys/")):
             kind = "listing" if kind in ("dir", "listing") else "content"
         elif kind == "dir" and self._in_store(p):
@@ -179,7 +185,7 @@ class Recorder:
             return _real_lstat(path, dir_fd=dir_fd)
 
         def access_(path: Any, mode: int, **kw: Any) -> bool:
-            rec._stat_call(path, kw.get("dir_fd"), "stat")
+            rec._stat_call(path, kw.get("dir_fd"), "access")
             return _real_access(path, mode, **kw)
 
         os.stat, os.lstat, os.access = stat_, lstat_, access_
@@ -227,6 +233,27 @@ class Recorder:
                 raise ValueError(f"{path} changed while this serve read it")
             out.append((kind, path, now))
         return out
+
+
+def watched(engine: str) -> tuple[list[list[str]], list[str]]:
+    """What the full serve looked for in /proc, as replay.running matches it: word sequences
+    (the first by its basename) anywhere in a command line, and prefixes of its first word.
+    vLLM: its `vllm preload` daemons (caches/daemon.is_preload); SGLang: its servers and their
+    processes (engines/sglang/live.is_sglang); another engine: any process at all."""
+    from fi_cache.versions import PRELOAD_SUBCOMMAND, SGLANG_LAUNCH_MODULE, VLLM_CLI_MODULE
+
+    if engine == "vllm":
+        return [["vllm", PRELOAD_SUBCOMMAND], ["-m", VLLM_CLI_MODULE, PRELOAD_SUBCOMMAND]], []
+    if engine == "sglang":
+        return [["sglang", "serve"], ["-m", SGLANG_LAUNCH_MODULE]], ["sglang::"]
+    return [], [""]
+
+
+def _site_dirs() -> list[str]:
+    import site
+
+    dirs = [*site.getsitepackages(), site.getusersitepackages()] if site.ENABLE_USER_SITE else []
+    return [d for d in (dirs or site.getsitepackages()) if os.path.isdir(d)]
 
 
 _recorder: Recorder | None = None
@@ -282,8 +309,9 @@ def document(
         "schema": SCHEMA,
         "key": rec.key,
         "inputs": [list(i) for i in inputs],
-        "watch": list(WATCHED.get(engine, ("",))) if rec.processes else [],  # "": any process
+        "watch": watched(engine) if rec.processes else None,
         "expires": rec.expires,
+        "recorded": rec.started,  # a clock stepped back before it: the full serve
         "out": out,
         "err": err,
         "command": list(command),

@@ -69,15 +69,18 @@ def lookup(argv: Sequence[str], environ: Mapping[str, str]) -> Hit | None:
     if doc is None or doc.get("schema") != SCHEMA or doc.get("key") != the_key:
         return None
     try:
-        hit, inputs, watch, expires = _parse(doc, environ, path)
+        hit, inputs, watch, (recorded, expires) = _parse(doc, environ, path)
     except (KeyError, TypeError, ValueError, AttributeError):
         return None  # not a memo this fi-cache wrote
-    if expires is not None and time.time() >= expires:
+    if not recorded <= time.time() < (expires if expires is not None else float("inf")):
+        return None  # expired, or the clock stepped back
+    try:
+        for kind, p, value in inputs:
+            if stamp(kind, p) != value:
+                return None
+    except (ValueError, TypeError):  # a path with a NUL: not a memo this fi-cache wrote
         return None
-    for kind, p, value in inputs:
-        if stamp(kind, p) != value:
-            return None
-    if watch and running(watch):
+    if watch is not None and running(*watch):
         return None
     return hit
 
@@ -99,12 +102,12 @@ def _read_private(directory: str, path: str) -> dict[str, Any] | None:
 
 def _parse(
     doc: dict[str, Any], environ: Mapping[str, str], path: str
-) -> tuple[Hit, list[tuple[str, str, Stamp]], list[bytes], float | None]:
+) -> tuple[Hit, list[tuple[str, str, Stamp]], Any, tuple[float, float | None]]:
     command = doc["command"]
-    if not command or not all(isinstance(a, str) for a in command):
+    if not isinstance(command, list) or not command or not all(map(_clean, command)):
         raise ValueError("command")
     changed, unset = doc["set"], set(doc["unset"])
-    if not all(isinstance(k, str) and isinstance(v, str) for k, v in changed.items()):
+    if not all(_clean(k) and "=" not in k and _clean(v, empty=True) for k, v in changed.items()):
         raise ValueError("set")
     env = {k: v for k, v in environ.items() if k not in unset}
     env.update(changed)
@@ -125,16 +128,31 @@ def _parse(
         stdout_to_stderr=doc["stdout_to_stderr"] is True,
         memo=path,
     )
-    watch = [str(w).encode() for w in doc["watch"]]
-    expires = doc["expires"]
-    if expires is not None and not isinstance(expires, (int, float)):
-        raise ValueError("expires")
-    return hit, inputs, watch, expires
+    if not _clean(hit.ns_dir):
+        raise ValueError("ns_dir")
+    watch = doc["watch"]
+    if watch is not None:
+        words, prefixes = watch
+        if not all(isinstance(w, list) and w and all(map(_clean, w)) for w in words):
+            raise ValueError("watch")
+        if not all(isinstance(p, str) for p in prefixes):
+            raise ValueError("watch")
+        watch = (words, prefixes)
+    recorded, expires = doc["recorded"], doc["expires"]
+    if not isinstance(recorded, (int, float)) or not isinstance(expires, (int, float, type(None))):
+        raise ValueError("times")
+    return hit, inputs, watch, (recorded, expires)
 
 
-def running(words: Sequence[bytes]) -> bool:
-    """Does a process on this machine hold one of `words` in its command line (b"": any
-    process but this one)?"""
+def _clean(value: object, *, empty: bool = False) -> bool:
+    """A string exec and the environment take (no NUL; not empty unless allowed)."""
+    return isinstance(value, str) and "\0" not in value and (empty or value != "")
+
+
+def running(words: Sequence[Sequence[str]], prefixes: Sequence[str]) -> bool:
+    """Does a process on this machine (but this one) run what the full serve looked for: one of
+    the word sequences in its command line (the first word by its basename), or a first word
+    with one of the prefixes ("": any process)?"""
     try:
         pids = [p for p in os.listdir("/proc") if p.isdigit() and int(p) != os.getpid()]
     except OSError:
@@ -142,11 +160,15 @@ def running(words: Sequence[bytes]) -> bool:
     for pid in pids:
         try:
             with open(f"/proc/{pid}/cmdline", "rb") as f:
-                cmdline = f.read()
+                argv = f.read().decode(errors="surrogateescape").split("\0")
         except OSError:
             continue
-        if any(w in cmdline for w in words):
+        if argv and any(argv[0].startswith(p) for p in prefixes):
             return True
+        for i, word in enumerate(argv):
+            for seq in words:
+                if os.path.basename(word) == seq[0] and argv[i + 1 : i + len(seq)] == seq[1:]:
+                    return True
     return False
 
 

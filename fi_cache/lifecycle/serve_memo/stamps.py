@@ -19,8 +19,8 @@ if TYPE_CHECKING:
 
     Stamp: TypeAlias = Any  # a JSON value: a list of ints, a hex digest, or None (not there)
 
-_os_stat, _os_lstat, _os_listdir = os.stat, os.lstat, os.listdir
-_MAX_CONTENT = 1 << 20
+_os_stat, _os_lstat, _os_listdir, _os_access = os.stat, os.lstat, os.listdir, os.access
+_MAX_CONTENT = 64 << 20  # /proc/mounts of a host with thousands of mounts
 # What every serve writes in its namespace: the lock, lock holder and in-use mark, and the probe
 # files of the lock strategy and the writability check (store/locks, store/atomic), gone again
 # before it ends. Only the first three stay, and are no entry of a dir's stamp: a temp file left
@@ -82,6 +82,16 @@ def _dir(path: str) -> Stamp:
         return None
 
 
+def _access(path: str) -> Stamp:
+    """What os.access answers (an immutable flag, an ACL, a read-only export change it without
+    a mode change), and whether the filesystem is mounted read-only."""
+    try:
+        ro = bool(os.statvfs(path).f_flag & os.ST_RDONLY)
+    except OSError:
+        ro = None
+    return [_os_access(path, m) for m in (os.R_OK, os.W_OK, os.X_OK)] + [ro]
+
+
 def settled_before(value: Stamp, when_ns: int) -> bool:
     """Was a file stamp's content last changed before `when_ns` (or has it no content)?"""
     return not (isinstance(value, list) and len(value) == 7 and value[0] >= when_ns)
@@ -102,6 +112,7 @@ STAMPERS: dict[str, Callable[[str], Stamp]] = {
     "stat": _stat,
     "lstat": _lstat,
     "dir": _dir,
+    "access": _access,
     "listing": _listing,
     "content": content,
 }

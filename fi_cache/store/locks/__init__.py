@@ -191,11 +191,11 @@ def guard_fds(directory: Path) -> list[int]:
     return [fd] if fd is not None else []
 
 
-def hold_in_use(directory: Path) -> int | None:
+def hold_in_use(directory: Path) -> tuple[bool, int | None]:
     """Note a serve of `directory` now, and mark it in use until this process (or what it execs)
-    exits; None where flock is not available or not trusted (a lock-file store cannot mark
-    shared use)."""
+    exits: (flock is trusted here, the mark's fd). No fd where flock is not available or not
+    trusted (a lock-file store cannot mark shared use), or where the mark was refused just now."""
     note_served(directory)
     if lock_strategy(directory)[0] != "flock":
-        return None
-    return mark(directory)
+        return False, None
+    return True, mark(directory)
