@@ -46,7 +46,11 @@ class Rig:
         )
 
     def run(self, *args: str, **env: str) -> subprocess.CompletedProcess[str]:
-        cmd = [sys.executable, "-m", "fi_cache", "--store", str(self.store), *args]
+        return self.run_as(("--store", str(self.store), *args), **env)
+
+    def run_as(self, args: tuple[str, ...], **env: str) -> subprocess.CompletedProcess[str]:
+        """fi-cache with exactly these arguments (its --store included)."""
+        cmd = [sys.executable, "-m", "fi_cache", *args]
         return subprocess.run(
             cmd, env={**self.env, **env}, cwd=self.root, capture_output=True, text=True, timeout=60
         )
@@ -194,27 +198,13 @@ def test_a_store_link_pointed_at_a_copy_serves_the_copy(rig: Rig) -> None:
     args = ("--store", str(link), "serve", "--", MODEL)
     rig.settle()
     for said in ("serve memo: kept", REPLAYED):
-        p = subprocess.run(
-            [sys.executable, "-m", "fi_cache", *args],
-            env={**rig.env, "FAKE_VLLM_MODE": "exit-now"},
-            cwd=rig.root,
-            capture_output=True,
-            text=True,
-            timeout=60,
-        )
+        p = rig.run_as(args, FAKE_VLLM_MODE="exit-now")
         assert said in p.stderr, p.stderr
     copy = rig.root / "store-copy"
     shutil.copytree(rig.store, copy, symlinks=True)  # copy2: times kept
     link.unlink()
     link.symlink_to(copy)
-    p = subprocess.run(
-        [sys.executable, "-m", "fi_cache", *args],
-        env={**rig.env, "FAKE_VLLM_MODE": "exit-now"},
-        cwd=rig.root,
-        capture_output=True,
-        text=True,
-        timeout=60,
-    )
+    p = rig.run_as(args, FAKE_VLLM_MODE="exit-now")
     assert REPLAYED not in p.stderr
     assert str(copy) in str(rig.starts()[-1]["env"])
 
