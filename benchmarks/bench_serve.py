@@ -128,6 +128,13 @@ def main() -> None:
         serve_cmd = [*fi, "serve", "--", MODEL]
         full = {**now, "FI_CACHE_SERVE_MEMO": "0"}
         time.sleep(2.1)  # the warm's files settle: a memo is kept only of files 2 s old
+        first = subprocess.run(serve_cmd, env=now, capture_output=True, text=True, cwd=tmp)
+        if first.returncode != 0:  # e.g. a GPU other than the fixture's H200: foreign-environment
+            said = (first.stderr.strip().splitlines() or ["no output"])[-1]
+            raise SystemExit(
+                f"serve refused the stand-in's namespace ({said}); its file was tuned on an "
+                "H200: run this on an H200 or on a host without a GPU"
+            )
         for _ in range(2):  # warm-up; the second serve replays the first one's memo
             timed(direct_cmd, now, tmp), timed(serve_cmd, now, tmp), timed(serve_cmd, full, tmp)
         explained = {**now, "FI_CACHE_SERVE_MEMO": "explain"}
