@@ -164,8 +164,8 @@ def test_install_into_a_served_namespace_is_refused(swap: Swap) -> None:
     """A running `fi-cache serve` marks its namespace in use; swapping the dir would carry the
     mark away (and let prune delete what the server uses)."""
     store, target, new = swap
-    fd = locks.hold_in_use(target)
-    assert fd is not None
+    trusted, fd = locks.hold_in_use(target)
+    assert trusted and fd is not None
     try:
         with pytest.raises(FiCacheError, match="in use by a running `fi-cache serve`"):
             install.install_dir(new, target, store)
