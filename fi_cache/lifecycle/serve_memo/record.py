@@ -79,6 +79,7 @@ class Recorder:
         self.cwd = os.getcwd()
         self.store = store_of(argv, self.environ)
         self._stores = {self.store, os.path.realpath(self.store)}
+        self._store_dirs = tuple(s.rstrip("/") + "/" for s in self._stores)
         self.key = key(argv, self.environ, self.cwd)
         self.on = True
         self.seen: dict[tuple[str, str], Stamp] = {}  # (kind, path): its stamp when first read
@@ -106,8 +107,11 @@ class Recorder:
         if self.on and not isinstance(path, int):  # an fd: its file was seen when opened
             self._note(kind, path)
 
+    def _abs(self, path: Any) -> str:
+        return os.path.normpath(os.path.join(self.cwd, os.fsdecode(path)))
+
     def _note(self, kind: str, path: Any) -> None:
-        p = os.path.normpath(os.path.join(self.cwd, os.fsdecode(path)))
+        p = self._abs(path)
         if p == "/proc" or _PROCESS.match(p):
             return  # processes: looked for again at each replay
         if p.startswith("/dev/") and not p.startswith("/dev/shm/"):
@@ -124,7 +128,7 @@ class Recorder:
                 self.on = on
 
     def _in_store(self, p: str) -> bool:
-        return any(p == s or p.startswith(s.rstrip("/") + "/") for s in self._stores)
+        return p in self._stores or p.startswith(self._store_dirs)
 
     def hook(self, event: str, args: tuple[Any, ...]) -> None:
         if not self.on:
@@ -143,7 +147,7 @@ class Recorder:
             if isinstance(path, int):
                 self.not_kept.append(f"{event} of an fd")
                 return
-            self.processes |= os.path.normpath(os.path.join(self.cwd, os.fsdecode(path))) == "/proc"
+            self.processes |= self._abs(path) == "/proc"
             self._saw("dir", path)
         elif event == STAT_EVENT:
             self._saw("stat", args[0])
@@ -151,7 +155,7 @@ class Recorder:
             self.expires = min(self.expires or args[0], args[0])
         elif event == "os.mkdir":
             try:  # exist_ok on a dir that is there changes nothing
-                there = os.path.isdir(os.path.join(self.cwd, os.fsdecode(args[0])))
+                there = os.path.isdir(self._abs(args[0]))
             except (OSError, TypeError, ValueError):
                 there = False
             if not there:
@@ -221,10 +225,12 @@ class Recorder:
         """Every input with its stamp now, the sources of compiled modules added (the import
         system reads a .py's stat alone when its .pyc is current). Raises ValueError naming an
         input that changed while the serve read it."""
+        from importlib.util import source_from_cache
+
         for kind, path in list(self.seen):
-            if kind == "stat" and path.endswith(".pyc") and "__pycache__" in path:
-                head, tail = os.path.split(path)
-                self._note("stat", os.path.join(os.path.dirname(head), tail.split(".")[0] + ".py"))
+            if kind == "stat" and path.endswith(".pyc"):
+                with contextlib.suppress(ValueError):  # not a PEP 3147 name: no source to stat
+                    self._note("stat", source_from_cache(path))
         self.on = False
         out = []
         for (kind, path), first in sorted(self.seen.items()):
@@ -252,8 +258,8 @@ def watched(engine: str) -> tuple[list[list[str]], list[str]]:
 def _site_dirs() -> list[str]:
     import site
 
-    dirs = [*site.getsitepackages(), site.getusersitepackages()] if site.ENABLE_USER_SITE else []
-    return [d for d in (dirs or site.getsitepackages()) if os.path.isdir(d)]
+    user = [site.getusersitepackages()] if site.ENABLE_USER_SITE else []
+    return [d for d in [*site.getsitepackages(), *user] if os.path.isdir(d)]
 
 
 _recorder: Recorder | None = None
