@@ -9,6 +9,7 @@ Light on purpose: serve's memo path imports it before anything else.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import stat
 
@@ -34,9 +35,8 @@ def note_served(directory: Path | str) -> None:
     except OSError:
         return
     try:
-        os.utime(fd)
-    except OSError:
-        pass
+        with contextlib.suppress(OSError):
+            os.utime(fd)
     finally:
         os.close(fd)
 
@@ -51,14 +51,17 @@ def served_at(directory: Path | str) -> float | None:
 
 
 def mark(directory: Path | str) -> int | None:
-    """Hold a shared flock on `directory`'s in-use file until this process (or what it execs)
-    exits; None where that cannot be done."""
+    """Note a serve of `directory` now (as note_served, through the same open), and hold a
+    shared flock on its in-use file until this process (or what it execs) exits; None where
+    the flock cannot be held."""
     import fcntl
 
     try:  # O_NOFOLLOW: a link planted there is not followed out of the store
         fd = os.open(os.path.join(directory, IN_USE_NAME), _OPEN_FLAGS, 0o644)
     except OSError:
         return None  # a read-only store: nothing can prune it from here either
+    with contextlib.suppress(OSError):  # a file that is not ours to touch: no note
+        os.utime(fd)
     try:
         fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
     except OSError:

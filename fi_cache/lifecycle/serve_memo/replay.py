@@ -177,8 +177,11 @@ def hand_over(hit: Hit) -> OSError:
     failed: the error (the memo is removed: the next serve runs in full)."""
     from fi_cache.store import in_use
 
-    in_use.note_served(hit.ns_dir)
-    fd = in_use.mark(hit.ns_dir) if hit.hold else None
+    fd = None
+    if hit.hold:
+        fd = in_use.mark(hit.ns_dir)  # which notes the serve too
+    else:
+        in_use.note_served(hit.ns_dir)
     try:
         os.execve(hit.command[0], hit.command, hit.environ)
     except OSError as exc:

@@ -195,7 +195,7 @@ def hold_in_use(directory: Path) -> tuple[bool, int | None]:
     """Note a serve of `directory` now, and mark it in use until this process (or what it execs)
     exits: (flock is trusted here, the mark's fd). No fd where flock is not available or not
     trusted (a lock-file store cannot mark shared use), or where the mark was refused just now."""
-    note_served(directory)
     if lock_strategy(directory)[0] != "flock":
+        note_served(directory)
         return False, None
-    return True, mark(directory)
+    return True, mark(directory)  # which notes the serve too
