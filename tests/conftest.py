@@ -354,6 +354,8 @@ needs_vllm = pytest.mark.skipif(
     not VLLM_PYTHON and not os.environ.get("FI_CACHE_REQUIRE_FLASHINFER"),
     reason="no vLLM venv (scripts/test.sh builds it)",
 )
+# How the tests start the tiny model on real vLLM: no weights read, no CUDA graphs, a short context.
+TINY_FAST = ("--load-format", "dummy", "--enforce-eager", "--max-model-len", "256")
 
 
 @pytest.fixture(scope="session")

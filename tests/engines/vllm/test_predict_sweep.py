@@ -9,7 +9,7 @@ import os
 from pathlib import Path
 
 from fi_cache.engines.vllm.predict import predict
-from tests.conftest import VLLM_PYTHON, needs_vllm
+from tests.conftest import TINY_FAST, VLLM_PYTHON, needs_vllm
 
 
 @needs_vllm
@@ -19,16 +19,6 @@ def test_the_child_reports_vllms_own_sweep_token_counts(vllm_model: Path, tmp_pa
         "VLLM_CPU_KVCACHE_SPACE": "1",
         "VLLM_FLASHINFER_AUTOTUNE_CACHE_DIR": str(tmp_path / "ns" / "vllm"),
     }
-    argv = [
-        "--model",
-        str(vllm_model),
-        "--load-format",
-        "dummy",
-        "--enforce-eager",
-        "--max-model-len",
-        "256",
-        "--max-num-batched-tokens",
-        "3000",
-    ]
+    argv = ["--model", str(vllm_model), *TINY_FAST, "--max-num-batched-tokens", "3000"]
     where = predict(VLLM_PYTHON, "0.32.0", argv, env, None)
     assert (where.sweep_tokens, where.sweep_unknown) == ((3000,), "")

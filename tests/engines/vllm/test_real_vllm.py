@@ -21,11 +21,11 @@ from pathlib import Path
 import pytest
 
 from fi_cache.engines.server import free_port
-from tests.conftest import ROOT, VLLM_PYTHON, needs_vllm
+from tests.conftest import ROOT, TINY_FAST, VLLM_PYTHON, needs_vllm
 
 PYTHON = VLLM_PYTHON
 pytestmark = needs_vllm
-FAST = ["--load-format", "dummy", "--enforce-eager", "--max-model-len", "256"]
+FAST = list(TINY_FAST)
 
 
 @pytest.fixture

@@ -33,7 +33,7 @@ from fi_cache.versions import (
     VLLM_SKIP_OPS_ENV,
     V,
 )
-from tests.conftest import GEMM_618, VLLM_PYTHON, needs_vllm
+from tests.conftest import GEMM_618, TINY_FAST, VLLM_PYTHON, needs_vllm
 from tests.engines.vllm.counting_child import counting_child
 from tests.engines.vllm.serve_flags import serve_flags
 from tests.vllm_wheels import RELEASES, module_text, need, unpacked, vllm_wheel
@@ -219,15 +219,7 @@ def test_the_prediction_runs_the_workers_block_size_step_and_says_the_hash_depen
     lists it in depends_on unless --block-size fixes it (real vLLM 0.32 runs the child: the only
     vLLM with a CPU build; test_vllm_predict checks the hash is the worker's)."""
     env = {**os.environ, "VLLM_CPU_KVCACHE_SPACE": "1", "VLLM_CACHE_ROOT": str(tmp_path)}
-    argv = [
-        "--model",
-        str(vllm_model),
-        "--load-format",
-        "dummy",
-        "--enforce-eager",
-        "--max-model-len",
-        "256",
-    ]
+    argv = ["--model", str(vllm_model), *TINY_FAST]
     free = predict(VLLM_PYTHON, "0.32.0", argv, env, None)
     assert any("KV-cache block size" in d for d in free.depends_on), free.depends_on
     fixed = predict(VLLM_PYTHON, "0.32.0", [*argv, "--block-size", "16"], env, None)
