@@ -246,6 +246,8 @@ def test_a_running_preload_daemon_runs_the_full_serve(rig: Rig) -> None:
         {"set": {"A=B": "1"}},
         {"set": {"A": "x\0y"}},
         {"ns_dir": "/tmp/x\0y"},
+        {"ns_dir": "/tmp/elsewhere"},  # not one of the store's namespaces
+        {"ns_dir": "STORE/namespaces/../.."},
         {"inputs": [["stat", "/x\0y", None]]},
         {"recorded": time.time() + 3600},  # the clock stepped back since
     ],
@@ -254,6 +256,8 @@ def test_a_memo_with_values_this_fi_cache_never_writes_runs_the_full_serve(
     rig: Rig, bad: dict[str, object]
 ) -> None:
     memo = _memo(rig)
+    store = str(rig.store)
+    bad = {k: v.replace("STORE", store) if isinstance(v, str) else v for k, v in bad.items()}
     memo.write_bytes(marshal.dumps({**marshal.loads(memo.read_bytes()), **bad}))
     p = rig.serve()
     assert p.returncode == 0 and REPLAYED not in p.stderr and "Traceback" not in p.stderr

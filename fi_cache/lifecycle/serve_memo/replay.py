@@ -60,7 +60,8 @@ def lookup(argv: Sequence[str], environ: Mapping[str, str]) -> Hit | None:
     if not enabled(environ) or "serve" not in argv:
         return None
     try:
-        where = memo_dir(store_of(argv, environ))
+        store = store_of(argv, environ)
+        where = memo_dir(store)
         the_key = key(argv, environ, os.getcwd())
         path = os.path.join(where, the_key + MEMO_SUFFIX)
         doc = _read_private(where, path)
@@ -68,6 +69,8 @@ def lookup(argv: Sequence[str], environ: Mapping[str, str]) -> Hit | None:
         return None
     if doc is None or doc.get("schema") != SCHEMA or doc.get("key") != the_key:
         return None
+    if not _inside(doc.get("ns_dir"), os.path.join(os.path.realpath(store), "namespaces")):
+        return None  # the in-use file it touches lies in one of the store's namespaces
     try:
         hit, inputs, watch, (recorded, expires) = _parse(doc, environ, path)
     except (KeyError, TypeError, ValueError, AttributeError):
@@ -142,6 +145,16 @@ def _parse(
     if not isinstance(recorded, (int, float)) or not isinstance(expires, (int, float, type(None))):
         raise ValueError("times")
     return hit, inputs, watch, (recorded, expires)
+
+
+def _inside(path: object, root: str) -> bool:
+    """Is `path` a normalised absolute path below `root` (no `..`, no `//`)?"""
+    return (
+        isinstance(path, str)
+        and os.path.isabs(path)
+        and os.path.normpath(path) == path
+        and path.startswith(root.rstrip("/") + "/")
+    )
 
 
 def _clean(value: object, *, empty: bool = False) -> bool:
