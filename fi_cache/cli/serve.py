@@ -193,7 +193,7 @@ def _keep(
             h.command,
             h.environ,
             str(h.ns_dir),
-            h.holds_in_use,
+            h.in_use_by_flock,
             stdout_to_stderr=json,
         )
         if doc is not None:

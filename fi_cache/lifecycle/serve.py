@@ -40,7 +40,7 @@ class Handover:
     warmed: WarmResult | None  # None: warm already (or --no-warm, or nothing to warm)
     # The store trusts flock: the namespace's in-use mark is held for the engine (a replay
     # takes it again: whether it was taken is no decision).
-    holds_in_use: bool = False
+    in_use_by_flock: bool = False
 
 
 @dataclass(frozen=True)
@@ -132,7 +132,7 @@ def serve(
         ns_dir=ns_dir,
         cache_dir=engine.cache_dir(ns_dir),
         warmed=warmed,
-        holds_in_use=flock,
+        in_use_by_flock=flock,
     )
 
 
